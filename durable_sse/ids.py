@@ -1,0 +1,86 @@
+"""Event id order: the one definition every store and the Redis script share.
+
+An id order maps an id to a *sort key* (bytes); ids compare as their keys compare
+bytewise. The same encoding is implemented in Lua inside the Redis cursor script and
+stored in the event log's ``id_key`` column, so Python, Redis and SQL (``ORDER BY
+id_key``) always agree on which id is newest.
+
+* ``numeric``: ids that are ASCII digit strings order by value (``999`` < ``1000``;
+  leading zeros ignored). Any other id sorts before every number.
+* ``lexicographic``: UTF-8 bytes (ULIDs, zero-padded ids).
+* ``natural``: digit runs compare as numbers, text runs as bytes, a digit run before
+  text at the same position (``1700000000:9`` < ``1700000000:10``, ``171-9`` < ``171-10``).
+
+Digit runs are encoded as ``<marker><4-digit length><digits without leading zeros>``;
+a run longer than 9999 significant digits is treated as text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+
+
+class IdOrder(StrEnum):
+    NUMERIC = "numeric"
+    LEXICOGRAPHIC = "lexicographic"
+    NATURAL = "natural"
+
+
+MAX_DIGIT_RUN = 9999
+_DIGITS = re.compile(r"[0-9]+")
+_ALL_DIGITS = re.compile(r"[0-9]+\Z")
+
+
+def _digit_run(run: str) -> bytes | None:
+    significant = run.lstrip("0")
+    if len(significant) > MAX_DIGIT_RUN:
+        return None
+    return b"%04d%s" % (len(significant), significant.encode("ascii"))
+
+
+def sort_key(event_id: str, order: IdOrder | str) -> bytes:
+    """The bytes whose bytewise order is the id order."""
+    order = IdOrder(order)
+    if order is IdOrder.LEXICOGRAPHIC:
+        return event_id.encode("utf-8")
+    if order is IdOrder.NUMERIC:
+        if _ALL_DIGITS.match(event_id):
+            run = _digit_run(event_id)
+            if run is not None:
+                return b"\x01" + run
+        return b"\x00" + event_id.encode("utf-8")
+    parts: list[bytes] = []
+    position = 0
+    for match in _DIGITS.finditer(event_id):
+        parts.append(event_id[position : match.start()].encode("utf-8"))
+        run = _digit_run(match.group())
+        parts.append(b"\x00" + run if run is not None else match.group().encode("ascii"))
+        position = match.end()
+    parts.append(event_id[position:].encode("utf-8"))
+    return b"".join(parts)
+
+
+def compare_ids(a: str, b: str, order: IdOrder | str) -> int:
+    """-1, 0 or 1 as ``a`` is older than, level with or newer than ``b``."""
+    key_a, key_b = sort_key(a, order), sort_key(b, order)
+    return (key_a > key_b) - (key_a < key_b)
+
+
+def is_newer(candidate: str | None, current: str | None, order: IdOrder | str) -> bool:
+    """Whether ``candidate`` would move a cursor that stands at ``current`` forward."""
+    if candidate is None or candidate == "":
+        return False
+    if current is None or current == "":
+        return True
+    return compare_ids(candidate, current, order) > 0
+
+
+def newest(ids: Iterable[str | None], order: IdOrder | str) -> str | None:
+    """The newest non-empty id of ``ids`` under ``order`` (None when there is none)."""
+    best: str | None = None
+    for event_id in ids:
+        if is_newer(event_id, best, order):
+            best = event_id
+    return best

@@ -1,0 +1,126 @@
+"""Process settings, read from the environment in one place.
+
+Only entry points (the worker, the CLI, the dev stack) call :func:`Settings.from_env`;
+everything else receives the values it needs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from durable_sse.errors import ConfigError
+
+DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_TASK_QUEUE = "sse-consumer"
+DEFAULT_DATABASE_URL = "sqlite:///.durable-sse/durable-sse.db"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    temporal_address: str = DEFAULT_TEMPORAL_ADDRESS
+    temporal_namespace: str = DEFAULT_NAMESPACE
+    task_queue: str = DEFAULT_TASK_QUEUE
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    redis_cursor_ttl_days: float = 7.0
+    redis_timeout: float = 0.5
+    metrics_port: int | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and validate settings; a bad value raises :class:`ConfigError` naming it."""
+        env = os.environ if environ is None else environ
+        settings = cls(
+            temporal_address=_host_port("TEMPORAL_ADDRESS", env.get("TEMPORAL_ADDRESS"))
+            or DEFAULT_TEMPORAL_ADDRESS,
+            temporal_namespace=_non_empty("TEMPORAL_NAMESPACE", env.get("TEMPORAL_NAMESPACE"))
+            or DEFAULT_NAMESPACE,
+            task_queue=_non_empty("SSE_TASK_QUEUE", env.get("SSE_TASK_QUEUE"))
+            or DEFAULT_TASK_QUEUE,
+            database_url=_database_url(env.get("DATABASE_URL")) or DEFAULT_DATABASE_URL,
+            redis_url=_redis_url(env.get("REDIS_URL")) or DEFAULT_REDIS_URL,
+            redis_cursor_ttl_days=_positive_float(
+                "REDIS_CURSOR_TTL_DAYS", env.get("REDIS_CURSOR_TTL_DAYS"), 7.0
+            ),
+            redis_timeout=_positive_float("REDIS_TIMEOUT", env.get("REDIS_TIMEOUT"), 0.5),
+            metrics_port=_port("SSE_METRICS_PORT", env.get("SSE_METRICS_PORT")),
+        )
+        return settings
+
+
+def sqlite_path(database_url: str) -> Path | None:
+    """The file behind a ``sqlite:///`` URL (None for other databases or in-memory)."""
+    if not database_url.startswith("sqlite:///"):
+        return None
+    path = database_url.removeprefix("sqlite:///")
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def _non_empty(name: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{name} is set but empty")
+    return value.strip()
+
+
+def _host_port(name: str, value: str | None) -> str | None:
+    value = _non_empty(name, value)
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name} must be host:port, got {value!r}")
+    return value
+
+
+def _database_url(value: str | None) -> str | None:
+    value = _non_empty("DATABASE_URL", value)
+    if value is None:
+        return None
+    scheme = urlsplit(value).scheme
+    if scheme.startswith("postgres"):
+        # Normalise every PostgreSQL spelling to the psycopg 3 driver.
+        rest = value.split("://", 1)[1]
+        return f"postgresql+psycopg://{rest}"
+    if scheme in ("sqlite", "sqlite+pysqlite"):
+        return value
+    raise ConfigError(
+        f"DATABASE_URL must be a postgresql:// or sqlite:/// URL, got scheme {scheme!r}"
+    )
+
+
+def _redis_url(value: str | None) -> str | None:
+    value = _non_empty("REDIS_URL", value)
+    if value is None:
+        return None
+    scheme = urlsplit(value).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"REDIS_URL must be a redis://, rediss:// or unix:// URL, got {scheme!r}")
+    return value
+
+
+def _positive_float(name: str, value: str | None, default: float) -> float:
+    if value is None or not value.strip():
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if not number > 0:
+        raise ConfigError(f"{name} must be positive, got {value!r}")
+    return number
+
+
+def _port(name: str, value: str | None) -> int | None:
+    if value is None or not value.strip():
+        return None
+    if not value.strip().isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(f"{name} must be a TCP port (1-65535), got {value!r}")
+    return int(value)
