@@ -108,6 +108,11 @@ class ReadResult:
     gap shows it; None when unknown."""
     passed_fence: bool = False
     """This connection persisted an id at or past ``ReadInput.fence_id``."""
+    recovered_rows: int = 0
+    """New rows whose ids are at or before ``ReadInput.fence_id``: events a replay recovered
+    (batches are split at the fence so this is exact)."""
+    cursor_source: str | None = None
+    """Which store answered the start cursor: l1, l2, lagging, floor, heartbeat, explicit, none."""
     error: str | None = None
     """Why the connection ended, for DROPPED/RETRY_LATER (sanitised, no secrets)."""
 
