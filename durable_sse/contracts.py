@@ -111,6 +111,9 @@ class ReadResult:
     recovered_rows: int = 0
     """New rows whose ids are at or before ``ReadInput.fence_id``: events a replay recovered
     (batches are split at the fence so this is exact)."""
+    history_truncated: bool = False
+    """The server said its history no longer reaches the cursor we sent (replay cannot
+    repair what lies before it)."""
     cursor_source: str | None = None
     """Which store answered the start cursor: l1, l2, lagging, floor, heartbeat, explicit, none."""
     error: str | None = None

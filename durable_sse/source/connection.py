@@ -1,0 +1,204 @@
+"""Serving one event-stream connection: tail the stream's history and apply its faults.
+
+A connection keeps its own position (``next_id``) and fault counters; the stream keeps
+what every connection shares. Events go out in *segments*: runs of ids with no fault
+boundary inside, encoded in one go, so bulk mode costs one write per 64 KiB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from durable_sse.source.stream import SourceStream
+
+logger = logging.getLogger(__name__)
+
+BULK_BYTES = 64 * 1024
+KEEPALIVE = b": keep-alive\n"
+TRUNCATED = b": history truncated\n"
+DROP_NOTICE = b": dropping events: discarded %d events (slow consumer)\n"
+MALFORMED = (
+    b": malformed block follows\n"
+    b"data: \xff\xfe\xfd not utf-8\n"
+    b"this line has no colon\n"
+    b"id: 12\x0034\n"
+    b"data: nul\x00inside\n"
+    b"\n"
+)
+"""Invalid UTF-8, a line without a colon, an ``id`` with NUL (ignored by the WHATWG rules)
+and data with NUL. A conforming parser dispatches one ``message`` event and keeps the
+previous id."""
+
+
+class EventConnection:
+    """One client reading ``GET /streams/<name>``."""
+
+    def __init__(
+        self,
+        stream: SourceStream,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        next_id: int,
+    ) -> None:
+        self.stream = stream
+        self.writer = writer
+        self._reader = reader
+        self.next_id = next_id
+        self.sent = 0
+        self.since_drop = 0
+        self.skip_remaining = 0
+        self.skip_total = 0
+        self.skip_from: int | None = None
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._loop = asyncio.get_running_loop()
+        self._last_write = self._loop.time()
+        self._eof: asyncio.Future[bytes] = asyncio.ensure_future(reader.read(1))
+
+    async def run(self, preamble: bytes) -> None:
+        """Send ``preamble`` (head and ``retry:``), then events until a fault or the client ends."""
+        self._emit(preamble)
+        await self._flush()
+        try:
+            while not await self._step():
+                pass
+            await self._flush()
+        finally:
+            self._eof.cancel()
+
+    async def _step(self) -> bool:
+        """One round: one-shots, then a batch of events or an idle wait. True = close."""
+        stream = self.stream
+        if stream.one_shots and await self._one_shots():
+            return True
+        wakeup = stream.wakeup
+        oldest = stream.oldest_available()
+        if self.next_id < oldest:
+            if oldest > stream.config.start_id:
+                self._emit(TRUNCATED)
+            self.next_id = oldest
+        if self.next_id <= stream.newest:
+            return await self._send(stream.newest)
+        if stream.extend():
+            return False
+        await self._flush()
+        return await self._idle(wakeup)
+
+    async def _send(self, newest: int) -> bool:
+        stream = self.stream
+        while self.next_id <= newest:
+            config = stream.config
+            drops = config.drop_every is not None and config.drop_count > 0
+            if drops and not self.skip_remaining and self.since_drop >= config.drop_every:
+                self.since_drop = 0
+                self.skip_remaining = self.skip_total = config.drop_count
+            if self.skip_remaining:
+                self._skip(newest)
+                if config.flush == "event":
+                    await self._flush()
+                continue
+            if config.disconnect_after is not None and self.sent >= config.disconnect_after:
+                return True
+            count = newest - self.next_id + 1
+            if config.disconnect_after is not None:
+                count = min(count, config.disconnect_after - self.sent)
+            if drops:
+                count = min(count, config.drop_every - self.since_drop)
+            if config.flush == "event" or config.disconnect_probability > 0:
+                count = 1
+            else:
+                count = min(count, max(1, BULK_BYTES // stream.event_size))
+            first = self.next_id
+            self._emit(stream.encode(first, first + count - 1))
+            self.next_id += count
+            self.sent += count
+            self.since_drop += count
+            if config.flush == "event" or self._buffered >= BULK_BYTES:
+                await self._flush()
+            if config.disconnect_after is not None and self.sent >= config.disconnect_after:
+                return True
+            if config.disconnect_probability > 0:
+                if stream.rng.random() < config.disconnect_probability:
+                    return True
+            if stream.one_shots:
+                return False
+        return False
+
+    def _skip(self, newest: int) -> None:
+        """Really skip events: they stay in history and truth but never reach this client."""
+        count = min(self.skip_remaining, newest - self.next_id + 1)
+        if self.skip_from is None:
+            self.skip_from = self.next_id
+        self.next_id += count
+        self.skip_remaining -= count
+        if not self.skip_remaining:
+            self.stream.record_drop(self.skip_from, self.next_id - 1)
+            self._emit(DROP_NOTICE % self.skip_total)
+            self.skip_from = None
+            self.skip_total = 0
+
+    async def _one_shots(self) -> bool:
+        stream = self.stream
+        while stream.one_shots:
+            shot = stream.one_shots.popleft()
+            logger.info("stream %s: one-shot %s %s", stream.name, shot.action, shot.params)
+            if shot.action == "drop":
+                count = int(shot.params.get("count", 1))
+                self.skip_remaining += count
+                self.skip_total += count
+            elif shot.action == "malformed":
+                self._emit(MALFORMED)
+                await self._flush()
+            elif shot.action == "oversized":
+                size = int(shot.params.get("bytes", 1024 * 1024))
+                self._emit((b"data: " + b"x" * max(size - 6, 0))[:size])
+                await self._flush()
+                if shot.params.get("close", True):
+                    return True
+            elif shot.action == "disconnect":
+                return True
+        return False
+
+    async def _idle(self, wakeup: asyncio.Event) -> bool:
+        """Wait for news; a keep-alive after ``keepalive`` s of silence. True = client left."""
+        keepalive = self.stream.config.keepalive
+        timeout = None
+        if keepalive > 0:
+            timeout = keepalive - (self._loop.time() - self._last_write)
+            if timeout <= 0:
+                self._emit(KEEPALIVE)
+                await self._flush()
+                return False
+        waiter = asyncio.ensure_future(wakeup.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {waiter, self._eof}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            waiter.cancel()
+        if self._eof in done:
+            if self._eof.exception() is not None or self._eof.result() == b"":
+                return True
+            self._eof = asyncio.ensure_future(self._reader.read(1))  # stray bytes: ignore
+        if not done:
+            self._emit(KEEPALIVE)
+            await self._flush()
+        return False
+
+    def _emit(self, data: bytes) -> None:
+        self._buffer.append(data)
+        self._buffered += len(data)
+
+    async def _flush(self) -> None:
+        if not self._buffer:
+            return
+        data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
+        self._buffer.clear()
+        self._buffered = 0
+        slow = self.stream.config.slow
+        if slow > 0:
+            await asyncio.sleep(slow)
+        self.writer.write(data)
+        await self.writer.drain()
+        self._last_write = self._loop.time()

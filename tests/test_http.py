@@ -1,0 +1,104 @@
+"""The HTTP policy of an SSE connection, as plain functions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from durable_sse.errors import ConfigError
+from durable_sse.http import (
+    MAX_RETRY_AFTER,
+    StatusPolicy,
+    describe_error,
+    parse_retry_after,
+    redact_url,
+    request_headers,
+    same_origin,
+    status_policy,
+    with_cursor,
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "policy"),
+    [
+        (200, StatusPolicy.STREAM),
+        (204, StatusPolicy.STOP),
+        (301, StatusPolicy.REDIRECT),
+        (307, StatusPolicy.REDIRECT),
+        (401, StatusPolicy.REFUSED),
+        (403, StatusPolicy.REFUSED),
+        (404, StatusPolicy.REFUSED),
+        (410, StatusPolicy.REFUSED),
+        (400, StatusPolicy.REFUSED),
+        (408, StatusPolicy.RETRY_LATER),
+        (429, StatusPolicy.RETRY_LATER),
+        (500, StatusPolicy.RETRY_LATER),
+        (503, StatusPolicy.RETRY_LATER),
+    ],
+)
+def test_status_policy(code: int, policy: StatusPolicy) -> None:
+    assert status_policy(code) is policy
+
+
+def test_retry_after_seconds_date_and_cap() -> None:
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("7", now=now) == 7.0
+    assert parse_retry_after("Thu, 01 Jan 2026 12:00:30 GMT", now=now) == 30.0
+    assert parse_retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now=now) == 0.0
+    assert parse_retry_after("99999", now=now) == MAX_RETRY_AFTER
+    assert parse_retry_after("soon", now=now) is None
+    assert parse_retry_after("-5", now=now) is None
+    assert parse_retry_after(None) is None
+
+
+def test_cursor_goes_to_header_or_query() -> None:
+    headers = request_headers(
+        cursor="41", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+    )
+    assert headers["Last-Event-ID"] == "41"
+    assert headers["Accept"] == "text/event-stream"
+    headers = request_headers(
+        cursor="41", cursor_param="since", headers_from_env={}, environ={}, stream="s"
+    )
+    assert "Last-Event-ID" not in headers
+    assert with_cursor("http://h/s?a=1&since=3", "since", "41") == "http://h/s?a=1&since=41"
+    assert with_cursor("http://h/s", "since", None) == "http://h/s"
+    assert with_cursor("http://h/s", None, "41") == "http://h/s"
+
+
+def test_secret_header_read_from_environment_and_missing_variable_named() -> None:
+    headers = request_headers(
+        cursor=None,
+        cursor_param=None,
+        headers_from_env={"Authorization": "TOKEN_VAR"},
+        environ={"TOKEN_VAR": "Bearer s3cret"},
+        stream="s",
+    )
+    assert headers["Authorization"] == "Bearer s3cret"
+    with pytest.raises(ConfigError) as raised:
+        request_headers(
+            cursor=None,
+            cursor_param=None,
+            headers_from_env={"Authorization": "TOKEN_VAR"},
+            environ={},
+            stream="s",
+        )
+    assert "TOKEN_VAR" in str(raised.value) and "'s'" in str(raised.value)
+
+
+def test_same_origin() -> None:
+    assert same_origin("http://a.example/x", "http://a.example:80/y")
+    assert not same_origin("http://a.example/x", "https://a.example/x")
+    assert not same_origin("http://a.example/x", "http://b.example/x")
+    assert not same_origin("http://a.example:8000/x", "http://a.example:8001/x")
+
+
+def test_redaction_removes_credentials_and_tokens() -> None:
+    url = "https://user:pw@h.example:8443/s?access_token=abc&x=1&api_key=k&sig=zz"
+    redacted = redact_url(url)
+    for secret in ("pw", "user", "abc", "=k", "zz"):
+        assert secret not in redacted
+    assert "x=1" in redacted and "h.example:8443" in redacted
+    assert "<url>" in describe_error(RuntimeError("failed for https://h/s?token=abc"))
