@@ -1,0 +1,436 @@
+"""The event log (``sse_events``) and the checkpoint row (``sse_checkpoints``).
+
+The log is the system of record: a batch is committed before any cursor moves past
+it (invariant 1), and every event is keyed ``(stream, event_id, event_ord)`` so that
+replays are absorbed by ``ON CONFLICT DO NOTHING`` (invariant 2).
+
+Blocking SQLAlchemy/driver calls run in a small dedicated thread pool, never on the
+event loop. PostgreSQL batches are COPYed into a per-connection temporary table and
+moved with one ``INSERT … SELECT … ON CONFLICT DO NOTHING`` (the fastest path measured,
+see ``bench/insert_rate.py``); SQLite uses an ``executemany`` of the same insert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection
+
+from durable_sse.contracts import AdvanceResult, CheckpointState
+from durable_sse.db import (
+    EVENTS_TABLE,
+    STAGING_COLUMNS,
+    STAGING_TABLE,
+    checkpoints_table,
+    create_schema,
+    describe_database,
+    error_summary,
+    events_table,
+    from_db_time,
+    make_engine,
+    to_utc,
+)
+from durable_sse.errors import StoreError
+from durable_sse.ids import IdOrder, sort_key
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_EVENT_COLUMNS = STAGING_COLUMNS[1:]
+_COPY_SQL = f"COPY {STAGING_TABLE} ({', '.join(STAGING_COLUMNS)}) FROM STDIN"
+_MOVE_SQL = (
+    f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
+    f"SELECT {', '.join(_EVENT_COLUMNS)} FROM {STAGING_TABLE} ORDER BY pos "
+    "ON CONFLICT DO NOTHING"
+)
+_SQLITE_INSERT_SQL = (
+    f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+_WORKERS = 8
+_UNSTORABLE_TEXT = (UnicodeEncodeError, psycopg.DataError)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One event as the reader hands it over for persisting."""
+
+    event_id: str
+    """The id in force ("" when none: such events are never deduplicated)."""
+    event_ord: int | None
+    """0 for the event carrying the id, 1, 2, … for id-less followers; None when no id."""
+    event_type: str
+    data: str
+    received_at: datetime
+    """Tz-aware; stored as UTC."""
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    new_rows: int
+    duplicates: int
+    """Events of the batch that were already stored (or repeated within the batch)."""
+
+
+class EventLog:
+    """Async access to the event log and checkpoint rows of one database.
+
+    Build one per process (the worker is the composition root); the constructor does
+    no I/O, :meth:`create_schema` is the first call that touches the database.
+    Database failures surface as :class:`~durable_sse.errors.StoreError`.
+    """
+
+    def __init__(self, database_url: str, *, connect_timeout: int = 5) -> None:
+        self._engine = make_engine(database_url, connect_timeout=connect_timeout)
+        self._where = describe_database(self._engine.url)
+        self._executor = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="sse-db")
+        self._closed = False
+        time_type = events_table.c.received_at.type.dialect_impl(self._engine.dialect)
+        self._sqlite_time: Callable[[datetime], Any] = (
+            time_type.bind_processor(self._engine.dialect) or _identity
+        )
+
+    @property
+    def dialect(self) -> str:
+        """``"postgresql"`` or ``"sqlite"``."""
+        return self._engine.dialect.name
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The underlying engine (benchmarks and ad-hoc queries)."""
+        return self._engine
+
+    async def create_schema(self) -> None:
+        await self._run("create the schema", create_schema, self._engine)
+
+    async def insert_batch(
+        self, stream: str, id_order: str, events: Sequence[EventRecord]
+    ) -> InsertResult:
+        """Persist a batch in one committed transaction; already stored events are skipped."""
+        if not events:
+            return InsertResult(new_rows=0, duplicates=0)
+        order = IdOrder(id_order)
+        new_rows = await self._run(
+            f"insert events of stream {stream!r}", self._insert_sync, stream, order, events
+        )
+        return InsertResult(new_rows=new_rows, duplicates=len(events) - new_rows)
+
+    async def floor(self, stream: str) -> str | None:
+        """The newest persisted id under the stream's id order (max ``id_key``, not max seq)."""
+        return await self._run(f"read the floor of stream {stream!r}", self._newest_sync, stream)
+
+    async def newest_id_at_or_before(self, stream: str, when: datetime) -> str | None:
+        """The newest id (under the id order) among events received at or before ``when``."""
+        return await self._run(
+            f"find the newest id of stream {stream!r} before {when.isoformat()}",
+            self._newest_sync,
+            stream,
+            to_utc(when),
+        )
+
+    async def get_checkpoint(self, stream: str) -> CheckpointState | None:
+        return await self._run(
+            f"read the checkpoint of stream {stream!r}", self._get_checkpoint_sync, stream
+        )
+
+    async def advance_lagging(
+        self, stream: str, id_order: str, *, window: float, now: datetime
+    ) -> AdvanceResult:
+        """Move the lagging id to the newest id received at least ``window`` s before ``now``.
+
+        One transaction: creates the row if missing, then a conditional UPDATE that only
+        moves forward under the id order and never while a gap fence is set.
+        """
+        cutoff = to_utc(now) - timedelta(seconds=window)
+        return await self._run(
+            f"advance the lagging id of stream {stream!r}",
+            self._advance_sync,
+            stream,
+            IdOrder(id_order),
+            cutoff,
+        )
+
+    async def set_fence(self, stream: str, id_order: str, fence_id: str) -> str:
+        """Fence the lagging id at ``fence_id`` (only ever moves forward); returns the fence."""
+        if not fence_id:
+            raise ValueError("a gap fence needs a non-empty event id")
+        return await self._run(
+            f"set the gap fence of stream {stream!r}",
+            self._set_fence_sync,
+            stream,
+            IdOrder(id_order),
+            fence_id,
+        )
+
+    async def clear_fence(self, stream: str, id_order: str, upto_id: str) -> bool:
+        """Clear the fence if the replay reached it (``fence <= upto_id``); True if cleared."""
+        return await self._run(
+            f"clear the gap fence of stream {stream!r}",
+            self._clear_fence_sync,
+            stream,
+            sort_key(upto_id, IdOrder(id_order)),
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._engine.dispose)
+        self._executor.shutdown(wait=False)
+
+    # -- plumbing -------------------------------------------------------------------
+
+    async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise StoreError(f"{self._where}: the event log is closed (while trying to {action})")
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self._guarded, action, function, *args)
+        future = loop.run_in_executor(self._executor, call)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The statement already runs in its thread: let the transaction finish (commit
+            # or roll back) before the caller moves on, so it never outlives close().
+            await asyncio.wait([future])
+            raise
+
+    def _guarded(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        try:
+            return function(*args)
+        except StoreError:
+            raise
+        except sa.exc.DBAPIError as error:
+            if error.statement is None:  # raised while connecting: no statement ran
+                raise StoreError(f"{self._where} is unreachable: {error_summary(error)}") from error
+            raise StoreError(f"{self._where} failed to {action}: {error_summary(error)}") from error
+        except (sa.exc.SQLAlchemyError, psycopg.Error, sqlite3.Error) as error:
+            raise StoreError(f"{self._where} failed to {action}: {error_summary(error)}") from error
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        with self._engine.connect() as connection, connection.begin():
+            yield connection
+
+    def _insert_stmt(self) -> Any:
+        module = pg_dialect if self.dialect == "postgresql" else sqlite_dialect
+        return module.insert
+
+    # -- events ---------------------------------------------------------------------
+
+    def _insert_sync(self, stream: str, order: IdOrder, events: Sequence[EventRecord]) -> int:
+        try:
+            return self._write_rows(_rows(stream, order, events))
+        except _UNSTORABLE_TEXT as error:
+            # NUL (PostgreSQL text) or lone surrogates: store the batch with U+FFFD in
+            # their place rather than wedge the stream on it. Loud, never silent.
+            logger.warning(
+                "stream %r: a batch holds characters the database cannot store, replacing "
+                "them with U+FFFD (%s)",
+                stream,
+                error_summary(error),
+            )
+            cleaned = [_clean_record(record) for record in events]
+            return self._write_rows(_rows(stream, order, cleaned))
+
+    def _write_rows(self, rows: list[tuple[Any, ...]]) -> int:
+        if self.dialect == "postgresql":
+            return self._copy_rows(rows)
+        # Plain driver executemany: SQLAlchemy's per-row bind processing would halve the
+        # rate; the one conversion needed (datetime -> text) uses SQLAlchemy's own
+        # processor, so stored times compare with those bound by SQLAlchemy queries.
+        to_text = self._sqlite_time
+        params = [(*row[1:-1], to_text(row[-1])) for row in rows]
+        with self._begin() as connection:
+            result = connection.exec_driver_sql(_SQLITE_INSERT_SQL, params)
+            return max(result.rowcount, 0)
+
+    def _copy_rows(self, rows: list[tuple[Any, ...]]) -> int:
+        with self._begin() as connection:
+            driver = connection.connection.driver_connection
+            assert driver is not None
+            with driver.cursor() as cursor:
+                with cursor.copy(_COPY_SQL) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                cursor.execute(_MOVE_SQL)
+                return max(cursor.rowcount, 0)
+
+    def _newest_sync(self, stream: str, when: datetime | None = None) -> str | None:
+        query = (
+            sa.select(events_table.c.event_id)
+            .where(events_table.c.stream == stream, events_table.c.id_key.is_not(None))
+            .order_by(events_table.c.id_key.desc())
+            .limit(1)
+        )
+        if when is not None:
+            query = query.where(events_table.c.received_at <= when)
+        with self._begin() as connection:
+            return connection.execute(query).scalar_one_or_none()
+
+    # -- checkpoint -----------------------------------------------------------------
+
+    def _ensure_checkpoint(self, connection: Connection, stream: str, order: IdOrder) -> None:
+        statement = (
+            self._insert_stmt()(checkpoints_table)
+            .values(stream=stream, id_order=order.value, updated_at=datetime.now(UTC))
+            .on_conflict_do_nothing(index_elements=["stream"])
+        )
+        connection.execute(statement)
+
+    def _get_checkpoint_sync(self, stream: str) -> CheckpointState | None:
+        table = checkpoints_table
+        with self._begin() as connection:
+            row = connection.execute(sa.select(table).where(table.c.stream == stream)).first()
+        if row is None:
+            return None
+        return CheckpointState(
+            stream=row.stream,
+            lagging_id=row.lagging_id,
+            lagging_at=_iso(row.lagging_at),
+            fence_id=row.fence_id,
+            updated_at=_iso(row.updated_at),
+        )
+
+    def _advance_sync(self, stream: str, order: IdOrder, cutoff: datetime) -> AdvanceResult:
+        events, table = events_table, checkpoints_table
+        with self._begin() as connection:
+            # A write first: on SQLite this takes the write lock before anything is read.
+            self._ensure_checkpoint(connection, stream, order)
+            candidate = connection.execute(
+                sa.select(events.c.event_id, events.c.id_key, events.c.received_at)
+                .where(
+                    events.c.stream == stream,
+                    events.c.id_key.is_not(None),
+                    events.c.received_at <= cutoff,
+                )
+                .order_by(events.c.id_key.desc(), events.c.received_at.desc())
+                .limit(1)
+            ).first()
+            moved = False
+            if candidate is not None:
+                result = connection.execute(
+                    sa.update(table)
+                    .where(
+                        table.c.stream == stream,
+                        table.c.fence_key.is_(None),
+                        sa.or_(
+                            table.c.lagging_key.is_(None), table.c.lagging_key < candidate.id_key
+                        ),
+                    )
+                    .values(
+                        lagging_id=candidate.event_id,
+                        lagging_key=candidate.id_key,
+                        lagging_at=from_db_time(candidate.received_at),
+                        id_order=order.value,
+                        updated_at=datetime.now(UTC),
+                    )
+                )
+                moved = result.rowcount == 1
+            state = connection.execute(
+                sa.select(table.c.lagging_id, table.c.fence_id).where(table.c.stream == stream)
+            ).one()
+        return AdvanceResult(
+            lagging_id=state.lagging_id,
+            moved=moved,
+            held_by_fence=state.fence_id is not None,
+            fence_id=state.fence_id,
+        )
+
+    def _set_fence_sync(self, stream: str, order: IdOrder, fence_id: str) -> str:
+        table = checkpoints_table
+        key = sort_key(fence_id, order)
+        with self._begin() as connection:
+            self._ensure_checkpoint(connection, stream, order)
+            connection.execute(
+                sa.update(table)
+                .where(
+                    table.c.stream == stream,
+                    sa.or_(table.c.fence_key.is_(None), table.c.fence_key < key),
+                )
+                .values(fence_id=fence_id, fence_key=key, updated_at=datetime.now(UTC))
+            )
+            return connection.execute(
+                sa.select(table.c.fence_id).where(table.c.stream == stream)
+            ).scalar_one()
+
+    def _clear_fence_sync(self, stream: str, upto_key: bytes) -> bool:
+        table = checkpoints_table
+        with self._begin() as connection:
+            result = connection.execute(
+                sa.update(table)
+                .where(
+                    table.c.stream == stream,
+                    table.c.fence_key.is_not(None),
+                    table.c.fence_key <= upto_key,
+                )
+                .values(fence_id=None, fence_key=None, updated_at=datetime.now(UTC))
+            )
+            return result.rowcount == 1
+
+
+def _rows(stream: str, order: IdOrder, events: Sequence[EventRecord]) -> list[tuple[Any, ...]]:
+    """Staging rows: ``(pos, stream, event_id, event_ord, id_key, type, data, received_at)``.
+
+    No id in force means no key and a NULL ordinal, whatever the caller passed: NULLs
+    never conflict, so id-less events are always stored, never collapsed.
+    """
+    rows = []
+    for pos, record in enumerate(events):
+        if record.event_id:
+            key: bytes | None = sort_key(record.event_id, order)
+            ordinal = record.event_ord
+        else:
+            key, ordinal = None, None
+        rows.append(
+            (
+                pos,
+                stream,
+                record.event_id,
+                ordinal,
+                key,
+                record.event_type,
+                record.data,
+                to_utc(record.received_at),
+            )
+        )
+    return rows
+
+
+def _clean_record(record: EventRecord) -> EventRecord:
+    """PostgreSQL text cannot hold NUL, no database lone surrogates: use U+FFFD instead."""
+    return dataclasses.replace(
+        record,
+        event_id=_clean_text(record.event_id),
+        event_type=_clean_text(record.event_type),
+        data=_clean_text(record.data),
+    )
+
+
+def _clean_text(text: str) -> str:
+    text = text.replace("\x00", "\ufffd")
+    return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _iso(moment: datetime | None) -> str | None:
+    value = from_db_time(moment)
+    return None if value is None else value.isoformat()

@@ -1,0 +1,91 @@
+"""Shared fixtures: the real PostgreSQL and Redis every store test runs against.
+
+Other engineers' tests share these servers concurrently: every test uses its own
+stream name, nothing is flushed or dropped. An unreachable service fails the run with a
+clear message; it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from durable_sse.eventlog import EventLog
+
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _pg_url() -> str:
+    return os.environ.get("TEST_DATABASE_URL", DEFAULT_PG_URL)
+
+
+def _redis_url() -> str:
+    return os.environ.get("TEST_REDIS_URL", DEFAULT_REDIS_URL)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def services_answer() -> None:
+    """Fail (not skip) every test up front when PostgreSQL or Redis does not answer."""
+    pg_url = _pg_url()
+    try:
+        with psycopg.connect(pg_url.replace("+psycopg", ""), connect_timeout=3) as connection:
+            connection.execute("SELECT 1")
+    except psycopg.Error as error:
+        pytest.fail(
+            f"PostgreSQL for tests ({pg_url}, override with TEST_DATABASE_URL) does not "
+            f"answer: {error}",
+            pytrace=False,
+        )
+    client = redis.Redis.from_url(_redis_url(), socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        pytest.fail(
+            f"Redis for tests ({_redis_url()}, override with TEST_REDIS_URL) does not "
+            f"answer: {error}",
+            pytrace=False,
+        )
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    return _pg_url()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return _redis_url()
+
+
+@pytest.fixture
+def stream_name() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+async def event_log(
+    request: pytest.FixtureRequest, pg_url: str, tmp_path: Path
+) -> AsyncIterator[EventLog]:
+    """An :class:`EventLog` with its schema, on PostgreSQL and on a fresh SQLite file."""
+    url = pg_url if request.param == "postgresql" else f"sqlite:///{tmp_path / 'events.db'}"
+    log = EventLog(url)
+    await log.create_schema()
+    yield log
+    await log.close()
+
+
+@pytest.fixture
+async def pg_event_log(pg_url: str) -> AsyncIterator[EventLog]:
+    log = EventLog(pg_url)
+    await log.create_schema()
+    yield log
+    await log.close()

@@ -1,0 +1,387 @@
+"""The event log and the checkpoint row, on real PostgreSQL and real SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from durable_sse.errors import StoreError
+from durable_sse.eventlog import EventLog, EventRecord, InsertResult
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def record(
+    event_id: str, ordinal: int | None = 0, *, at: datetime = T0, data: str = "x"
+) -> EventRecord:
+    return EventRecord(
+        event_id=event_id, event_ord=ordinal, event_type="message", data=data, received_at=at
+    )
+
+
+async def query(log: EventLog, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    def run() -> list[tuple[Any, ...]]:
+        with log.engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(sa.text(sql), params)]
+
+    return await asyncio.to_thread(run)
+
+
+async def stored(log: EventLog, stream: str) -> list[tuple[Any, ...]]:
+    """``(event_id, event_ord, data)`` of a stream in insertion (seq) order."""
+    return await query(
+        log,
+        "SELECT event_id, event_ord, data FROM sse_events WHERE stream = :s ORDER BY seq",
+        s=stream,
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- inserts -------------------------------------------------------------------------
+
+
+async def test_same_batch_twice_is_stored_once(event_log: EventLog, stream_name: str) -> None:
+    batch = [record("1"), record("2"), record("3")]
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, 3)
+    assert await stored(event_log, stream_name) == [("1", 0, "x"), ("2", 0, "x"), ("3", 0, "x")]
+
+
+async def test_key_repeated_within_a_batch_counts_as_duplicate(
+    event_log: EventLog, stream_name: str
+) -> None:
+    batch = [record("1", data="first"), record("2"), record("1", data="again")]
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(2, 1)
+    assert await stored(event_log, stream_name) == [("1", 0, "first"), ("2", 0, "x")]
+
+
+async def test_seq_keeps_batch_order(event_log: EventLog, stream_name: str) -> None:
+    ids = ["b", "a", "d", "c"]
+    await event_log.insert_batch(stream_name, "lexicographic", [record(i) for i in ids])
+    assert [row[0] for row in await stored(event_log, stream_name)] == ids
+
+
+async def test_idless_followers_are_kept_apart_and_deduplicated(
+    event_log: EventLog, stream_name: str
+) -> None:
+    batch = [
+        record("5", 0, data="carries id"),
+        record("5", 1, data="follower one"),
+        record("5", 2, data="follower two"),
+    ]
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, 3)
+    assert await stored(event_log, stream_name) == [
+        ("5", 0, "carries id"),
+        ("5", 1, "follower one"),
+        ("5", 2, "follower two"),
+    ]
+
+
+async def test_stream_without_ids_stores_every_event_every_time(
+    event_log: EventLog, stream_name: str
+) -> None:
+    # NULL event_ord never conflicts, on either database: nothing may be collapsed.
+    batch = [record("", None, data="same"), record("", None, data="same")]
+    assert await event_log.insert_batch(stream_name, "natural", batch) == InsertResult(2, 0)
+    assert await event_log.insert_batch(stream_name, "natural", batch) == InsertResult(2, 0)
+    # Even a caller that numbers id-less events cannot make them collide.
+    numbered = [record("", 1, data="same"), record("", 1, data="same")]
+    assert await event_log.insert_batch(stream_name, "natural", numbered) == InsertResult(2, 0)
+    rows = await stored(event_log, stream_name)
+    assert rows == [("", None, "same")] * 6
+    assert await event_log.floor(stream_name) is None
+
+
+async def test_ids_are_namespaced_by_stream(event_log: EventLog, stream_name: str) -> None:
+    other = stream_name + "-other"
+    await event_log.insert_batch(other, "numeric", [record("1"), record("99")])
+    assert await event_log.insert_batch(stream_name, "numeric", [record("1")]) == InsertResult(1, 0)
+    assert await event_log.floor(stream_name) == "1"
+
+
+async def test_text_the_database_cannot_hold_is_stored_replaced(
+    event_log: EventLog, stream_name: str
+) -> None:
+    batch = [
+        record("1", data="a\x00b"),
+        record("2", data="lone \ud800 surrogate"),
+        record("3\udc00", data="odd id"),
+    ]
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
+    rows = await stored(event_log, stream_name)
+    data = [row[2] for row in rows]
+    assert data[1] == "lone \ufffd surrogate"
+    assert rows[2][0] == "3\ufffd"
+    assert data[0] in ("a\x00b", "a\ufffdb")  # SQLite keeps NUL, PostgreSQL cannot
+    if event_log.dialect == "postgresql":
+        assert data[0] == "a\ufffdb"
+
+
+async def test_empty_batch_is_a_no_op(event_log: EventLog, stream_name: str) -> None:
+    assert await event_log.insert_batch(stream_name, "numeric", []) == InsertResult(0, 0)
+    assert await stored(event_log, stream_name) == []
+
+
+# -- floor and time lookups ----------------------------------------------------------
+
+FLOOR_CASES = {
+    # order: (first batch, late replay of older ids, expected floor)
+    "numeric": (["999", "1000", "1001"], ["7", "998", "99"], "1001"),
+    "lexicographic": (
+        ["01HZ0000000000000000000002", "01HZ0000000000000000000003"],
+        ["01HZ0000000000000000000001"],
+        "01HZ0000000000000000000003",
+    ),
+    "natural": (
+        ["1700000000-9", "1700000000-10"],
+        ["1700000000-2", "169999999-99"],
+        "1700000000-10",
+    ),
+}
+
+
+@pytest.mark.parametrize("order", sorted(FLOOR_CASES))
+async def test_floor_is_the_newest_id_under_the_order_not_the_last_inserted(
+    event_log: EventLog, stream_name: str, order: str
+) -> None:
+    first, late, expected = FLOOR_CASES[order]
+    assert await event_log.floor(stream_name) is None
+    await event_log.insert_batch(stream_name, order, [record(i) for i in first])
+    await event_log.insert_batch(stream_name, order, [record(i) for i in late])
+    await event_log.insert_batch(stream_name, order, [record("", None)])
+    assert await event_log.floor(stream_name) == expected
+
+
+async def test_newest_id_at_or_before(event_log: EventLog, stream_name: str) -> None:
+    events = [
+        record("1", at=T0),
+        record("3", at=T0 + timedelta(seconds=10)),
+        record("2", at=T0 + timedelta(seconds=20)),
+        record("", None, at=T0 + timedelta(seconds=30)),
+        record("9", at=T0 + timedelta(seconds=40)),
+    ]
+    await event_log.insert_batch(stream_name, "numeric", events)
+    lookup = event_log.newest_id_at_or_before
+    assert await lookup(stream_name, T0 - timedelta(seconds=1)) is None
+    assert await lookup(stream_name, T0) == "1"
+    assert await lookup(stream_name, T0 + timedelta(seconds=10)) == "3"  # inclusive
+    assert await lookup(stream_name, T0 + timedelta(seconds=35)) == "3"  # 3 > 2 numerically
+    assert await lookup(stream_name, T0 + timedelta(hours=1)) == "9"
+    # Another zone, same instant.
+    plus_two = timezone(timedelta(hours=2))
+    assert await lookup(stream_name, (T0 + timedelta(seconds=5)).astimezone(plus_two)) == "1"
+
+
+# -- checkpoint: lagging id ----------------------------------------------------------
+
+
+async def insert_timeline(log: EventLog, stream: str, count: int = 5) -> None:
+    """Ids 1..count received 100 s apart from T0."""
+    events = [record(str(i), at=T0 + timedelta(seconds=100 * (i - 1))) for i in range(1, count + 1)]
+    await log.insert_batch(stream, "numeric", events)
+
+
+async def test_advance_respects_the_window(event_log: EventLog, stream_name: str) -> None:
+    await insert_timeline(event_log, stream_name)
+    result = await event_log.advance_lagging(
+        stream_name, "numeric", window=100, now=T0 + timedelta(seconds=150)
+    )
+    assert (result.lagging_id, result.moved, result.held_by_fence) == ("1", True, False)
+    result = await event_log.advance_lagging(
+        stream_name, "numeric", window=100, now=T0 + timedelta(seconds=300)
+    )
+    assert (result.lagging_id, result.moved) == ("3", True)
+    state = await event_log.get_checkpoint(stream_name)
+    assert state is not None
+    assert state.lagging_id == "3"
+    assert datetime.fromisoformat(state.lagging_at or "") == T0 + timedelta(seconds=200)
+    assert state.fence_id is None
+    assert datetime.fromisoformat(state.updated_at or "").tzinfo is not None
+
+
+async def test_advance_creates_the_row_when_nothing_is_old_enough(
+    event_log: EventLog, stream_name: str
+) -> None:
+    assert await event_log.get_checkpoint(stream_name) is None
+    await insert_timeline(event_log, stream_name)
+    result = await event_log.advance_lagging(stream_name, "numeric", window=600, now=T0)
+    assert (result.lagging_id, result.moved, result.held_by_fence) == (None, False, False)
+    state = await event_log.get_checkpoint(stream_name)
+    assert state is not None and state.lagging_id is None
+
+
+async def test_advance_only_moves_forward(event_log: EventLog, stream_name: str) -> None:
+    await insert_timeline(event_log, stream_name)
+    late = T0 + timedelta(hours=1)
+    assert (await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)).moved
+    early = T0 + timedelta(seconds=100)
+    result = await event_log.advance_lagging(stream_name, "numeric", window=0, now=early)
+    assert (result.lagging_id, result.moved) == ("5", False)
+    # A replay storing older ids late does not pull the lagging id back either.
+    await event_log.insert_batch(stream_name, "numeric", [record("0", at=late)])
+    result = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    assert (result.lagging_id, result.moved) == ("5", False)
+
+
+async def test_concurrent_advances_end_at_the_newest(event_log: EventLog, stream_name: str) -> None:
+    await insert_timeline(event_log, stream_name, count=30)
+    second = EventLog(str(event_log.engine.url.render_as_string(hide_password=False)))
+    try:
+        nows = [T0 + timedelta(seconds=100 * i) for i in range(30)]
+        nows = nows[::2] + nows[1::2]  # interleave old and new
+        calls = [
+            (event_log if i % 2 else second).advance_lagging(
+                stream_name, "numeric", window=0, now=now
+            )
+            for i, now in enumerate(nows)
+        ]
+        results = await asyncio.gather(*calls)
+    finally:
+        await second.close()
+    state = await event_log.get_checkpoint(stream_name)
+    assert state is not None and state.lagging_id == "30"
+    assert sum(result.moved for result in results) >= 1
+    assert all(result.lagging_id is not None for result in results)
+
+
+# -- checkpoint: gap fence -----------------------------------------------------------
+
+
+async def test_fence_holds_the_lagging_id_until_cleared(
+    event_log: EventLog, stream_name: str
+) -> None:
+    await insert_timeline(event_log, stream_name)
+    await event_log.advance_lagging(stream_name, "numeric", window=0, now=T0)
+    assert await event_log.set_fence(stream_name, "numeric", "2") == "2"
+    late = T0 + timedelta(hours=1)
+    held = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    assert (held.lagging_id, held.moved, held.held_by_fence, held.fence_id) == (
+        "1",
+        False,
+        True,
+        "2",
+    )
+    assert await event_log.clear_fence(stream_name, "numeric", "1") is False  # not reached yet
+    assert await event_log.clear_fence(stream_name, "numeric", "2") is True
+    assert await event_log.clear_fence(stream_name, "numeric", "2") is False  # already clear
+    moved = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    assert (moved.lagging_id, moved.moved, moved.held_by_fence, moved.fence_id) == (
+        "5",
+        True,
+        False,
+        None,
+    )
+
+
+async def test_fence_only_moves_forward(event_log: EventLog, stream_name: str) -> None:
+    assert await event_log.set_fence(stream_name, "numeric", "9") == "9"
+    assert await event_log.set_fence(stream_name, "numeric", "3") == "9"
+    assert await event_log.set_fence(stream_name, "numeric", "10") == "10"  # numerically newer
+    state = await event_log.get_checkpoint(stream_name)
+    assert state is not None and state.fence_id == "10"
+    assert await event_log.clear_fence(stream_name, "numeric", "9") is False
+    assert await event_log.clear_fence(stream_name, "numeric", "11") is True
+    state = await event_log.get_checkpoint(stream_name)
+    assert state is not None and state.fence_id is None
+
+
+async def test_fence_needs_an_id(event_log: EventLog, stream_name: str) -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        await event_log.set_fence(stream_name, "numeric", "")
+
+
+async def test_clear_fence_without_a_fence(event_log: EventLog, stream_name: str) -> None:
+    assert await event_log.clear_fence(stream_name, "numeric", "1") is False
+
+
+# -- schema and failures -------------------------------------------------------------
+
+
+async def test_schema_creation_is_repeatable(event_log: EventLog) -> None:
+    await event_log.create_schema()
+    await event_log.create_schema()
+    assert event_log.dialect in ("postgresql", "sqlite")
+
+
+async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: str) -> None:
+    schema = "dsse_" + uuid.uuid4().hex[:10]
+    admin = EventLog(pg_url)
+    await query_commit(admin, f"CREATE SCHEMA {schema}")
+    scoped = f"{pg_url}?options=-csearch_path%3D{schema}"
+    logs = [EventLog(scoped) for _ in range(3)]
+    try:
+        await asyncio.gather(*(log.create_schema() for log in logs))
+        tables = await query(
+            admin,
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = :s "
+            "ORDER BY table_name",
+            s=schema,
+        )
+        assert tables == [("sse_checkpoints",), ("sse_events",)]
+        result = await logs[0].insert_batch("s", "numeric", [record("1")])
+        assert result == InsertResult(1, 0)
+    finally:
+        for log in logs:
+            await log.close()
+        await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")  # our own schema only
+        await admin.close()
+
+
+async def query_commit(log: EventLog, sql: str) -> None:
+    def run() -> None:
+        with log.engine.begin() as connection:
+            connection.execute(sa.text(sql))
+
+    await asyncio.to_thread(run)
+
+
+async def test_sqlite_creates_its_directory(tmp_path: Path, stream_name: str) -> None:
+    log = EventLog(f"sqlite:///{tmp_path / 'nested' / 'dir' / 'events.db'}")
+    try:
+        await log.create_schema()
+        assert await log.insert_batch(stream_name, "natural", [record("a")]) == InsertResult(1, 0)
+        assert (tmp_path / "nested" / "dir" / "events.db").exists()
+    finally:
+        await log.close()
+
+
+async def test_unreachable_postgresql_raises_store_error(stream_name: str) -> None:
+    port = closed_port()
+    log = EventLog(f"postgresql+psycopg://sse:s3cret-pw@127.0.0.1:{port}/sse")  # no I/O yet
+    try:
+        with pytest.raises(StoreError, match=f"PostgreSQL at 127.0.0.1:{port} is unreachable"):
+            await log.create_schema()
+        with pytest.raises(StoreError) as caught:
+            await log.insert_batch(stream_name, "numeric", [record("1")])
+        assert "s3cret-pw" not in str(caught.value)
+        with pytest.raises(StoreError, match="unreachable"):
+            await log.floor(stream_name)
+    finally:
+        await log.close()
+
+
+async def test_closed_log_refuses_work(tmp_path: Path, stream_name: str) -> None:
+    log = EventLog(f"sqlite:///{tmp_path / 'events.db'}")
+    await log.create_schema()
+    await log.close()
+    await log.close()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        await log.floor(stream_name)
+
+
+def test_unsupported_database_is_refused() -> None:
+    with pytest.raises(StoreError, match="unsupported database 'mysql'"):
+        EventLog("mysql://root@localhost/db")
