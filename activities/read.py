@@ -43,6 +43,7 @@ from durable_sse.http import (
 from durable_sse.ids import compare_ids, is_newer
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
+from durable_sse.metrics import ReaderMetrics
 from durable_sse.resolve import CursorResolver
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import Comment, Event, SSEDecoder
@@ -123,6 +124,7 @@ class _Connection:
         self.ordinal = 0
         self.last_number: int | None = None
 
+        self.metrics = ReaderMetrics(activity.metric_meter(), self.stream)
         self.fence = input.fence_id
         self.drop_deadline: float | None = None
         self.result = ReadResult(outcome=Outcome.DROPPED)
@@ -160,6 +162,8 @@ class _Connection:
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
         await self._flush()
+        checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
+        self.result.lagging_id = checkpoint.lagging_id if checkpoint else None
         return self._finish(outcome)
 
     async def _resolve_start(self, progress: ReadProgress | None) -> None:
@@ -289,7 +293,7 @@ class _Connection:
                     ):
                         await self._submit()
                     self._heartbeat()
-                    if time.monotonic() >= rotate_at:
+                    if time.monotonic() >= rotate_at or self.result.passed_fence:
                         return Outcome.ROTATED
                     continue
                 if item is _EOF:
@@ -312,6 +316,10 @@ class _Connection:
                     return outcome
                 if len(self.pending) >= self.spec.batch_max_events:
                     await self._submit()
+                if self.result.passed_fence:
+                    # The replay re-read past the gap: end here so the workflow clears the
+                    # fence now (it only learns outcomes when a connection ends).
+                    return Outcome.ROTATED
         finally:
             pump.cancel()
 
@@ -410,6 +418,7 @@ class _Connection:
         self.result.drop_kind = kind
         self.result.drop_detail = detail[:MAX_DETAIL]
         self.result.dropped_estimate = estimate
+        self.metrics.drop_signal(kind.value)
         activity.logger.info("stream %s: drop signal (%s): %s", self.stream, kind, detail[:80])
 
     # -- persisting ----------------------------------------------------------------
@@ -446,11 +455,17 @@ class _Connection:
     ) -> None:
         if previous is not None:
             await previous  # commits land in order, so cursors only move forward
+        started = time.monotonic()
         inserted = await self.reader.event_log.insert_batch(self.stream, self.order, batch)
+        self.metrics.batch_persist.record(time.monotonic() - started)
+        self.metrics.events_persisted.add(inserted.new_rows)
+        self.metrics.duplicates.add(inserted.duplicates)
+        self.metrics.cursor_lag.set((datetime.now(UTC) - batch[-1].received_at).total_seconds())
         self.result.new_rows += inserted.new_rows
         self.result.duplicates += inserted.duplicates
         if before_fence:
             self.result.recovered_rows += inserted.new_rows
+            self.metrics.events_recovered.add(inserted.new_rows)
         if last_id is not None and is_newer(last_id, self.cursor, self.order):
             self.cursor = last_id
             self.reader.l1.advance(self.stream, last_id, self.order)

@@ -114,6 +114,8 @@ class ReadResult:
     history_truncated: bool = False
     """The server said its history no longer reaches the cursor we sent (replay cannot
     repair what lies before it)."""
+    lagging_id: str | None = None
+    """The checkpoint's lagging id when the connection ended (for the status query)."""
     cursor_source: str | None = None
     """Which store answered the start cursor: l1, l2, lagging, floor, heartbeat, explicit, none."""
     error: str | None = None

@@ -1,0 +1,99 @@
+"""Small store activities the workflows call: the lagging id, the gap fence, ``since``.
+
+Each is one short call on the :class:`~durable_sse.eventlog.EventLog` built once in the
+worker (the composition root). Store failures surface as retryable activity failures;
+the workflow's retry policy rides them out.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from durable_sse.contracts import (
+    AdvanceInput,
+    AdvanceResult,
+    CheckpointState,
+    FenceInput,
+    SinceInput,
+    StreamRef,
+)
+from durable_sse.eventlog import EventLog
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointActivities:
+    """Activities over one shared :class:`EventLog`."""
+
+    def __init__(self, event_log: EventLog) -> None:
+        self._log = event_log
+
+    @activity.defn
+    async def advance_checkpoint(self, input: AdvanceInput) -> AdvanceResult:
+        """Move the lagging id to the newest id persisted a replay window ago (fence-capped)."""
+        now = _parse_time(input.now) if input.now else datetime.now(UTC)
+        result = await self._log.advance_lagging(
+            input.stream.name,
+            input.stream.id_order,
+            window=input.replay_window,
+            now=now,
+        )
+        logger.info(
+            "checkpoint %s: lagging id %r (moved=%s, held by fence=%s)",
+            input.stream.name,
+            result.lagging_id,
+            result.moved,
+            result.held_by_fence,
+        )
+        return result
+
+    @activity.defn
+    async def set_fence(self, input: FenceInput) -> str | None:
+        """Persist the gap fence (forward only); returns the fence now in force."""
+        if input.fence_id is None:
+            state = await self._log.get_checkpoint(input.stream.name)
+            return state.fence_id if state else None
+        return await self._log.set_fence(input.stream.name, input.stream.id_order, input.fence_id)
+
+    @activity.defn
+    async def clear_fence(self, input: FenceInput) -> bool:
+        """Clear the fence if it is at or before ``fence_id`` (the gap was repaired)."""
+        if input.fence_id is None:
+            return False
+        return await self._log.clear_fence(input.stream.name, input.stream.id_order, input.fence_id)
+
+    @activity.defn
+    async def resolve_since(self, input: SinceInput) -> str | None:
+        """The newest id persisted at or before ``since`` (None when there is none)."""
+        return await self._log.newest_id_at_or_before(input.stream.name, _parse_time(input.since))
+
+    @activity.defn
+    async def get_checkpoint(self, input: StreamRef) -> CheckpointState | None:
+        return await self._log.get_checkpoint(input.name)
+
+    def activities(self) -> list:
+        return [
+            self.advance_checkpoint,
+            self.set_fence,
+            self.clear_fence,
+            self.resolve_since,
+            self.get_checkpoint,
+        ]
+
+
+def _parse_time(value: str) -> datetime:
+    """ISO time; a naive value is UTC (``Z`` suffixes are accepted).
+
+    A malformed time cannot get better by retrying: it fails the activity for good.
+    """
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ApplicationError(
+            f"{value!r} is not an ISO time", type="ConfigError", non_retryable=True
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

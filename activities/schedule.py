@@ -1,0 +1,101 @@
+"""The per-stream Temporal Schedule that advances the lagging id.
+
+``sse-checkpoint:<name>`` starts :class:`CheckpointAdvanceWorkflow` every replay window.
+Creating it is idempotent (create, or update when it exists) so a restarted or
+continued-as-new ``StreamWorkflow`` may ensure it any number of times.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from durable_sse.contracts import AdvanceInput, ScheduleInput, StreamRef, checkpoint_schedule_id
+from durable_sse.spec import StreamSpec
+from workflows.checkpoint import CheckpointAdvanceWorkflow
+
+logger = logging.getLogger(__name__)
+
+MIN_CATCHUP_WINDOW = timedelta(minutes=1)
+
+
+class ScheduleActivities:
+    """Activities that manage checkpoint schedules through one shared client."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self._client = client
+        self._task_queue = task_queue
+
+    def build_schedule(self, spec: StreamSpec) -> Schedule:
+        """The schedule for ``spec``: every replay window, one advance at a time."""
+        window = timedelta(seconds=spec.replay_window)
+        schedule_id = checkpoint_schedule_id(spec.name)
+        advance = AdvanceInput(
+            stream=StreamRef(name=spec.name, id_order=spec.id_order),
+            replay_window=spec.replay_window,
+        )
+        return Schedule(
+            action=ScheduleActionStartWorkflow(
+                CheckpointAdvanceWorkflow.run,
+                advance,
+                id=schedule_id,
+                task_queue=self._task_queue,
+                execution_timeout=max(window, timedelta(minutes=5)),
+            ),
+            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=window)]),
+            policy=SchedulePolicy(
+                overlap=ScheduleOverlapPolicy.SKIP,
+                catchup_window=max(window, MIN_CATCHUP_WINDOW),
+            ),
+        )
+
+    @activity.defn
+    async def ensure_checkpoint_schedule(self, input: ScheduleInput) -> None:
+        """Create the stream's schedule, or bring an existing one up to date."""
+        schedule_id = checkpoint_schedule_id(input.spec.name)
+        schedule = self.build_schedule(input.spec)
+        try:
+            await self._client.create_schedule(schedule_id, schedule)
+            logger.info("created checkpoint schedule %s", schedule_id)
+            return
+        except ScheduleAlreadyRunningError:
+            pass
+
+        def update(current: ScheduleUpdateInput) -> ScheduleUpdate:
+            # Keep the schedule's pause state (an operator may have paused it).
+            schedule.state = current.description.schedule.state
+            return ScheduleUpdate(schedule=schedule)
+
+        await self._client.get_schedule_handle(schedule_id).update(update)
+        logger.info("updated checkpoint schedule %s", schedule_id)
+
+    @activity.defn
+    async def delete_checkpoint_schedule(self, input: StreamRef) -> None:
+        """Delete the stream's schedule; a missing schedule is fine."""
+        schedule_id = checkpoint_schedule_id(input.name)
+        try:
+            await self._client.get_schedule_handle(schedule_id).delete()
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            logger.info("checkpoint schedule %s was already gone", schedule_id)
+            return
+        logger.info("deleted checkpoint schedule %s", schedule_id)
+
+    def activities(self) -> list:
+        return [self.ensure_checkpoint_schedule, self.delete_checkpoint_schedule]

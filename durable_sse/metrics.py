@@ -1,0 +1,81 @@
+"""Our own metrics, recorded through Temporal's metric meter.
+
+One Prometheus endpoint (the Temporal runtime's exporter, ``SSE_METRICS_PORT``) then
+serves both the SDK's metrics and these. Labels are the stream name and small enums
+(route, drop kind); never URLs or event ids, whose cardinality is unbounded.
+
+Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
+``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
+``events_unrecoverable``, ``redis_write_failures``, ``batch_persist_seconds``
+(histogram), ``cursor_lag_seconds`` (gauge: now - receive time of the newest
+persisted event).
+"""
+
+from __future__ import annotations
+
+from temporalio.common import MetricMeter
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+PREFIX = "durable_sse_"
+
+
+def prometheus_runtime(port: int, host: str = "0.0.0.0") -> Runtime:
+    """A Temporal runtime that exports every metric on ``http://host:port/metrics``."""
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=f"{host}:{port}", durations_as_seconds=True)
+        )
+    )
+
+
+class ReaderMetrics:
+    """What one connection records; built per activity execution with its stream label."""
+
+    def __init__(self, meter: MetricMeter, stream: str) -> None:
+        meter = meter.with_additional_attributes({"stream": stream})
+        self._meter = meter
+        self.events_persisted = meter.create_counter(
+            PREFIX + "events_persisted", "Events newly stored in the event log"
+        )
+        self.duplicates = meter.create_counter(
+            PREFIX + "duplicates", "Events re-delivered and already stored"
+        )
+        self.events_recovered = meter.create_counter(
+            PREFIX + "events_recovered", "Events a replay stored that were missing"
+        )
+        self.batch_persist = meter.create_histogram_float(
+            PREFIX + "batch_persist_seconds", "Time to commit one batch", "s"
+        )
+        self.cursor_lag = meter.create_gauge_float(
+            PREFIX + "cursor_lag_seconds",
+            "Now minus receive time of the newest persisted event",
+            "s",
+        )
+
+    def drop_signal(self, kind: str) -> None:
+        self._meter.create_counter(PREFIX + "drop_signals", "Drop signals seen").add(
+            1, {"kind": kind}
+        )
+
+
+class WorkflowMetrics:
+    """What the stream workflow records (replay-safe through ``workflow.metric_meter()``)."""
+
+    def __init__(self, meter: MetricMeter, stream: str) -> None:
+        meter = meter.with_additional_attributes({"stream": stream})
+        self._reconnects = meter.create_counter(PREFIX + "reconnects", "Connections by route")
+        self.lagged_replays = meter.create_counter(
+            PREFIX + "lagged_replays", "Replays started to repair a gap"
+        )
+        self.events_unrecoverable = meter.create_counter(
+            PREFIX + "events_unrecoverable", "Events lost for good (outside the replay window)"
+        )
+
+    def reconnect(self, route: str) -> None:
+        self._reconnects.add(1, {"route": route})
+
+
+def redis_failures_counter(meter: MetricMeter):  # noqa: ANN201 - SDK counter type
+    return meter.create_counter(
+        PREFIX + "redis_write_failures", "L2 cursor writes dropped because Redis failed"
+    )

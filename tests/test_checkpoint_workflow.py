@@ -1,0 +1,180 @@
+"""The checkpoint schedule and CheckpointAdvanceWorkflow on a real Temporal dev server.
+
+The time-skipping test server has no Schedules, so this module starts the local dev
+server. The event log is the real one on PostgreSQL (unique stream names).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from temporalio.client import (
+    ScheduleActionExecutionStartWorkflow,
+    ScheduleActionStartWorkflow,
+    ScheduleHandle,
+    ScheduleOverlapPolicy,
+)
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.checkpoint import CheckpointActivities
+from activities.schedule import ScheduleActivities
+from durable_sse.contracts import (
+    AdvanceInput,
+    AdvanceResult,
+    FenceInput,
+    ScheduleInput,
+    SinceInput,
+    StreamRef,
+    checkpoint_schedule_id,
+)
+from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.spec import StreamSpec
+from workflows.checkpoint import CheckpointAdvanceWorkflow
+
+DEV_SERVER = "/work/main/.venv/bin/temporal"
+DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+POLL_LIMIT = 30.0
+"""Safety bound on polling (a hang guard, not a timing assertion)."""
+
+
+@pytest.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=DEV_SERVER, ui=False
+    ) as environment:
+        yield environment
+
+
+@pytest.fixture(scope="module")
+async def event_log() -> AsyncIterator[EventLog]:
+    log = EventLog(DATABASE_URL)
+    await log.create_schema()
+    yield log
+    await log.close()
+
+
+async def persist(event_log: EventLog, stream: str, ids: range, received_at: datetime) -> None:
+    records = [
+        EventRecord(
+            event_id=str(i),
+            event_ord=0,
+            event_type="message",
+            data=f"e{i}",
+            received_at=received_at,
+        )
+        for i in ids
+    ]
+    await event_log.insert_batch(stream, "numeric", records)
+
+
+async def lagging_id(event_log: EventLog, stream: str) -> str | None:
+    checkpoint = await event_log.get_checkpoint(stream)
+    return checkpoint.lagging_id if checkpoint else None
+
+
+async def run_scheduled(env: WorkflowEnvironment, handle: ScheduleHandle) -> AdvanceResult:
+    """Trigger the schedule and return the result of a run it started after the trigger."""
+    before = (await handle.describe()).info.num_actions
+    await handle.trigger()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + POLL_LIMIT
+    while (info := (await handle.describe()).info).num_actions <= before:
+        if loop.time() > deadline:
+            raise AssertionError("the schedule never started a run")
+        await asyncio.sleep(0.1)
+    started = info.recent_actions[-1].action
+    assert isinstance(started, ScheduleActionExecutionStartWorkflow)
+    run = env.client.get_workflow_handle(
+        started.workflow_id, run_id=started.first_execution_run_id, result_type=AdvanceResult
+    )
+    return await run.result()
+
+
+async def test_schedule_advances_and_a_fence_holds(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    name = f"ck-{uuid.uuid4().hex[:16]}"
+    spec = StreamSpec(name=name, url="http://127.0.0.1:9/events", id_order="numeric")
+    spec.replay_window = 2.0
+    ref = StreamRef(name=name, id_order="numeric")
+    queue = f"tq-{uuid.uuid4().hex}"
+    checkpoints = CheckpointActivities(event_log)
+    schedules = ScheduleActivities(env.client, queue)
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)
+    await persist(event_log, name, range(1, 4), long_ago)
+
+    async with Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[CheckpointAdvanceWorkflow],
+        activities=checkpoints.activities(),
+    ):
+        # Created, then updated in place (idempotent; the interval follows the window).
+        spec.replay_window = 3.0
+        await schedules.ensure_checkpoint_schedule(ScheduleInput(spec=spec))
+        spec.replay_window = 2.0
+        await schedules.ensure_checkpoint_schedule(ScheduleInput(spec=spec))
+        handle = env.client.get_schedule_handle(checkpoint_schedule_id(name))
+        description = await handle.describe()
+        assert description.schedule.spec.intervals[0].every == timedelta(seconds=2)
+        assert description.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+        action = description.schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        assert action.workflow == "CheckpointAdvanceWorkflow"
+        assert action.task_queue == queue
+
+        moved = await run_scheduled(env, handle)
+        assert moved.lagging_id == "3" and not moved.held_by_fence
+        assert await lagging_id(event_log, name) == "3"
+
+        # A gap fence: newer events are old enough, yet the lagging id must not move.
+        assert await checkpoints.set_fence(FenceInput(stream=ref, fence_id="3")) == "3"
+        await persist(event_log, name, range(4, 7), long_ago)
+        held = await env.client.execute_workflow(
+            CheckpointAdvanceWorkflow.run,
+            AdvanceInput(stream=ref, replay_window=2.0),
+            id=f"advance-{uuid.uuid4().hex}",
+            task_queue=queue,
+            result_type=AdvanceResult,
+        )
+        assert held == AdvanceResult(lagging_id="3", moved=False, held_by_fence=True, fence_id="3")
+        scheduled = await run_scheduled(env, handle)
+        assert (scheduled.lagging_id, scheduled.held_by_fence) == ("3", True)
+        assert await lagging_id(event_log, name) == "3"
+
+        # Repaired: clearing below the fence is refused, at the fence it clears.
+        assert not await checkpoints.clear_fence(FenceInput(stream=ref, fence_id="2"))
+        assert await checkpoints.clear_fence(FenceInput(stream=ref, fence_id="3"))
+        advanced = await run_scheduled(env, handle)
+        assert (advanced.lagging_id, advanced.held_by_fence) == ("6", False)
+
+        await schedules.delete_checkpoint_schedule(ref)
+        await schedules.delete_checkpoint_schedule(ref)  # missing is fine
+        with pytest.raises(RPCError) as missing:
+            await handle.describe()
+        assert missing.value.status == RPCStatusCode.NOT_FOUND
+
+
+async def test_resolve_since_and_get_checkpoint(event_log: EventLog) -> None:
+    name = f"ck-{uuid.uuid4().hex[:16]}"
+    ref = StreamRef(name=name, id_order="numeric")
+    checkpoints = CheckpointActivities(event_log)
+    now = datetime.now(UTC)
+    await persist(event_log, name, range(998, 1001), now - timedelta(hours=2))
+    await persist(event_log, name, range(1001, 1004), now - timedelta(minutes=1))
+    since = (now - timedelta(hours=1)).isoformat()
+    assert await checkpoints.resolve_since(SinceInput(stream=ref, since=since)) == "1000"
+    before = (now - timedelta(days=1)).isoformat()
+    assert await checkpoints.resolve_since(SinceInput(stream=ref, since=before)) is None
+    assert await checkpoints.get_checkpoint(ref) is None
+    assert await checkpoints.set_fence(FenceInput(stream=ref, fence_id="1001")) == "1001"
+    assert await checkpoints.set_fence(FenceInput(stream=ref, fence_id="999")) == "1001"
+    state = await checkpoints.get_checkpoint(ref)
+    assert state is not None and state.fence_id == "1001"
+    assert await checkpoints.clear_fence(FenceInput(stream=ref, fence_id="1002"))

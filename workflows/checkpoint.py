@@ -1,0 +1,47 @@
+"""``CheckpointAdvanceWorkflow``: one advance of a stream's lagging id.
+
+Started every replay window by the Temporal Schedule ``sse-checkpoint:<name>``. The
+window is measured from the workflow's own start time (``workflow.now()``), so a late
+or retried run still advances to where the schedule meant it to. The event log refuses
+to move past a gap fence; this workflow only asks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from durable_sse.contracts import AdvanceInput, AdvanceResult
+
+ADVANCE_TIMEOUT = timedelta(seconds=60)
+
+
+@workflow.defn
+class CheckpointAdvanceWorkflow:
+    @workflow.run
+    async def run(self, input: AdvanceInput) -> AdvanceResult:
+        if input.now is None:
+            input = dataclasses.replace(input, now=workflow.now().isoformat())
+        result = await workflow.execute_activity(
+            "advance_checkpoint",
+            input,
+            result_type=AdvanceResult,
+            start_to_close_timeout=ADVANCE_TIMEOUT,
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_interval=timedelta(seconds=30),
+                maximum_attempts=10,
+            ),
+        )
+        workflow.logger.info(
+            "checkpoint %s: lagging id %r moved=%s held_by_fence=%s",
+            input.stream.name,
+            result.lagging_id,
+            result.moved,
+            result.held_by_fence,
+        )
+        return result
