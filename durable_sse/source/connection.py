@@ -45,6 +45,9 @@ class EventConnection:
         self.writer = writer
         self._reader = reader
         self.next_id = next_id
+        self.live_from = stream.newest + 1
+        """Standing drops (``drop_every``) hit only the live tail, as a real server drops a
+        slow consumer's live events, never the history a replay asks for."""
         self.sent = 0
         self.since_drop = 0
         self.skip_remaining = 0
@@ -89,7 +92,11 @@ class EventConnection:
         stream = self.stream
         while self.next_id <= newest:
             config = stream.config
-            drops = config.drop_every is not None and config.drop_count > 0
+            drops = (
+                config.drop_every is not None
+                and config.drop_count > 0
+                and self.next_id >= self.live_from
+            )
             if drops and not self.skip_remaining and self.since_drop >= config.drop_every:
                 self.since_drop = 0
                 self.skip_remaining = self.skip_total = config.drop_count
@@ -113,7 +120,8 @@ class EventConnection:
             self._emit(stream.encode(first, first + count - 1))
             self.next_id += count
             self.sent += count
-            self.since_drop += count
+            if drops:
+                self.since_drop += count
             if config.flush == "event" or self._buffered >= BULK_BYTES:
                 await self._flush()
             if config.disconnect_after is not None and self.sent >= config.disconnect_after:
