@@ -1,0 +1,129 @@
+"""Client-side operations on streams: start, signal, query. Used by the CLI and the dev stack.
+
+These only talk to Temporal; the worker does the work. Everything the plain Temporal
+CLI can do with ``temporal workflow start/signal/query`` is available here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+from typing import Any
+from urllib.parse import urlsplit
+
+from temporalio.client import Client
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from durable_sse.codec import data_converter_from_env
+from durable_sse.contracts import ReplaySignal, StreamStatus, stream_workflow_id
+from durable_sse.errors import DurableSSEError
+from durable_sse.spec import StreamSpec, validate_spec
+
+STREAM_WORKFLOW = "StreamWorkflow"
+
+
+class StreamNotFoundError(DurableSSEError):
+    """No running workflow for this stream name."""
+
+
+class TemporalUnreachableError(DurableSSEError):
+    """Temporal did not answer."""
+
+
+async def connect(address: str, namespace: str, *, timeout: float = 5.0) -> Client:
+    try:
+        connecting = Client.connect(
+            address, namespace=namespace, data_converter=data_converter_from_env()
+        )
+        return await asyncio.wait_for(connecting, timeout)
+    except (TimeoutError, RuntimeError, RPCError) as error:
+        detail = str(error) or "no answer"
+        raise TemporalUnreachableError(
+            f"cannot reach Temporal at {address} (namespace {namespace}): {detail}"
+        ) from None
+
+
+def static_summary(spec: StreamSpec) -> str:
+    """What the Web UI shows for a stream: its name and host, never a path or a secret."""
+    return f"SSE stream {spec.name} from {urlsplit(spec.url).hostname}"
+
+
+async def start_stream(client: Client, spec: StreamSpec, *, task_queue: str) -> bool:
+    """Start a stream's workflow; False when it is already running (left as it is)."""
+    validate_spec(spec)
+    try:
+        await client.start_workflow(
+            STREAM_WORKFLOW,
+            spec,
+            id=stream_workflow_id(spec.name),
+            task_queue=task_queue,
+            static_summary=static_summary(spec),
+        )
+    except WorkflowAlreadyStartedError:
+        return False
+    return True
+
+
+async def signal_stream(client: Client, name: str, signal: str, arg: Any = None) -> None:
+    handle = client.get_workflow_handle(stream_workflow_id(name))
+    try:
+        if arg is None:
+            await handle.signal(signal)
+        else:
+            await handle.signal(signal, arg)
+    except RPCError as error:
+        raise _translate(error, name) from None
+
+
+async def replay(client: Client, name: str, *, from_id: str | None, since: str | None) -> None:
+    await signal_stream(client, name, "replay", ReplaySignal(from_id=from_id, since=since))
+
+
+async def stream_status(client: Client, name: str) -> dict[str, Any]:
+    """The workflow's ``status`` plus the running connection's heartbeat (``in_flight``).
+
+    The workflow learns a connection's counts when it ends; its heartbeat details say
+    what it has committed so far, so ``persisted`` and ``cursor`` here are current.
+    """
+    handle = client.get_workflow_handle(stream_workflow_id(name))
+    try:
+        status = await handle.query("status", result_type=StreamStatus)
+        description = await handle.describe()
+    except RPCError as error:
+        raise _translate(error, name) from None
+    result = asdict(status) if not isinstance(status, dict) else status
+    result["in_flight"] = None
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name == "read_stream" and pending.heartbeat_details.payloads:
+            details = await client.data_converter.decode(pending.heartbeat_details.payloads)
+            if details and isinstance(details[0], dict):
+                result["in_flight"] = details[0]
+    return result
+
+
+def current_counts(status: dict[str, Any]) -> tuple[str | None, int]:
+    """(cursor, events persisted) including the running connection's committed work."""
+    persisted = status["counters"]["events_persisted"]
+    cursor = status.get("live_cursor")
+    in_flight = status.get("in_flight")
+    if in_flight:
+        persisted += in_flight.get("new_rows", 0)
+        cursor = in_flight.get("cursor") or cursor
+    return cursor, persisted
+
+
+async def running_streams(client: Client) -> list[str]:
+    names = []
+    query = f"WorkflowType = '{STREAM_WORKFLOW}' AND ExecutionStatus = 'Running'"
+    async for execution in client.list_workflows(query):
+        names.append(execution.id.removeprefix("sse-stream:"))
+    return sorted(names)
+
+
+def _translate(error: RPCError, name: str) -> Exception:
+    if error.status is RPCStatusCode.NOT_FOUND:
+        return StreamNotFoundError(
+            f"no running stream named {name!r} (workflow {stream_workflow_id(name)} not found)"
+        )
+    return error

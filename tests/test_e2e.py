@@ -1,0 +1,456 @@
+"""End to end on a real Temporal dev server, with the real activities, PostgreSQL and Redis.
+
+The scenarios of the workflows issue: a gap announced by a drop notice is repaired
+(every event stored exactly once, the status counts what the replay recovered), also
+when the replay itself is cut; a worker SIGKILLed mid-stream is replaced by another
+without loss or duplicates; and the README's Temporal CLI and durable-sse CLI commands
+work exactly as written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+import worker as worker_module
+from durable_sse.contracts import StreamStatus, stream_workflow_id
+from durable_sse.eventlog import EventLog
+from durable_sse.settings import Settings
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.spec import StreamSpec
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TASK_QUEUE = "sse-consumer"
+HISTORIES = Path(__file__).parent / "histories"
+
+
+@pytest.fixture(scope="module")
+async def temporal() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"), ui=False
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+def address(temporal: WorkflowEnvironment) -> str:
+    return temporal.client.service_client.config.target_host
+
+
+@pytest.fixture(scope="module")
+async def worker(
+    temporal: WorkflowEnvironment, address: str, pg_url: str, redis_url: str
+) -> AsyncIterator[None]:
+    """One in-process worker on the default task queue, like a user's."""
+    settings = Settings.from_env(
+        {"TEMPORAL_ADDRESS": address, "DATABASE_URL": pg_url, "REDIS_URL": redis_url}
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker_module.run_worker(settings, stop=stop, handle_signals=False))
+    yield
+    stop.set()
+    await task
+
+
+@pytest.fixture(scope="module")
+async def source() -> AsyncIterator[SSESource]:
+    async with SSESource() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
+    log = EventLog(pg_url)
+    await log.create_schema()
+    yield log
+    await log.close()
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def status_of(handle: WorkflowHandle) -> StreamStatus:
+    return await handle.query("status", result_type=StreamStatus)
+
+
+async def stored_ids(log: EventLog, stream: str) -> list[int]:
+    def query() -> list[int]:
+        with log.engine.connect() as connection:
+            rows = connection.execute(
+                sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
+            )
+            return [int(row[0]) for row in rows]
+
+    return await asyncio.to_thread(query)
+
+
+def assert_complete_and_unique(ids: list[int]) -> None:
+    assert ids, "nothing stored"
+    assert len(ids) == len(set(ids)), "duplicate rows"
+    missing = sorted(set(range(min(ids), max(ids) + 1)) - set(ids))
+    assert missing == [], f"{len(missing)} events lost, first {missing[:10]}"
+
+
+def read_routes(history: object) -> list[str]:
+    """The route of every read_stream execution the workflow scheduled, in order."""
+    routes = []
+    for event in history.events:  # type: ignore[attr-defined]
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attributes = event.activity_task_scheduled_event_attributes
+            if attributes.activity_type.name == "read_stream":
+                routes.append(json.loads(attributes.input.payloads[0].data)["route"])
+    return routes
+
+
+async def start(client: Client, spec: StreamSpec, task_queue: str = TASK_QUEUE) -> WorkflowHandle:
+    return await client.start_workflow(
+        "StreamWorkflow",
+        spec,
+        id=stream_workflow_id(spec.name),
+        task_queue=task_queue,
+        result_type=StreamStatus,
+    )
+
+
+def gap_spec(source: SSESource, name: str) -> StreamSpec:
+    return StreamSpec(
+        name=name,
+        url=source.url(name),
+        id_order="numeric",
+        replay_window=2.0,
+        lagged_reconnect_interval=1.0,
+        batch_max_delay=0.02,
+    )
+
+
+async def ready_for_a_gap(handle: WorkflowHandle, log: EventLog, name: str) -> None:
+    """1,000+ events stored and a lagging id older than them exists."""
+
+    async def ready() -> bool:
+        checkpoint = await log.get_checkpoint(name)
+        return (
+            checkpoint is not None
+            and checkpoint.lagging_id is not None
+            and len(await stored_ids(log, name)) >= 1000
+        )
+
+    await wait_until(ready, timeout=60, what="1,000 events and a lagging id")
+
+
+async def test_drop_notice_gap_is_repaired_exactly_once(
+    temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: EventLog
+) -> None:
+    name = "gap-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
+    handle = await start(temporal.client, gap_spec(source, name))
+    await ready_for_a_gap(handle, event_log, name)
+
+    source.inject(name, action="drop", count=50)
+
+    async def repaired() -> bool:
+        status = await status_of(handle)
+        return status.counters.events_recovered >= 50 and status.fence_id is None
+
+    await wait_until(repaired, timeout=60, what="the replay to recover 50 events")
+    status = await status_of(handle)
+    assert status.counters.events_recovered == 50
+    assert status.counters.drop_signals == 1
+    assert status.counters.lagged_replays == 1
+    assert status.counters.events_unrecoverable == 0
+    await handle.signal("stop")
+    final = await handle.result()
+    assert final.state == "stopped"
+
+    ids = await stored_ids(event_log, name)
+    assert_complete_and_unique(ids)
+    first, last = source.truth(name).dropped[0]
+    assert set(range(first, last + 1)) <= set(ids)
+    assert "lagged" in read_routes(await handle.fetch_history())
+    if os.environ.get("DURABLE_SSE_CAPTURE_HISTORY"):
+        HISTORIES.mkdir(exist_ok=True)
+        history = await handle.fetch_history()
+        (HISTORIES / "stream_gap_repaired.json").write_text(history.to_json())
+
+
+async def test_disconnect_during_replay_resumes_the_replay(
+    temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: EventLog
+) -> None:
+    name = "cut-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
+    handle = await start(temporal.client, gap_spec(source, name))
+    await ready_for_a_gap(handle, event_log, name)
+
+    source.inject(name, slow=0.004)  # the replay now takes seconds: time to cut it
+    source.inject(name, action="drop", count=50)
+
+    async def replaying() -> bool:
+        status = await status_of(handle)
+        return status.route == "lagged" and status.state == "reading"
+
+    await wait_until(replaying, timeout=30, what="the lagged replay to start")
+    await asyncio.sleep(0.5)
+    source.inject(name, action="disconnect")
+
+    async def repaired() -> bool:
+        status = await status_of(handle)
+        return status.counters.events_recovered >= 50 and status.fence_id is None
+
+    await wait_until(repaired, timeout=90, what="the cut replay to recover 50 events")
+    source.inject(name, slow=0.0)
+    status = await status_of(handle)
+    assert status.counters.events_recovered == 50
+    await handle.signal("stop")
+    await handle.result()
+
+    routes = read_routes(await handle.fetch_history())
+    lagged = routes.index("lagged")
+    assert routes[lagged + 1] == "explicit", routes  # the replay resumed, not the live cursor
+    assert_complete_and_unique(await stored_ids(event_log, name))
+
+
+def worker_process(address: str, pg_url: str, redis_url: str, task_queue: str, log: Path):
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": address,
+        "DATABASE_URL": pg_url,
+        "REDIS_URL": redis_url,
+        "SSE_TASK_QUEUE": task_queue,
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "worker.py")], env=env, stdout=out, stderr=out, cwd=ROOT
+        )
+
+
+async def test_sigkilled_worker_is_replaced_without_loss_or_duplicates(
+    temporal: WorkflowEnvironment,
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    source: SSESource,
+    event_log: EventLog,
+    tmp_path: Path,
+) -> None:
+    name = "kill-" + uuid.uuid4().hex[:8]
+    task_queue = "kill-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=300, keepalive=1, retry_ms=None))
+    first = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "first.log")
+    second = None
+    try:
+        handle = await start(
+            temporal.client,
+            StreamSpec(name=name, url=source.url(name), id_order="numeric"),
+            task_queue,
+        )
+
+        async def flowing(count: int) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                return len(await stored_ids(event_log, name)) >= count
+
+            return check
+
+        await wait_until(await flowing(300), timeout=60, what="the first worker to persist")
+        second = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "second.log")
+        await asyncio.sleep(3)  # the second worker is polling
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        at_kill = len(await stored_ids(event_log, name))
+        await wait_until(
+            await flowing(at_kill + 1500), timeout=90, what="the second worker to take over"
+        )
+        await handle.signal("stop")
+        await asyncio.wait_for(handle.result(), 60)
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=30)
+    assert_complete_and_unique(await stored_ids(event_log, name))
+
+
+async def test_readme_temporal_cli_commands_work_as_written(
+    temporal: WorkflowEnvironment, address: str, worker: None, event_log: EventLog
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("The same with the plain Temporal CLI:", 1)[1].split("```sh", 1)[1]
+    block = block.split("```", 1)[0].replace("\\\n", " ")
+    commands = [line.strip() for line in block.splitlines() if line.strip()]
+    assert len(commands) >= 5
+    env = {**os.environ, "TEMPORAL_ADDRESS": address, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    async with SSESource({"demo": SourceStreamConfig(rate=50, start_id=1150)}, port=8765):
+        outputs = []
+        for command in commands:
+            done = await asyncio.to_thread(
+                subprocess.run, command, shell=True, env=env, capture_output=True, text=True
+            )
+            assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+            outputs.append(done.stdout)
+            await asyncio.sleep(1)
+        assert '"name": "demo"' in outputs[-1] or "demo" in outputs[-1]
+        assert len(await stored_ids(event_log, "demo")) > 0
+    client = temporal.client
+    handle = client.get_workflow_handle(stream_workflow_id("demo"))
+    await handle.signal("stop")
+    await handle.result()
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "durable_sse.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+async def test_cli_start_status_replay_stop_and_error_lines(
+    temporal: WorkflowEnvironment,
+    address: str,
+    worker: None,
+    source: SSESource,
+    tmp_path: Path,
+) -> None:
+    name = "cli-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=50, keepalive=1))
+    config = tmp_path / "streams.toml"
+    config.write_text(
+        f'[[stream]]\nname = "{name}"\nurl = "{source.url(name)}"\nreplay_window = "5m"\n'
+    )
+    env = {"TEMPORAL_ADDRESS": address, "SSE_TASK_QUEUE": TASK_QUEUE}
+
+    started = await asyncio.to_thread(cli, "start", "--config", str(config), env=env)
+    assert started.returncode == 0 and f"{name}: started" in started.stdout, started.stderr
+    again = await asyncio.to_thread(cli, "start", "--config", str(config), env=env)
+    assert f"{name}: already running" in again.stdout
+    await asyncio.sleep(2)
+    table = await asyncio.to_thread(cli, "status", name, env=env)
+    assert table.returncode == 0 and name in table.stdout and "persisted" in table.stdout
+    as_json = await asyncio.to_thread(cli, "status", name, "--json", env=env)
+    assert json.loads(as_json.stdout)[0]["name"] == name
+    for command in (
+        ["replay", name],
+        ["replay", name, "--from-id", "3"],
+        ["pause", name],
+        ["resume", name],
+        ["stop", name],
+    ):
+        done = await asyncio.to_thread(cli, *command, env=env)
+        assert done.returncode == 0, done.stderr
+        assert f"{name}: {command[0]} sent" in done.stdout
+
+    def one_error_line(done: subprocess.CompletedProcess[str], pattern: str) -> None:
+        assert done.returncode == 1, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and re.search(pattern, lines[0]), done.stderr
+
+    one_error_line(
+        await asyncio.to_thread(cli, "status", "no-such-stream", env=env),
+        "no running stream named 'no-such-stream'",
+    )
+    one_error_line(
+        await asyncio.to_thread(cli, "status", env={"TEMPORAL_ADDRESS": "127.0.0.1:1"}),
+        "cannot reach Temporal at 127.0.0.1:1",
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[stream]]\nname = "x"\nurl = \n')
+    one_error_line(await asyncio.to_thread(cli, "start", "--config", str(bad), env=env), "line 3")
+    one_error_line(
+        await asyncio.to_thread(cli, "start", "--config", str(config), "nope", env=env),
+        "no stream named 'nope'",
+    )
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Prometheus text format -> {'name{labels}': value} for our own metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("durable_sse_"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def metric(samples: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for key, value in samples.items():
+        if key.split("{", 1)[0] != name:
+            continue
+        if all(f'{k}="{v}"' in key for k, v in labels.items()):
+            total += value
+    return total
+
+
+async def test_metrics_endpoint_counts_what_happened(
+    temporal: WorkflowEnvironment,
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    source: SSESource,
+    event_log: EventLog,
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    name = "metrics-" + uuid.uuid4().hex[:8]
+    task_queue = "metrics-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
+    os.environ["SSE_METRICS_PORT"] = str(port)
+    try:
+        process = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "w.log")
+    finally:
+        del os.environ["SSE_METRICS_PORT"]
+    try:
+        handle = await start(temporal.client, gap_spec(source, name), task_queue)
+        await ready_for_a_gap(handle, event_log, name)
+        source.inject(name, action="drop", count=50)
+
+        async def recovered() -> bool:
+            return metric(scrape(port), "durable_sse_events_recovered", stream=name) >= 50
+
+        await wait_until(recovered, timeout=60, what="the recovered counter to reach 50")
+        samples = scrape(port)
+        assert metric(samples, "durable_sse_events_recovered", stream=name) == 50
+        assert metric(samples, "durable_sse_drop_signals", stream=name, kind="comment") == 1
+        assert metric(samples, "durable_sse_events_persisted", stream=name) >= 1000
+        assert metric(samples, "durable_sse_reconnects", stream=name, route="lagged") == 1
+        assert metric(samples, "durable_sse_lagged_replays", stream=name) == 1
+        assert metric(samples, "durable_sse_batch_persist_seconds_count", stream=name) > 0
+        assert "http" not in "".join(k for k in samples if name in k)  # no URLs in labels
+        await handle.signal("stop")
+        await asyncio.wait_for(handle.result(), 60)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

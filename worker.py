@@ -1,0 +1,180 @@
+"""The durable-sse worker: the composition root.
+
+Builds every client once (Temporal, the event log, Redis, HTTP), waits for its
+dependencies with a bounded retry and a message naming what it waits for, runs both
+workflows and all activities on one task queue, and shuts down gracefully on
+SIGINT/SIGTERM: running connections are cancelled, flush their batch, and return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from temporalio.client import Client
+from temporalio.runtime import Runtime
+from temporalio.worker import Worker
+
+from activities.checkpoint import CheckpointActivities
+from activities.read import StreamReader
+from activities.schedule import ScheduleActivities
+from durable_sse.codec import data_converter_from_env
+from durable_sse.eventlog import EventLog
+from durable_sse.l1 import LocalCursors
+from durable_sse.l2 import RedisCursors
+from durable_sse.logs import configure_logging
+from durable_sse.metrics import prometheus_runtime, redis_failures_counter
+from durable_sse.settings import Settings
+from workflows.checkpoint import CheckpointAdvanceWorkflow
+from workflows.stream import StreamWorkflow
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_THROTTLE = timedelta(milliseconds=500)
+"""Cancellation reaches an activity only on a heartbeat: keep signals prompt (~1 s)."""
+DEPENDENCY_WAIT = 60.0
+
+
+@dataclass
+class WorkerResources:
+    """Clients the activities share, built once per worker process."""
+
+    event_log: EventLog
+    l1: LocalCursors
+    l2: RedisCursors
+    http: httpx.AsyncClient
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WorkerResources:
+        return cls(
+            event_log=EventLog(settings.database_url),
+            l1=LocalCursors(),
+            l2=RedisCursors(
+                settings.redis_url,
+                ttl_days=settings.redis_cursor_ttl_days,
+                timeout=settings.redis_timeout,
+            ),
+            http=httpx.AsyncClient(
+                follow_redirects=False,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
+                trust_env=False,
+            ),
+        )
+
+    async def close(self) -> None:
+        await self.l2.flush()
+        await self.l2.close()
+        await self.http.aclose()
+        await self.event_log.close()
+
+
+def build_worker(
+    client: Client, resources: WorkerResources, *, task_queue: str, **options: Any
+) -> Worker:
+    reader = StreamReader(
+        http=resources.http, event_log=resources.event_log, l1=resources.l1, l2=resources.l2
+    )
+    activities = [
+        *reader.activities(),
+        *CheckpointActivities(resources.event_log).activities(),
+        *ScheduleActivities(client, task_queue).activities(),
+    ]
+    options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
+    options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
+    options.setdefault("graceful_shutdown_timeout", timedelta(seconds=0))
+    options.setdefault("max_concurrent_activities", 5000)
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[StreamWorkflow, CheckpointAdvanceWorkflow],
+        activities=activities,
+        **options,
+    )
+
+
+async def wait_for(what: str, attempt: Callable[[], Awaitable[Any]], *, timeout: float) -> Any:
+    """Retry ``attempt`` until it succeeds or ``timeout`` passes, then fail naming ``what``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.2
+    while True:
+        try:
+            return await attempt()
+        except Exception as error:  # noqa: BLE001 - reported below
+            if loop.time() + delay > deadline:
+                raise SystemExit(
+                    f"durable-sse worker: gave up waiting for {what} after {timeout:g} s: {error}"
+                ) from None
+            log.info("waiting for %s: %s", what, error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def connect_client(
+    settings: Settings, *, runtime: Runtime | None = None, timeout: float = DEPENDENCY_WAIT
+) -> Client:
+    return await wait_for(
+        f"Temporal at {settings.temporal_address}",
+        lambda: Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=data_converter_from_env(),
+            runtime=runtime,
+        ),
+        timeout=timeout,
+    )
+
+
+async def report_redis_failures(resources: WorkerResources, runtime: Runtime) -> None:
+    """Export L2's failure count (shared by every stream of this worker) as a counter."""
+    counter = redis_failures_counter(runtime.metric_meter)
+    reported = 0
+    while True:
+        await asyncio.sleep(5)
+        failures = resources.l2.write_failures
+        if failures > reported:
+            counter.add(failures - reported)
+            reported = failures
+
+
+async def run_worker(
+    settings: Settings, *, stop: asyncio.Event | None = None, handle_signals: bool = True
+) -> None:
+    """Run until ``stop`` is set (or SIGINT/SIGTERM), then shut down gracefully."""
+    stop = stop or asyncio.Event()
+    if handle_signals:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+    runtime = prometheus_runtime(settings.metrics_port) if settings.metrics_port else None
+    client = await connect_client(settings, runtime=runtime)
+    resources = WorkerResources.from_settings(settings)
+    await wait_for("the database", resources.event_log.create_schema, timeout=DEPENDENCY_WAIT)
+    worker = build_worker(client, resources, task_queue=settings.task_queue)
+    log.info("worker polling task queue %s at %s", settings.task_queue, settings.temporal_address)
+    reporter = asyncio.create_task(report_redis_failures(resources, runtime)) if runtime else None
+    if settings.metrics_port:
+        log.info("Prometheus metrics on http://0.0.0.0:%d/metrics", settings.metrics_port)
+    try:
+        async with worker:
+            await stop.wait()
+            log.info("shutting down: running connections flush and return")
+    finally:
+        if reporter is not None:
+            reporter.cancel()
+        await resources.close()
+
+
+def main(*, log_format: str = "plain") -> None:
+    configure_logging(log_format)
+    asyncio.run(run_worker(Settings.from_env()))
+
+
+if __name__ == "__main__":
+    main()
