@@ -1,0 +1,13 @@
+# The durable-sse worker (and CLI). Secrets come from the environment at run time.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY durable_sse ./durable_sse
+COPY workflows ./workflows
+COPY activities ./activities
+COPY worker.py ./
+COPY examples ./examples
+RUN pip install --no-cache-dir .
+USER nobody
+ENTRYPOINT ["durable-sse"]
+CMD ["worker"]
