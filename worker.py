@@ -75,10 +75,19 @@ class WorkerResources:
 
 
 def build_worker(
-    client: Client, resources: WorkerResources, *, task_queue: str, **options: Any
+    client: Client,
+    resources: WorkerResources,
+    *,
+    task_queue: str,
+    allowed_hosts: tuple[str, ...] | None = None,
+    **options: Any,
 ) -> Worker:
     reader = StreamReader(
-        http=resources.http, event_log=resources.event_log, l1=resources.l1, l2=resources.l2
+        http=resources.http,
+        event_log=resources.event_log,
+        l1=resources.l1,
+        l2=resources.l2,
+        allowed_hosts=allowed_hosts,
     )
     activities = [
         *reader.activities(),
@@ -156,7 +165,9 @@ async def run_worker(
     client = await connect_client(settings, runtime=runtime)
     resources = WorkerResources.from_settings(settings)
     await wait_for("the database", resources.event_log.create_schema, timeout=DEPENDENCY_WAIT)
-    worker = build_worker(client, resources, task_queue=settings.task_queue)
+    worker = build_worker(
+        client, resources, task_queue=settings.task_queue, allowed_hosts=settings.allowed_hosts
+    )
     log.info("worker polling task queue %s at %s", settings.task_queue, settings.temporal_address)
     reporter = asyncio.create_task(report_redis_failures(resources, runtime)) if runtime else None
     if settings.metrics_port:

@@ -33,16 +33,20 @@ from durable_sse.http import (
     REFUSAL_HINTS,
     StatusPolicy,
     describe_error,
+    host_allowed,
     parse_retry_after,
+    query_secrets,
     redact_url,
     request_headers,
     same_origin,
     status_policy,
     with_cursor,
+    with_query,
 )
 from durable_sse.ids import compare_ids, is_newer
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
+from durable_sse.logs import install_redaction
 from durable_sse.metrics import ReaderMetrics
 from durable_sse.resolve import CursorResolver
 from durable_sse.sse.content_type import is_event_stream
@@ -73,7 +77,10 @@ class StreamReader:
         l1: LocalCursors,
         l2: RedisCursors,
         environ: Mapping[str, str] | None = None,
+        allowed_hosts: tuple[str, ...] | None = None,
     ) -> None:
+        install_redaction()
+        self.allowed_hosts = allowed_hosts
         self.http = http
         self.event_log = event_log
         self.l1 = l1
@@ -114,6 +121,7 @@ class _Connection:
         self.matcher = DropNoticeMatcher(self.spec.drop_notice)
         self.drop_types = frozenset(self.spec.drop_event_types)
         self.decoder = SSEDecoder(max_line_bytes=self.spec.max_line_bytes)
+        self.secret_params = frozenset(self.spec.query_from_env)
 
         self.cursor: str | None = None
         self.pending: list[EventRecord] = []
@@ -140,6 +148,13 @@ class _Connection:
             self.result.events_read = progress.events_read
             self.result.new_rows = progress.new_rows
             self.result.duplicates = progress.duplicates
+        if not host_allowed(self.spec.url, self.reader.allowed_hosts):
+            raise ApplicationError(
+                f"stream {self.stream!r}: setting 'url' names a host that is not in "
+                f"SSE_ALLOWED_HOSTS ({self._redact(self.spec.url)})",
+                type="ConfigError",
+                non_retryable=True,
+            )
         try:
             headers = request_headers(
                 cursor=self.cursor,
@@ -148,9 +163,12 @@ class _Connection:
                 environ=self.reader.environ,
                 stream=self.stream,
             )
+            secrets = query_secrets(
+                self.spec.query_from_env, self.reader.environ, stream=self.stream
+            )
         except ConfigError as error:
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
-        url = with_cursor(self.spec.url, self.spec.cursor_param, self.cursor)
+        url = with_query(with_cursor(self.spec.url, self.spec.cursor_param, self.cursor), secrets)
         try:
             outcome = await self._connect(url, headers)
         except asyncio.CancelledError:
@@ -188,6 +206,9 @@ class _Connection:
             if self.spec.contiguous_ids and self.cursor.isdigit():
                 self.last_number = int(self.cursor)
 
+    def _redact(self, url: str) -> str:
+        return redact_url(url, self.secret_params)
+
     def _finish(self, outcome: Outcome) -> ReadResult:
         self.result.outcome = outcome
         self.result.last_cursor = self.cursor
@@ -208,7 +229,9 @@ class _Connection:
             try:
                 response = await self.reader.http.send(request, stream=True)
             except httpx.TransportError as error:
-                self.result.error = f"cannot connect to {redact_url(url)}: {describe_error(error)}"
+                self.result.error = (
+                    f"cannot connect to {self._redact(url)}: {describe_error(error)}"
+                )
                 return Outcome.RETRY_LATER
             try:
                 policy = status_policy(response.status_code)
@@ -216,8 +239,8 @@ class _Connection:
                     target = str(response.url.join(response.headers.get("location", "")))
                     if not same_origin(target, url):
                         raise StreamRefusedError(
-                            f"stream {self.stream!r}: {redact_url(url)} redirects to another "
-                            f"origin ({redact_url(target)}); cross-origin redirects are never "
+                            f"stream {self.stream!r}: {self._redact(url)} redirects to another "
+                            f"origin ({self._redact(target)}); cross-origin redirects are never "
                             "followed"
                         )
                     url = target
@@ -236,18 +259,18 @@ class _Connection:
             return Outcome.NO_CONTENT
         if policy is StatusPolicy.RETRY_LATER:
             self.result.retry_after = parse_retry_after(response.headers.get("retry-after"))
-            self.result.error = f"HTTP {code} from {redact_url(url)}"
+            self.result.error = f"HTTP {code} from {self._redact(url)}"
             return Outcome.RETRY_LATER
         if policy is StatusPolicy.REFUSED:
             hint = REFUSAL_HINTS.get(code, "the server refused the request")
             raise StreamRefusedError(
-                f"stream {self.stream!r}: HTTP {code} from {redact_url(url)}: {hint}; "
+                f"stream {self.stream!r}: HTTP {code} from {self._redact(url)}: {hint}; "
                 "the stream is parked until resumed"
             )
         content_type = response.headers.get("content-type")
         if not is_event_stream(content_type):
             raise StreamRefusedError(
-                f"stream {self.stream!r}: {redact_url(url)} answered with content type "
+                f"stream {self.stream!r}: {self._redact(url)} answered with content type "
                 f"{content_type!r}, not text/event-stream; the stream is parked until resumed"
             )
         mercure = response.headers.get("mercure-last-event-id")

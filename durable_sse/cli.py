@@ -15,6 +15,7 @@ from typing import Any
 
 from durable_sse import control
 from durable_sse.errors import DurableSSEError
+from durable_sse.http import host_allowed, redact_url
 from durable_sse.settings import Settings
 from durable_sse.spec import load_streams
 
@@ -113,6 +114,12 @@ async def _run(args: argparse.Namespace) -> int:
             if unknown:
                 raise DurableSSEError(f"{args.config}: no stream named {unknown[0]!r}")
             specs = [spec for spec in specs if spec.name in args.names]
+        for spec in specs:
+            if not host_allowed(spec.url, settings.allowed_hosts):
+                raise DurableSSEError(
+                    f"stream {spec.name!r}: setting 'url' names a host that is not in "
+                    f"SSE_ALLOWED_HOSTS ({redact_url(spec.url)})"
+                )
     client = await control.connect(settings.temporal_address, settings.temporal_namespace)
     if args.command == "start":
         for spec in specs:

@@ -72,10 +72,58 @@ def with_cursor(url: str, cursor_param: str | None, cursor: str | None) -> str:
     """The URL to request: the cursor goes into ``cursor_param`` when the stream uses one."""
     if cursor_param is None or cursor is None:
         return url
+    return with_query(url, {cursor_param: cursor})
+
+
+def with_query(url: str, values: Mapping[str, str]) -> str:
+    """``url`` with ``values`` set as query parameters (replacing any of the same name)."""
+    if not values:
+        return url
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != cursor_param]
-    query.append((cursor_param, cursor))
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in values]
+    query.extend(values.items())
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def query_secrets(
+    query_from_env: Mapping[str, str], environ: Mapping[str, str], *, stream: str
+) -> dict[str, str]:
+    """Query parameters whose values are secrets, read from the worker's environment."""
+    values = {}
+    for param, variable in query_from_env.items():
+        value = environ.get(variable)
+        if value is None:
+            raise ConfigError(
+                f"stream {stream!r}: setting 'query_from_env' needs environment variable "
+                f"{variable} for query parameter {param}, and it is not set on this worker"
+            )
+        values[param] = value
+    return values
+
+
+def parse_allowed_hosts(value: str | None) -> tuple[str, ...] | None:
+    """``SSE_ALLOWED_HOSTS``: comma-separated hosts, ``*.example.com`` for subdomains."""
+    if value is None or not value.strip():
+        return None
+    hosts = tuple(host.strip().lower() for host in value.split(",") if host.strip())
+    for host in hosts:
+        if not re.fullmatch(r"(\*\.)?[a-z0-9.:\[\]-]+", host):
+            raise ConfigError(f"SSE_ALLOWED_HOSTS: {host!r} is not a host name or *.domain")
+    return hosts
+
+
+def host_allowed(url: str, allowed: tuple[str, ...] | None) -> bool:
+    """Whether ``url``'s host is in the allowlist (no allowlist: every host)."""
+    if allowed is None:
+        return True
+    host = (urlsplit(url).hostname or "").lower()
+    for pattern in allowed:
+        if pattern.startswith("*."):
+            if host.endswith(pattern[1:]):
+                return True
+        elif host == pattern:
+            return True
+    return False
 
 
 def request_headers(
@@ -114,14 +162,17 @@ def _default_port(scheme: str) -> int | None:
     return {"http": 80, "https": 443}.get(scheme)
 
 
-def redact_url(url: str) -> str:
-    """The URL with credentials and token-like query values removed: safe for logs and UI."""
+def redact_url(url: str, secret_params: frozenset[str] = frozenset()) -> str:
+    """The URL with credentials and token-like query values removed: safe for logs and UI.
+
+    ``secret_params`` names further parameters to hide (a stream's ``query_from_env``).
+    """
     parts = urlsplit(url)
     netloc = parts.hostname or ""
     if parts.port:
         netloc = f"{netloc}:{parts.port}"
     query = [
-        (k, "REDACTED" if _TOKENISH.search(k) else v)
+        (k, "REDACTED" if k in secret_params or _TOKENISH.search(k) else v)
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     ]
     return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from durable_sse.errors import ConfigError
+from durable_sse.http import parse_allowed_hosts
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -31,6 +32,8 @@ class Settings:
     redis_cursor_ttl_days: float = 7.0
     redis_timeout: float = 0.5
     metrics_port: int | None = None
+    allowed_hosts: tuple[str, ...] | None = None
+    """``SSE_ALLOWED_HOSTS``: stream URLs must name one of these hosts (None = any)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -50,6 +53,7 @@ class Settings:
             ),
             redis_timeout=_positive_float("REDIS_TIMEOUT", env.get("REDIS_TIMEOUT"), 0.5),
             metrics_port=_port("SSE_METRICS_PORT", env.get("SSE_METRICS_PORT")),
+            allowed_hosts=parse_allowed_hosts(env.get("SSE_ALLOWED_HOSTS")),
         )
         return settings
 

@@ -51,6 +51,9 @@ class StreamSpec:
     idle_timeout: float = 45.0
     headers_from_env: dict[str, str] = field(default_factory=dict)
     """Header name -> name of an environment variable on the worker."""
+    query_from_env: dict[str, str] = field(default_factory=dict)
+    """Query parameter -> name of an environment variable on the worker, for servers that
+    take a token in the URL: the token then never enters workflow input or history."""
     batch_max_events: int = 1000
     batch_max_delay: float = 0.05
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
@@ -115,6 +118,11 @@ def validate_spec(spec: StreamSpec) -> StreamSpec:
             raise bad("headers_from_env", f"{header!r} is not a valid header name")
         if not ENV_NAME_PATTERN.match(str(env_name)):
             raise bad("headers_from_env", f"{env_name!r} is not an environment variable name")
+    for param, env_name in spec.query_from_env.items():
+        if not re.match(r"[A-Za-z0-9_.~-]+\Z", str(param)):
+            raise bad("query_from_env", f"{param!r} is not a plain query parameter name")
+        if not ENV_NAME_PATTERN.match(str(env_name)):
+            raise bad("query_from_env", f"{env_name!r} is not an environment variable name")
     for name in ("batch_max_events", "max_line_bytes"):
         value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

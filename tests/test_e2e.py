@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import signal
@@ -454,3 +455,91 @@ async def test_metrics_endpoint_counts_what_happened(
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+async def test_secrets_never_reach_logs_history_or_the_database(
+    temporal: WorkflowEnvironment,
+    address: str,
+    worker: None,
+    source: SSESource,
+    event_log: EventLog,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    header_secret, query_secret = "hdr-" + uuid.uuid4().hex, "qry-" + uuid.uuid4().hex
+    os.environ["SSE_E2E_HEADER"] = f"Bearer {header_secret}"
+    os.environ["SSE_E2E_QUERY"] = query_secret
+    caplog.set_level(logging.DEBUG)
+    name = "secret-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=100, keepalive=1, retry_ms=None))
+    spec = StreamSpec(
+        name=name,
+        url=source.url(name),
+        headers_from_env={"Authorization": "SSE_E2E_HEADER"},
+        query_from_env={"access_token": "SSE_E2E_QUERY"},
+        connect_timeout=2,
+    )
+    handle = await start(temporal.client, spec)
+
+    async def state(expected: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return (await status_of(handle)).state == expected
+
+        return check
+
+    # Every failure path: refusals park, transient failures back off, then it streams.
+    for fault in ({"code": 401}, {"code": 200, "content_type": "text/plain"}, {"code": 307}):
+        source.inject(name, action="status", **fault)
+        source.inject(name, action="disconnect")
+        await wait_until(await state("parked"), timeout=30, what=f"parked after {fault}")
+        assert (await status_of(handle)).last_error
+        await handle.signal("resume")
+    source.inject(name, action="status", code=429, retry_after=1)
+    source.inject(name, action="disconnect")
+    source.inject(name, action="status", code=500)
+    source.inject(name, action="drop", count=5)
+    source.inject(name, action="malformed")
+
+    async def streaming() -> bool:
+        return len(await stored_ids_any(event_log, name)) >= 200
+
+    await wait_until(streaming, timeout=60, what="events after the failures")
+    await handle.signal("stop")
+    await handle.result()
+
+    env = {**os.environ, "TEMPORAL_ADDRESS": address, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        ["temporal", "workflow", "show", "--workflow-id", stream_workflow_id(name), "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "StreamRefusedError" in shown.stdout  # the history does hold the failures
+    rows = await asyncio.to_thread(dump_stream_rows, event_log, name)
+    for secret in (header_secret, query_secret):
+        assert secret not in caplog.text
+        assert secret not in shown.stdout
+        assert secret not in rows
+
+
+async def stored_ids_any(log: EventLog, stream: str) -> list[str]:
+    def query() -> list[str]:
+        with log.engine.connect() as connection:
+            rows = connection.execute(
+                sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
+            )
+            return [row[0] for row in rows]
+
+    return await asyncio.to_thread(query)
+
+
+def dump_stream_rows(log: EventLog, stream: str) -> str:
+    with log.engine.connect() as connection:
+        events = connection.execute(
+            sa.text("SELECT * FROM sse_events WHERE stream = :s"), {"s": stream}
+        ).fetchall()
+        checkpoints = connection.execute(
+            sa.text("SELECT * FROM sse_checkpoints WHERE stream = :s"), {"s": stream}
+        ).fetchall()
+    return repr(events) + repr(checkpoints)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 import pytest
@@ -11,13 +12,18 @@ from durable_sse.http import (
     MAX_RETRY_AFTER,
     StatusPolicy,
     describe_error,
+    host_allowed,
+    parse_allowed_hosts,
     parse_retry_after,
+    query_secrets,
     redact_url,
     request_headers,
     same_origin,
     status_policy,
     with_cursor,
+    with_query,
 )
+from durable_sse.logs import install_redaction
 
 
 @pytest.mark.parametrize(
@@ -102,3 +108,44 @@ def test_redaction_removes_credentials_and_tokens() -> None:
         assert secret not in redacted
     assert "x=1" in redacted and "h.example:8443" in redacted
     assert "<url>" in describe_error(RuntimeError("failed for https://h/s?token=abc"))
+
+
+def test_allowlist_matches_hosts_and_subdomains_only() -> None:
+    allowed = parse_allowed_hosts("stream.example.com, *.events.example.org")
+    assert host_allowed("https://stream.example.com/s", allowed)
+    assert host_allowed("https://a.events.example.org/s", allowed)
+    assert not host_allowed("https://events.example.org.evil.net/s", allowed)
+    assert not host_allowed("https://example.com/s", allowed)
+    assert host_allowed("http://anything/s", None)
+    assert parse_allowed_hosts("") is None
+    with pytest.raises(ConfigError, match="SSE_ALLOWED_HOSTS"):
+        parse_allowed_hosts("good.example, bad host")
+
+
+def test_query_secrets_come_from_the_environment_and_are_redacted() -> None:
+    secrets = query_secrets({"k": "SSE_KEY"}, {"SSE_KEY": "s3cret"}, stream="s")
+    url = with_query("http://h/s?cursor=5", secrets)
+    assert url == "http://h/s?cursor=5&k=s3cret"
+    assert "s3cret" not in redact_url(url, frozenset({"k"}))
+    with pytest.raises(ConfigError, match="SSE_KEY"):
+        query_secrets({"k": "SSE_KEY"}, {}, stream="s")
+
+
+def test_http_library_log_lines_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    install_redaction()
+    caplog.set_level(logging.INFO, logger="httpx")
+    logging.getLogger("httpx").info(
+        'HTTP Request: GET %s "HTTP/1.1 200 OK"', "http://user:pw@h:8/s?k=s3cret&cursor=9"
+    )
+    assert "s3cret" not in caplog.text and "pw@" not in caplog.text
+    assert "http://h:8/s?REDACTED" in caplog.text
+
+
+def test_http_trace_headers_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
+    install_redaction()
+    caplog.set_level(logging.DEBUG, logger="httpcore")
+    logging.getLogger("httpcore.http11").debug(
+        "receive_response_headers.complete return_value=%r",
+        [(b"Set-Cookie", b"sid=c00kie"), (b"Location", b"http://o:1/s?k=s3cret")],
+    )
+    assert "c00kie" not in caplog.text and "s3cret" not in caplog.text

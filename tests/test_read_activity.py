@@ -317,3 +317,35 @@ async def test_events_without_ids_are_kept_apart(
     rows = await stored(pg_event_log, stream_name)
     assert rows[:5] == [("7", 0), ("7", 1), ("7", 2), ("", None), ("", None)]
     assert rows[5:] == [("", None), ("", None)]
+
+
+async def test_query_secret_is_sent_from_the_environment_and_never_returned(
+    source: SSESource, reader: StreamReader, stream_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=3))
+    spec = make_spec(source, stream_name, query_from_env={"access": "SSE_TEST_TOKEN"})
+    caplog.set_level(logging.DEBUG)
+    result, heartbeats = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert result.events_read == 3
+    assert "sup3r" not in repr(result) + repr(heartbeats) + caplog.text
+    source.inject(stream_name, action="status", code=401)
+    with pytest.raises(ApplicationError) as raised:
+        await read(reader, spec)
+    assert "sup3r" not in raised.value.message + caplog.text
+
+
+async def test_hosts_outside_the_allowlist_are_refused(
+    source: SSESource, reader: StreamReader, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0))
+    guarded = StreamReader(
+        http=reader.http,
+        event_log=reader.event_log,
+        l1=reader.l1,
+        l2=reader.l2,
+        allowed_hosts=("events.example.com",),
+    )
+    with pytest.raises(ApplicationError) as raised:
+        await read(guarded, make_spec(source, stream_name))
+    assert raised.value.non_retryable and raised.value.type == "ConfigError"
+    assert "SSE_ALLOWED_HOSTS" in raised.value.message and "'url'" in raised.value.message
