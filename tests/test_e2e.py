@@ -115,6 +115,14 @@ def assert_complete_and_unique(ids: list[int]) -> None:
     assert missing == [], f"{len(missing)} events lost, first {missing[:10]}"
 
 
+async def capture_history(handle: WorkflowHandle, name: str) -> None:
+    """With DURABLE_SSE_CAPTURE_HISTORY=1, store the run's history for the Replayer test."""
+    if os.environ.get("DURABLE_SSE_CAPTURE_HISTORY"):
+        HISTORIES.mkdir(exist_ok=True)
+        history = await handle.fetch_history()
+        (HISTORIES / f"{name}.json").write_text(history.to_json())
+
+
 def read_routes(history: object) -> list[str]:
     """The route of every read_stream execution the workflow scheduled, in order."""
     routes = []
@@ -190,10 +198,7 @@ async def test_drop_notice_gap_is_repaired_exactly_once(
     first, last = source.truth(name).dropped[0]
     assert set(range(first, last + 1)) <= set(ids)
     assert "lagged" in read_routes(await handle.fetch_history())
-    if os.environ.get("DURABLE_SSE_CAPTURE_HISTORY"):
-        HISTORIES.mkdir(exist_ok=True)
-        history = await handle.fetch_history()
-        (HISTORIES / "stream_gap_repaired.json").write_text(history.to_json())
+    await capture_history(handle, "stream_gap_repaired")
 
 
 async def test_disconnect_during_replay_resumes_the_replay(
@@ -226,6 +231,7 @@ async def test_disconnect_during_replay_resumes_the_replay(
     await handle.signal("stop")
     await handle.result()
 
+    await capture_history(handle, "stream_replay_cut")
     routes = read_routes(await handle.fetch_history())
     lagged = routes.index("lagged")
     assert routes[lagged + 1] == "explicit", routes  # the replay resumed, not the live cursor
@@ -505,6 +511,7 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     await wait_until(streaming, timeout=60, what="events after the failures")
     await handle.signal("stop")
     await handle.result()
+    await capture_history(handle, "stream_refusals_and_backoff")
 
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "PATH": f"{BIN}:{os.environ['PATH']}"}
     shown = await asyncio.to_thread(

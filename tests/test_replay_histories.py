@@ -1,0 +1,32 @@
+"""Every stored history of a real run replays against today's workflow code.
+
+A change that makes the workflows non-deterministic (reordered commands, a new
+activity on an old path) fails here before it can break running streams. Refresh
+the histories with ``DURABLE_SSE_CAPTURE_HISTORY=1 pytest tests/test_e2e.py`` only
+when a change is *meant* to be incompatible (and then version the workflow).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+from workflows.checkpoint import CheckpointAdvanceWorkflow
+from workflows.stream import StreamWorkflow
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def test_histories_are_stored() -> None:
+    assert len(HISTORIES) >= 3, "the Replayer test needs captured histories"
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])
+async def test_history_replays(path: Path) -> None:
+    history = WorkflowHistory.from_json(f"sse-stream:{path.stem}", path.read_text())
+    replayer = Replayer(workflows=[StreamWorkflow, CheckpointAdvanceWorkflow])
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    assert result.replay_failure is None
