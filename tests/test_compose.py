@@ -1,0 +1,52 @@
+"""docker-compose.yml, checked without a Docker engine (none runs on these machines)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def settings_variables() -> set[str]:
+    """Every variable durable_sse.settings reads, taken from its source so it stays true."""
+    source = (ROOT / "durable_sse" / "settings.py").read_text()
+    return set(re.findall(r'env\.get\("([A-Z_]+)"\)', source))
+
+
+def test_worker_service_sets_every_variable_the_worker_reads() -> None:
+    variables = settings_variables()
+    assert {"TEMPORAL_ADDRESS", "DATABASE_URL", "REDIS_URL", "SSE_TASK_QUEUE"} <= variables
+    environment = SERVICES["worker"]["environment"]
+    assert variables <= set(environment), variables - set(environment)
+
+
+def test_every_dependency_has_a_health_check_and_is_awaited_healthy() -> None:
+    for name, service in SERVICES.items():
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert "healthcheck" in SERVICES[dependency], f"{name} depends on {dependency}"
+            assert condition == {"condition": "service_healthy"}, (name, dependency)
+
+
+def test_images_build_from_paths_that_exist() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for name, service in SERVICES.items():
+        assert "image" in service or "build" in service, name
+        if "build" in service:
+            assert (ROOT / service["build"] / "Dockerfile").exists()
+    for source in re.findall(r"^COPY\s+(.+?)\s+\S+$", dockerfile, re.MULTILINE):
+        for path in source.split():
+            assert (ROOT / path).exists(), f"Dockerfile copies missing {path}"
+
+
+def test_no_secret_is_written_in_the_file() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    for line in text.splitlines():
+        if re.match(r"\s*[A-Z_]*(PASSWORD|PWD|TOKEN|SECRET|KEY)\s*:", line):
+            value = line.split(":", 1)[1].strip()
+            assert value.startswith("${") and ":?" in value, line
+    assert "${POSTGRES_PASSWORD:?" in SERVICES["worker"]["environment"]["DATABASE_URL"]
