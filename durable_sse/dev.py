@@ -268,6 +268,9 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
     stack = DevStack(options)
     env: dict[str, str] = {}
     source = SSESource({}, port=free_port(options.source_port))
+    worker_stop = asyncio.Event()
+    worker_task: asyncio.Task[None] | None = None
+    drops: asyncio.Task[None] | None = None
     try:
         address, ui = await start_temporal(stack, env)
         redis_url = await start_redis(stack, env)
@@ -279,7 +282,6 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
         )
         await source.start()
         specs = demo_specs(options.config, source)
-        worker_stop = asyncio.Event()
         worker_task = asyncio.create_task(
             worker.run_worker(settings, stop=worker_stop, handle_signals=False)
         )
@@ -308,11 +310,15 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
                     print(f"first event persisted {elapsed:.1f} s after start", flush=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), options.summary_interval)
-        drops.cancel()
-        worker_stop.set()
-        with contextlib.suppress(Exception):
-            await worker_task
     finally:
+        # Whatever ended the loop (Ctrl-C, a closed stdout, an error), stop in order:
+        # the worker flushes its connections, then the source, then the child processes.
+        if drops is not None:
+            drops.cancel()
+        worker_stop.set()
+        if worker_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(worker_task, 30)
         await source.stop()
         stack.close()
 
