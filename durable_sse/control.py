@@ -92,6 +92,13 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
         description = await handle.describe()
     except RPCError as error:
         raise _translate(error, name) from None
+    except (KeyError, ValueError) as error:
+        if "encrypted" not in str(error):
+            raise
+        raise DurableSSEError(
+            f"stream {name!r}: its payloads are encrypted; set DURABLE_SSE_PAYLOAD_KEY "
+            "to the worker's key to read them"
+        ) from None
     result = asdict(status) if not isinstance(status, dict) else status
     result["in_flight"] = None
     for pending in description.raw_description.pending_activities:

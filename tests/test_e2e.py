@@ -550,3 +550,45 @@ def dump_stream_rows(log: EventLog, stream: str) -> str:
             sa.text("SELECT * FROM sse_checkpoints WHERE stream = :s"), {"s": stream}
         ).fetchall()
     return repr(events) + repr(checkpoints)
+
+
+async def test_cli_reads_status_of_an_encrypted_stream_only_with_the_key(
+    temporal: WorkflowEnvironment,
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    source: SSESource,
+    tmp_path: Path,
+) -> None:
+    from durable_sse.codec import KEY_ENV, data_converter_from_env, generate_key
+
+    key = generate_key()
+    name = "sealed-" + uuid.uuid4().hex[:8]
+    task_queue = "sealed-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=50, keepalive=1))
+    os.environ[KEY_ENV] = key
+    try:
+        process = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "w.log")
+    finally:
+        del os.environ[KEY_ENV]
+    try:
+        sealed = await Client.connect(
+            address, data_converter=data_converter_from_env({KEY_ENV: key})
+        )
+        marker_url = source.url(name)
+        handle = await start(sealed, StreamSpec(name=name, url=marker_url), task_queue)
+        env = {"TEMPORAL_ADDRESS": address}
+        done = await asyncio.to_thread(cli, "status", name, "--json", env={**env, KEY_ENV: key})
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)[0]["name"] == name
+        refused = await asyncio.to_thread(cli, "status", name, env=env)
+        assert refused.returncode == 1
+        assert "DURABLE_SSE_PAYLOAD_KEY" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        history = (await handle.fetch_history()).to_json()
+        assert marker_url not in history  # the input (the spec) is sealed
+        await handle.signal("stop")
+        await asyncio.wait_for(handle.result(), 60)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

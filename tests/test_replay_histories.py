@@ -18,6 +18,7 @@ from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+TEXTS = {path.stem: path.read_text() for path in HISTORIES}
 
 
 def test_histories_are_stored() -> None:
@@ -26,7 +27,7 @@ def test_histories_are_stored() -> None:
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])
 async def test_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(f"sse-stream:{path.stem}", path.read_text())
+    history = WorkflowHistory.from_json(f"sse-stream:{path.stem}", TEXTS[path.stem])
     replayer = Replayer(workflows=[StreamWorkflow, CheckpointAdvanceWorkflow])
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
