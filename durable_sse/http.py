@@ -85,20 +85,31 @@ def with_query(url: str, values: Mapping[str, str]) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def secrets_from_env(
+    names: Mapping[str, str], environ: Mapping[str, str], *, stream: str, setting: str
+) -> dict[str, str]:
+    """Resolve ``name -> variable`` to ``name -> value`` inside the worker.
+
+    A missing variable is a ConfigError naming the stream, the setting and the variable,
+    never a value.
+    """
+    values = {}
+    for name, variable in names.items():
+        value = environ.get(variable)
+        if value is None:
+            raise ConfigError(
+                f"stream {stream!r}: setting {setting!r} needs environment variable "
+                f"{variable} for {name}, and it is not set on this worker"
+            )
+        values[name] = value
+    return values
+
+
 def query_secrets(
     query_from_env: Mapping[str, str], environ: Mapping[str, str], *, stream: str
 ) -> dict[str, str]:
     """Query parameters whose values are secrets, read from the worker's environment."""
-    values = {}
-    for param, variable in query_from_env.items():
-        value = environ.get(variable)
-        if value is None:
-            raise ConfigError(
-                f"stream {stream!r}: setting 'query_from_env' needs environment variable "
-                f"{variable} for query parameter {param}, and it is not set on this worker"
-            )
-        values[param] = value
-    return values
+    return secrets_from_env(query_from_env, environ, stream=stream, setting="query_from_env")
 
 
 def parse_allowed_hosts(value: str | None) -> tuple[str, ...] | None:
@@ -138,14 +149,9 @@ def request_headers(
     headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
     if cursor is not None and cursor_param is None:
         headers["Last-Event-ID"] = cursor
-    for header, variable in headers_from_env.items():
-        value = environ.get(variable)
-        if value is None:
-            raise ConfigError(
-                f"stream {stream!r}: setting 'headers_from_env' needs environment variable "
-                f"{variable} for header {header}, and it is not set on this worker"
-            )
-        headers[header] = value
+    headers.update(
+        secrets_from_env(headers_from_env, environ, stream=stream, setting="headers_from_env")
+    )
     return headers
 
 
