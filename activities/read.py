@@ -304,8 +304,13 @@ class _Connection:
                 try:
                     item = queue.get_nowait()
                 except asyncio.QueueEmpty:
+                    # Not asyncio.wait_for: on Python 3.11 it returns the item and swallows
+                    # a cancellation that lands as queue.get() completes, so a busy stream
+                    # could ignore replay/pause/stop and worker shutdown (chaos scenarios 4
+                    # and 5). asyncio.timeout re-raises the cancellation.
                     try:
-                        item = await asyncio.wait_for(queue.get(), self._wait_budget(rotate_at))
+                        async with asyncio.timeout(self._wait_budget(rotate_at)):
+                            item = await queue.get()
                     except TimeoutError:
                         item = None
                 if self.drop_deadline is not None and time.monotonic() >= self.drop_deadline:

@@ -30,6 +30,11 @@ def _redis_url() -> str:
     return os.environ.get("TEST_REDIS_URL", DEFAULT_REDIS_URL)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--long``: the chaos suite (tests/chaos) runs >= 100k events per scenario."""
+    parser.addoption("--long", action="store_true", default=False, help="long chaos runs")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def services_answer() -> None:
     """Fail (not skip) every test up front when PostgreSQL or Redis does not answer."""

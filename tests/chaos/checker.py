@@ -1,0 +1,192 @@
+"""The ground-truth checker: what the source emitted versus what ``sse_events`` holds.
+
+``check`` compares a stream's :class:`SourceTruth` with its stored rows; the
+:class:`CursorSampler` runs in the background during a scenario and counts regressions
+of the Redis cursor and the checkpoint row's lagging id, and Redis cursors naming a row
+that is not committed (a cursor past the last committed row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+import sqlalchemy as sa
+
+from durable_sse.eventlog import EventLog
+from durable_sse.ids import compare_ids
+from durable_sse.l2 import cursor_key, parse_value
+from durable_sse.source import SourceTruth
+
+logger = logging.getLogger(__name__)
+
+ORDER = "numeric"
+
+
+@dataclass
+class Stored:
+    ids: list[int]
+    rows: int
+    duplicate_rows: int
+
+
+async def stored(log: EventLog, stream: str) -> Stored:
+    """Every stored id of ``stream`` and the duplicate row count (same event id twice)."""
+
+    def query() -> Stored:
+        with log.engine.connect() as connection:
+            ids = [
+                int(row[0])
+                for row in connection.execute(
+                    sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
+                )
+            ]
+        return Stored(ids=ids, rows=len(ids), duplicate_rows=len(ids) - len(set(ids)))
+
+    return await asyncio.to_thread(query)
+
+
+@dataclass
+class Verdict:
+    """One scenario's numbers; :meth:`row` is its line in docs/reliability.md."""
+
+    scenario: str
+    emitted: int = 0
+    stored: int = 0
+    lost: int = 0
+    unexpected: int = 0
+    duplicate_rows: int = 0
+    out_of_window: int = 0
+    regressions: int = 0
+    cursor_ahead: int = 0
+    samples: int = 0
+    recovered: int = 0
+    reread: int = 0
+    faults: str = ""
+    first_lost: list[int] = field(default_factory=list)
+
+    def row(self) -> str:
+        return (
+            f"| {self.scenario} | {self.emitted} | {self.faults} | {self.lost} | "
+            f"{self.duplicate_rows} rows / {self.reread} re-read | {self.regressions} "
+            f"({self.samples} samples, {self.cursor_ahead} ahead) | {self.recovered} | "
+            f"{self.out_of_window} |"
+        )
+
+
+def check(scenario: str, truth: SourceTruth, rows: Stored) -> Verdict:
+    """Lost / unexpected / duplicate / out-of-window, from the first id the stream stored.
+
+    A stream connects live-only the first time, so ids generated before its first stored
+    id were never expected. A missing id inside a range the source dropped, and older than
+    every id of that range that a replay did recover, is *out of window* (the history no
+    longer held it); every other missing id is *lost*.
+    """
+    verdict = Verdict(scenario=scenario, stored=rows.rows, duplicate_rows=rows.duplicate_rows)
+    if not rows.ids:
+        verdict.lost = truth.generated
+        return verdict
+    have = set(rows.ids)
+    first = min(have)
+    newest = truth.ids[-1] if truth.ids else first - 1
+    emitted = set(range(first, newest + 1))
+    verdict.emitted = len(emitted)
+    verdict.unexpected = len(have - set(truth.ids))
+    missing = emitted - have
+    out_of_window: set[int] = set()
+    for low, high in truth.dropped:
+        recovered = [i for i in range(low, high + 1) if i in have]
+        bound = min(recovered) if recovered else high + 1
+        out_of_window |= {i for i in missing if low <= i < bound}
+    lost = sorted(missing - out_of_window)
+    verdict.lost = len(lost)
+    verdict.first_lost = lost[:10]
+    verdict.out_of_window = len(out_of_window)
+    return verdict
+
+
+class CursorSampler:
+    """Samples ``cursor:<stream>`` and the checkpoint row while a scenario runs.
+
+    A regression is a value older than the previous one under the stream's id order. A
+    Redis key that disappears (Redis restarted empty) starts a new baseline. ``ahead``
+    counts Redis cursors with no committed row behind them (read the cursor first, then
+    look the row up: the cursor is written after the commit, so the row must be there).
+    Errors (a store down on purpose) skip the sample.
+    """
+
+    def __init__(self, log: EventLog, redis_url: str, stream: str, *, every: float = 0.1):
+        self.log = log
+        self.stream = stream
+        self.every = every
+        self.redis = aioredis.Redis.from_url(redis_url, socket_timeout=0.5)
+        self.samples = 0
+        self.regressions: list[str] = []
+        self.ahead: list[str] = []
+        self._l2: str | None = None
+        self._lagging: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> CursorSampler:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self.redis.aclose()
+
+    def set_redis(self, redis_url: str) -> None:
+        self.redis = aioredis.Redis.from_url(redis_url, socket_timeout=0.5)
+
+    @property
+    def regression_count(self) -> int:
+        return len(self.regressions)
+
+    async def _run(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.every)
+
+    async def sample(self) -> None:
+        self.samples += 1
+        try:
+            raw = await self.redis.get(cursor_key(self.stream))
+        except Exception:  # noqa: BLE001 - Redis down on purpose: skip
+            raw = b"?"
+        if raw != b"?":
+            value = parse_value(self.stream, raw)
+            if value is None:
+                self._l2 = None  # gone: Redis restarted empty, a new baseline
+            else:
+                if self._l2 is not None and compare_ids(value, self._l2, ORDER) < 0:
+                    self.regressions.append(f"l2 {self._l2} -> {value}")
+                self._l2 = value
+                with contextlib.suppress(Exception):
+                    if not await self._committed(value):
+                        self.ahead.append(value)
+        try:
+            checkpoint = await self.log.get_checkpoint(self.stream)
+        except Exception:  # noqa: BLE001 - PostgreSQL down on purpose: skip
+            return
+        lagging = checkpoint.lagging_id if checkpoint else None
+        if lagging is not None:
+            if self._lagging is not None and compare_ids(lagging, self._lagging, ORDER) < 0:
+                self.regressions.append(f"lagging {self._lagging} -> {lagging}")
+            self._lagging = lagging
+
+    async def _committed(self, event_id: str) -> bool:
+        def query() -> bool:
+            with self.log.engine.connect() as connection:
+                row = connection.execute(
+                    sa.text("SELECT 1 FROM sse_events WHERE stream = :s AND event_id = :e LIMIT 1"),
+                    {"s": self.stream, "e": event_id},
+                ).first()
+            return row is not None
+
+        return await asyncio.to_thread(query)

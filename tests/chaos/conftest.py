@@ -1,0 +1,89 @@
+"""Fixtures of the chaos suite: one Temporal dev server, one source, one worker per module.
+
+``--long`` (registered in tests/conftest.py, which pytest loads at start-up) switches
+every scenario to >= 100k events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from durable_sse.eventlog import EventLog
+from durable_sse.source import SSESource
+from tests.chaos.checker import Verdict
+from tests.chaos.harness import BIN, DEFAULT, LONG, Sizes, in_process_worker, unique
+
+HEADER = (
+    "| scenario | events | faults injected | lost | duplicates | regressions | recovered "
+    "| out-of-window |\n|---|---|---|---|---|---|---|---|"
+)
+
+
+@pytest.fixture(scope="module")
+def sizes(request: pytest.FixtureRequest) -> Sizes:
+    return LONG if request.config.getoption("--long") else DEFAULT
+
+
+@pytest.fixture(scope="module")
+def seed() -> int:
+    """``CHAOS_SEED`` replays a failing run; otherwise a fresh seed, printed."""
+    value = int(os.environ.get("CHAOS_SEED") or int.from_bytes(os.urandom(4), "big"))
+    print(f"\nchaos seed: {value} (replay with CHAOS_SEED={value})", file=sys.stderr)
+    return value
+
+
+@pytest.fixture(scope="module")
+async def temporal() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"), ui=False
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+def address(temporal: WorkflowEnvironment) -> str:
+    return temporal.client.service_client.config.target_host
+
+
+@pytest.fixture(scope="module")
+async def source() -> AsyncIterator[SSESource]:
+    async with SSESource() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def chaos_log(pg_url: str) -> AsyncIterator[EventLog]:
+    log = EventLog(pg_url)
+    await log.create_schema()
+    yield log
+    await log.close()
+
+
+@pytest.fixture(scope="module")
+async def queue(address: str, pg_url: str, redis_url: str) -> AsyncIterator[str]:
+    """A task queue served by one in-process worker (shared Redis)."""
+    name = unique("chaos")
+    async with in_process_worker(address, pg_url, redis_url, name):
+        await asyncio.sleep(0)
+        yield name
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> Iterator[list[Verdict]]:
+    """Every scenario's row; printed at the end, and appended to ``$CHAOS_REPORT``."""
+    rows: list[Verdict] = []
+    yield rows
+    table = "\n".join([HEADER, *(v.row() for v in rows)])
+    print("\n" + table, file=sys.stderr)
+    target = os.environ.get("CHAOS_REPORT")
+    if target:
+        with Path(target).open("a") as out:
+            out.write(table + "\n")

@@ -1,0 +1,228 @@
+"""Running the real stack in chaos scenarios: workers, streams, waiting, draining.
+
+Small helpers copied in spirit from tests/test_e2e.py (a test module is not imported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowHandle
+
+import worker as worker_module
+from durable_sse.contracts import StreamStatus, stream_workflow_id
+from durable_sse.eventlog import EventLog
+from durable_sse.settings import Settings
+from durable_sse.source import SSESource
+from durable_sse.spec import StreamSpec
+from tests.chaos.checker import stored
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Sizes:
+    """Scenario sizes: the default keeps the module near 10 minutes, ``--long`` >= 100k."""
+
+    rate: float
+    """Source events per second."""
+    seconds: float
+    """How long faults run (events ~ rate x seconds)."""
+    redis_down: float
+    kills: int = 5
+    min_events: int = 0
+    """Every scenario keeps the source running until this many events are stored."""
+
+
+DEFAULT = Sizes(rate=400, seconds=12, redis_down=10)
+LONG = Sizes(rate=1500, seconds=70, redis_down=30, min_events=100_000)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[bool]],
+    *,
+    timeout: float,
+    what: str,
+    handle: WorkflowHandle | None = None,
+) -> None:
+    """Poll ``check``; on timeout fail naming ``what`` (and the stream's status)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():
+        if loop.time() > deadline:
+            detail = f"; status {await status_of(handle)}" if handle is not None else ""
+            if handle is not None:
+                pending = (await handle.describe()).raw_description.pending_activities
+                detail += f"; pending {[(p.activity_type.name, p.state) for p in pending]}"
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{detail}")
+        await asyncio.sleep(0.25)
+
+
+async def status_of(handle: WorkflowHandle) -> StreamStatus:
+    return await handle.query("status", result_type=StreamStatus)
+
+
+async def start_stream(client: Client, spec: StreamSpec, task_queue: str) -> WorkflowHandle:
+    return await client.start_workflow(
+        "StreamWorkflow",
+        spec,
+        id=stream_workflow_id(spec.name),
+        task_queue=task_queue,
+        result_type=StreamStatus,
+    )
+
+
+def chaos_spec(name: str, url: str, **overrides: object) -> StreamSpec:
+    """Short windows and intervals so gaps are repaired within seconds."""
+    values: dict[str, object] = {
+        "id_order": "numeric",
+        "replay_window": 2.0,
+        "lagged_reconnect_interval": 1.0,
+        "batch_max_delay": 0.02,
+        "idle_timeout": 2.0,
+        "connect_timeout": 2.0,
+    }
+    values.update(overrides)
+    return StreamSpec(name=name, url=url, **values)  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def in_process_worker(
+    address: str, pg_url: str, redis_url: str, task_queue: str
+) -> AsyncIterator[None]:
+    settings = Settings.from_env(
+        {
+            "TEMPORAL_ADDRESS": address,
+            "DATABASE_URL": pg_url,
+            "REDIS_URL": redis_url,
+            "SSE_TASK_QUEUE": task_queue,
+        }
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker_module.run_worker(settings, stop=stop, handle_signals=False))
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+def worker_process(
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    task_queue: str,
+    log: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": address,
+        "DATABASE_URL": pg_url,
+        "REDIS_URL": redis_url,
+        "SSE_TASK_QUEUE": task_queue,
+        **(extra_env or {}),
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "worker.py")], env=env, stdout=out, stderr=out, cwd=ROOT
+        )
+
+
+def end_process(process: subprocess.Popen[bytes] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    os.kill(process.pid, signal.SIGCONT)
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+async def reader_pid(handle: WorkflowHandle) -> int | None:
+    """The pid of the worker that runs (or last ran) the read activity, from its identity."""
+    description = await handle.describe()
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name == "read_stream" and pending.last_worker_identity:
+            head = pending.last_worker_identity.split("@", 1)[0]
+            if head.isdigit() and pending.state == 2:  # PENDING_ACTIVITY_STATE_STARTED
+                return int(head)
+    return None
+
+
+async def drain_and_stop(
+    handle: WorkflowHandle,
+    source: SSESource,
+    log: EventLog,
+    name: str,
+    *,
+    timeout: float = 120,
+    min_events: int = 0,
+) -> StreamStatus:
+    """Stop generating, wait until every emitted id is stored and no gap is open, stop.
+
+    With ``min_events`` (``--long``), first let the stream run until that many are stored.
+    """
+    if min_events:
+
+        async def enough() -> bool:
+            return (await stored(log, name)).rows >= min_events
+
+        await wait_until(enough, timeout=min_events / 100, what=f"{min_events} events")
+    source.inject(name, action="clear")
+    source.inject(name, paused=True)
+    newest = source.truth(name).ids[-1]
+
+    async def caught_up() -> bool:
+        rows = await stored(log, name)
+        if not rows.ids or max(rows.ids) < newest:
+            return False
+        status = await status_of(handle)
+        return status.fence_id is None and not status.pending_lagged
+
+    await wait_until(
+        caught_up, timeout=timeout, what=f"{name} to store up to {newest}", handle=handle
+    )
+    await handle.signal("stop")
+    return await asyncio.wait_for(handle.result(), 60)
+
+
+async def read_results(handle: WorkflowHandle) -> list[dict[str, object]]:
+    """Every completed read_stream result in the workflow's history, in order."""
+    history = await handle.fetch_history()
+    scheduled: dict[int, bool] = {}
+    results = []
+    for event in history.events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attributes = event.activity_task_scheduled_event_attributes
+            scheduled[event.event_id] = attributes.activity_type.name == "read_stream"
+        elif event.HasField("activity_task_completed_event_attributes"):
+            attributes = event.activity_task_completed_event_attributes
+            if scheduled.get(attributes.scheduled_event_id) and attributes.result.payloads:
+                results.append(json.loads(attributes.result.payloads[0].data))
+    return results
