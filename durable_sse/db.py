@@ -132,8 +132,8 @@ def make_engine(database_url: str, *, connect_timeout: int = DEFAULT_CONNECT_TIM
             url,
             connect_args={"connect_timeout": max(2, int(connect_timeout))},
             pool_pre_ping=True,
-            pool_size=5,
-            max_overflow=5,
+            pool_size=8,
+            max_overflow=8,
             hide_parameters=True,
         )
         event.listen(engine, "connect", _prepare_postgresql)

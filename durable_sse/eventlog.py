@@ -62,7 +62,11 @@ _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
-_WORKERS = 8
+_WORKERS = 16
+"""Threads for database calls: many quiet streams commit small batches concurrently."""
+SMALL_BATCH = 64
+"""Up to this many rows, one multi-row INSERT beats COPY into the staging table (two
+statements more per commit); above it COPY wins (see bench/insert_rate.py)."""
 _UNSTORABLE_TEXT = (UnicodeEncodeError, psycopg.DataError)
 
 
@@ -250,6 +254,8 @@ class EventLog:
 
     def _write_rows(self, rows: list[tuple[Any, ...]]) -> int:
         if self.dialect == "postgresql":
+            if len(rows) <= SMALL_BATCH:
+                return self._insert_values(rows)
             return self._copy_rows(rows)
         # Plain driver executemany: SQLAlchemy's per-row bind processing would halve the
         # rate; the one conversion needed (datetime -> text) uses SQLAlchemy's own
@@ -259,6 +265,22 @@ class EventLog:
         with self._begin() as connection:
             result = connection.exec_driver_sql(_SQLITE_INSERT_SQL, params)
             return max(result.rowcount, 0)
+
+    def _insert_values(self, rows: list[tuple[Any, ...]]) -> int:
+        """A small batch as one ``INSERT ... VALUES ... ON CONFLICT DO NOTHING``."""
+        width = len(_EVENT_COLUMNS)
+        values = ", ".join(["(" + ", ".join(["%s"] * width) + ")"] * len(rows))
+        statement = (
+            f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) VALUES {values} "
+            "ON CONFLICT DO NOTHING"
+        )
+        params = [value for row in rows for value in row[1:]]
+        with self._begin() as connection:
+            driver = connection.connection.driver_connection
+            assert driver is not None
+            with driver.cursor() as cursor:
+                cursor.execute(statement, params)
+                return max(cursor.rowcount, 0)
 
     def _copy_rows(self, rows: list[tuple[Any, ...]]) -> int:
         with self._begin() as connection:

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_sse.errors import StoreError
-from durable_sse.eventlog import EventLog, EventRecord, InsertResult
+from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -57,6 +57,21 @@ async def test_same_batch_twice_is_stored_once(event_log: EventLog, stream_name:
     assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
     assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, 3)
     assert await stored(event_log, stream_name) == [("1", 0, "x"), ("2", 0, "x"), ("3", 0, "x")]
+
+
+@pytest.mark.parametrize("size", [SMALL_BATCH, SMALL_BATCH + 1, 2000])
+async def test_both_insert_paths_are_idempotent_and_keep_order(
+    event_log: EventLog, stream_name: str, size: int
+) -> None:
+    """Small batches go through one multi-row INSERT, larger ones through COPY."""
+    batch = [record(str(i), data=f"d{i}") for i in range(size, 0, -1)]
+    overlap = batch[size // 2 :] + [record(str(size + 1))]
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(size, 0)
+    result = await event_log.insert_batch(stream_name, "numeric", overlap)
+    assert result == InsertResult(1, len(overlap) - 1)
+    rows = await stored(event_log, stream_name)
+    assert [row[0] for row in rows] == [str(i) for i in range(size, 0, -1)] + [str(size + 1)]
+    assert rows[0][2] == f"d{size}"
 
 
 async def test_key_repeated_within_a_batch_counts_as_duplicate(
