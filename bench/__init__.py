@@ -1,0 +1,1 @@
+"""Benchmarks: ``bench/run`` (see docs/benchmarks.md)."""

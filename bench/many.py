@@ -1,0 +1,219 @@
+"""(3) many low-rate streams on ONE worker process: cursor lag, CPU and RSS per stream.
+
+The source runs in this (driver) process so it can stamp every id with the wall-clock
+time it was generated (``SourceStream._append`` is wrapped here, in the benchmark only);
+the worker is a separate process. Cursor lag of an event = the first time a sample of
+Redis ``cursor:<stream>`` (one MGET of every key every ``SAMPLE_EVERY`` s) reached its
+id, minus the time the source generated it; the sampling period bounds the resolution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench.common import (
+    Figures,
+    Row,
+    Stack,
+    cpu_seconds,
+    percentile,
+    rss_bytes,
+    verdict,
+    wait_until,
+)
+from bench.hot import PERSIST_HISTOGRAM
+from bench.temporal_stack import temporal
+from durable_sse.l2 import cursor_key
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.source.stream import SourceStream
+from durable_sse.spec import StreamSpec
+
+SAMPLE_EVERY = 0.05
+START_CONCURRENCY = 50
+START_TIMEOUT = 150.0
+"""Seconds to wait for every stream's first persisted event before measuring anyway."""
+RATE = 1.0
+"""Events per second per stream."""
+
+GENERATED: dict[str, dict[int, float]] = defaultdict(dict)
+"""stream -> id -> wall-clock time the source generated it."""
+
+
+def _stamp_generation() -> None:
+    original = SourceStream._append
+    if getattr(original, "_stamped", False):
+        return
+
+    def append(self: SourceStream, count: int) -> None:
+        original(self, count)
+        now = time.time()
+        times = GENERATED[self.name]
+        for event_id in range(self.newest - count + 1, self.newest + 1):
+            times[event_id] = now
+
+    append._stamped = True  # type: ignore[attr-defined]
+    SourceStream._append = append  # type: ignore[method-assign]
+
+
+def _cursor_id(value: Any) -> int:
+    return int(value.decode().split("#", 1)[1]) if value is not None else 0
+
+
+async def many_rows(running: Stack, redis: aioredis.Redis, count: int, seconds: float) -> list[Row]:
+    _stamp_generation()
+    tag = uuid.uuid4().hex[:6]
+    names = [f"m{count}-{tag}-{i}" for i in range(count)]
+    keys = [cursor_key(name) for name in names]
+    config = SourceStreamConfig(rate=RATE, retry_ms=None, keepalive=5.0)
+    rows: list[Row] = []
+    async with SSESource({name: config for name in names}) as source:
+        async with temporal(running, label=f"many{count}") as stack_t:
+            pid = stack_t.worker.pid
+            await asyncio.sleep(2.0)
+            idle_rss = rss_bytes(pid)
+            semaphore = asyncio.Semaphore(START_CONCURRENCY)
+
+            async def start(name: str) -> None:
+                spec = StreamSpec(name=name, url=source.url(name), id_order="numeric")
+                async with semaphore:
+                    await stack_t.start_stream(spec)
+
+            began = time.monotonic()
+            await asyncio.gather(*(start(name) for name in names))
+
+            async def all_persisting() -> bool:
+                values = await redis.mget(keys)
+                return all(value is not None for value in values)
+
+            try:
+                await wait_until(
+                    all_persisting,
+                    timeout=START_TIMEOUT,
+                    what=f"{count} streams to persist",
+                    every=0.5,
+                )
+                startup = f"{time.monotonic() - began:.1f}"
+            except TimeoutError:
+                # Report what did not converge instead of losing the whole table.
+                persisting = sum(value is not None for value in await redis.mget(keys))
+                startup = f"> {START_TIMEOUT:g} ({persisting}/{count} streams persisting)"
+            await asyncio.sleep(2.0)  # let the start-up backlog drain out of the window
+
+            persist_before = await stack_t.histogram(PERSIST_HISTOGRAM)
+            lags, probe, cpu, wall = await _sample(stack_t, redis, names, keys, seconds, pid)
+            persist_after = await stack_t.histogram(PERSIST_HISTOGRAM)
+            commit_seconds = persist_after[0] - persist_before[0]
+            commits = max(persist_after[1] - persist_before[1], 1)
+            rss = rss_bytes(pid)
+            persisted = len(lags)
+            sql = 1000 * probe.get("sql", 0) / max(persisted, 1)
+            redis_rt = 1000 * probe.get("redis", 0) / max(persisted, 1)
+            history = await _history_growth(stack_t, names[:5], seconds=10.0)
+
+    for stream in names:
+        GENERATED.pop(stream, None)
+    p50, p99 = percentile(lags, 50), percentile(lags, 99)
+    label = f"{count} streams @ {RATE:g} ev/s"
+    cores = cpu / wall
+    rows.append(Row("3", f"{label}: start all + first event persisted (s)", startup))
+    rows.append(Row("3", f"{label}: cursor lag p50 (ms)", f"{p50 * 1000:.0f}"))
+    goal, met = "", None
+    if count >= 1000:
+        goal, met = "p99 < 1 s at 1,000", p99 < 1.0
+    rows.append(Row("3", f"{label}: cursor lag p99 (ms)", f"{p99 * 1000:.0f}", goal, verdict(met)))
+    rows.append(
+        Row(
+            "3",
+            f"{label}: ms per commit / commits in flight (mean; the pool has 8 threads)",
+            f"{1000 * commit_seconds / commits:.0f} / {commit_seconds / (wall + 3.6):.1f}",
+        )
+    )
+    rows.append(
+        Row(
+            "3",
+            f"{label}: worker CPU total / per stream",
+            f"{cores * 100:.0f}% of a core / {cores / count * 1000:.2f} ms CPU per s",
+        )
+    )
+    rows.append(
+        Row(
+            "3",
+            f"{label}: worker RSS total / per stream",
+            f"{rss / 2**20:.0f} MiB / {(rss - idle_rss) / count / 1024:.0f} KiB",
+        )
+    )
+    rows.append(
+        Row(
+            "6",
+            f"{label}: SQL statements / Redis round trips per 1k events",
+            f"{sql:.0f} / {redis_rt:.0f}",
+        )
+    )
+    rows.append(
+        Row("6", f"{label}: history events per stream-hour, steady state", history.fmt(digits=0))
+    )
+    return rows
+
+
+async def _sample(
+    stack_t: Any,
+    redis: aioredis.Redis,
+    names: list[str],
+    keys: list[str],
+    seconds: float,
+    pid: int,
+) -> tuple[list[float], dict[str, float], float, float]:
+    """Lags of every event generated in the window, probe deltas, worker CPU s, wall s."""
+    window_start = time.time()
+    seen = [_cursor_id(v) for v in await redis.mget(keys)]
+    arrived: dict[tuple[int, int], float] = {}
+    probe_before, cpu_before = stack_t.probe(), cpu_seconds(pid)
+    began = time.monotonic()
+    cpu = wall = 0.0
+    probe: dict[str, float] = {}
+    end = began + seconds
+    drain_until = end + 3.0
+    while True:
+        now_m = time.monotonic()
+        if now_m >= end and not wall:
+            wall = now_m - began
+            cpu = cpu_seconds(pid) - cpu_before
+            await asyncio.sleep(0.6)
+            after = stack_t.probe()
+            probe = {k: after.get(k, 0) - probe_before.get(k, 0) for k in after}
+        if now_m >= drain_until:
+            break
+        values = await redis.mget(keys)
+        now = time.time()
+        for index, value in enumerate(values):
+            current = _cursor_id(value)
+            if current > seen[index]:
+                for event_id in range(seen[index] + 1, current + 1):
+                    arrived[(index, event_id)] = now
+                seen[index] = current
+        await asyncio.sleep(SAMPLE_EVERY)
+    window_end = window_start + seconds
+    lags: list[float] = []
+    final = time.time()
+    for index, name in enumerate(names):
+        for event_id, generated in GENERATED[name].items():
+            if window_start <= generated <= window_end:
+                lags.append(arrived.get((index, event_id), final) - generated)
+    return lags, probe, cpu, wall
+
+
+async def _history_growth(stack_t: Any, names: list[str], *, seconds: float) -> Figures:
+    """History events added per hour to a few stream workflows while they just stream."""
+    from durable_sse.contracts import stream_workflow_id
+
+    handles = [stack_t.client.get_workflow_handle(stream_workflow_id(n)) for n in names]
+    before = [len((await h.fetch_history()).events) for h in handles]
+    await asyncio.sleep(seconds)
+    after = [len((await h.fetch_history()).events) for h in handles]
+    return Figures([(a - b) * 3600 / seconds for a, b in zip(after, before, strict=True)])
