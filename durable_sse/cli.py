@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -94,8 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    import os
-
     import worker
 
     if args.metrics_port is not None:
@@ -165,5 +164,18 @@ def format_status_table(statuses: list[dict[str, Any]]) -> str:
     )
 
 
+def entry() -> None:
+    """Console entry point: exit without interpreter finalization.
+
+    The Temporal client's native runtime keeps threads that can call into Python while
+    the interpreter finalizes, which aborted the process after its work was done (seen
+    with the encryption codec). Everything is flushed and closed by then.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

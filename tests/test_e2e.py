@@ -32,6 +32,7 @@ from durable_sse.eventlog import EventLog
 from durable_sse.settings import Settings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
+from tests.chaos.harness import end_process, wait_until, worker_process
 
 pytestmark = pytest.mark.slow
 
@@ -82,15 +83,6 @@ async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
     await log.create_schema()
     yield log
     await log.close()
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def status_of(handle: WorkflowHandle) -> StreamStatus:
@@ -238,20 +230,6 @@ async def test_disconnect_during_replay_resumes_the_replay(
     assert_complete_and_unique(await stored_ids(event_log, name))
 
 
-def worker_process(address: str, pg_url: str, redis_url: str, task_queue: str, log: Path):
-    env = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": address,
-        "DATABASE_URL": pg_url,
-        "REDIS_URL": redis_url,
-        "SSE_TASK_QUEUE": task_queue,
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, str(ROOT / "worker.py")], env=env, stdout=out, stderr=out, cwd=ROOT
-        )
-
-
 async def test_sigkilled_worker_is_replaced_without_loss_or_duplicates(
     temporal: WorkflowEnvironment,
     address: str,
@@ -273,28 +251,24 @@ async def test_sigkilled_worker_is_replaced_without_loss_or_duplicates(
             task_queue,
         )
 
-        async def flowing(count: int) -> Callable[[], Awaitable[bool]]:
+        def flowing(count: int) -> Callable[[], Awaitable[bool]]:
             async def check() -> bool:
                 return len(await stored_ids(event_log, name)) >= count
 
             return check
 
-        await wait_until(await flowing(300), timeout=60, what="the first worker to persist")
+        await wait_until(flowing(300), timeout=60, what="the first worker to persist")
         second = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "second.log")
         await asyncio.sleep(3)  # the second worker is polling
         first.send_signal(signal.SIGKILL)
         first.wait()
         at_kill = len(await stored_ids(event_log, name))
-        await wait_until(
-            await flowing(at_kill + 1500), timeout=90, what="the second worker to take over"
-        )
+        await wait_until(flowing(at_kill + 1500), timeout=90, what="the second worker to take over")
         await handle.signal("stop")
         await asyncio.wait_for(handle.result(), 60)
     finally:
         for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                process.wait(timeout=30)
+            end_process(process)
     assert_complete_and_unique(await stored_ids(event_log, name))
 
 
@@ -434,11 +408,14 @@ async def test_metrics_endpoint_counts_what_happened(
     name = "metrics-" + uuid.uuid4().hex[:8]
     task_queue = "metrics-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
-    os.environ["SSE_METRICS_PORT"] = str(port)
-    try:
-        process = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "w.log")
-    finally:
-        del os.environ["SSE_METRICS_PORT"]
+    process = worker_process(
+        address,
+        pg_url,
+        redis_url,
+        task_queue,
+        tmp_path / "w.log",
+        extra_env={"SSE_METRICS_PORT": str(port)},
+    )
     try:
         handle = await start(temporal.client, gap_spec(source, name), task_queue)
         await ready_for_a_gap(handle, event_log, name)
@@ -459,8 +436,7 @@ async def test_metrics_endpoint_counts_what_happened(
         await handle.signal("stop")
         await asyncio.wait_for(handle.result(), 60)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        end_process(process)
 
 
 async def test_secrets_never_reach_logs_history_or_the_database(
@@ -486,7 +462,7 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     )
     handle = await start(temporal.client, spec)
 
-    async def state(expected: str) -> Callable[[], Awaitable[bool]]:
+    def state(expected: str) -> Callable[[], Awaitable[bool]]:
         async def check() -> bool:
             return (await status_of(handle)).state == expected
 
@@ -496,7 +472,7 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     for fault in ({"code": 401}, {"code": 200, "content_type": "text/plain"}, {"code": 307}):
         source.inject(name, action="status", **fault)
         source.inject(name, action="disconnect")
-        await wait_until(await state("parked"), timeout=30, what=f"parked after {fault}")
+        await wait_until(state("parked"), timeout=30, what=f"parked after {fault}")
         assert (await status_of(handle)).last_error
         await handle.signal("resume")
     source.inject(name, action="status", code=429, retry_after=1)
@@ -566,11 +542,9 @@ async def test_cli_reads_status_of_an_encrypted_stream_only_with_the_key(
     name = "sealed-" + uuid.uuid4().hex[:8]
     task_queue = "sealed-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=50, keepalive=1))
-    os.environ[KEY_ENV] = key
-    try:
-        process = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "w.log")
-    finally:
-        del os.environ[KEY_ENV]
+    process = worker_process(
+        address, pg_url, redis_url, task_queue, tmp_path / "w.log", extra_env={KEY_ENV: key}
+    )
     try:
         sealed = await Client.connect(
             address, data_converter=data_converter_from_env({KEY_ENV: key})
@@ -590,5 +564,4 @@ async def test_cli_reads_status_of_an_encrypted_stream_only_with_the_key(
         await handle.signal("stop")
         await asyncio.wait_for(handle.result(), 60)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        end_process(process)
