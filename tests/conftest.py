@@ -8,6 +8,7 @@ clear message; it never skips.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,8 +16,10 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.eventlog import EventLog
+from durable_sse.source import SSESource
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -74,6 +77,28 @@ def redis_url() -> str:
 @pytest.fixture
 def stream_name() -> str:
     return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="module")
+async def temporal() -> AsyncIterator[WorkflowEnvironment]:
+    """A Temporal dev server from the pip-installed binary, one per test module."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"), ui=False
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+def address(temporal: WorkflowEnvironment) -> str:
+    return temporal.client.service_client.config.target_host
+
+
+@pytest.fixture(scope="module")
+async def source() -> AsyncIterator[SSESource]:
+    """The demo SSE source on a free port; tests add their own uniquely named streams."""
+    async with SSESource() as running:
+        yield running
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

@@ -43,20 +43,6 @@ HISTORIES = Path(__file__).parent / "histories"
 
 
 @pytest.fixture(scope="module")
-async def temporal() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(BIN / "temporal"), ui=False
-    )
-    yield env
-    await env.shutdown()
-
-
-@pytest.fixture(scope="module")
-def address(temporal: WorkflowEnvironment) -> str:
-    return temporal.client.service_client.config.target_host
-
-
-@pytest.fixture(scope="module")
 async def worker(
     temporal: WorkflowEnvironment, address: str, pg_url: str, redis_url: str
 ) -> AsyncIterator[None]:
@@ -69,12 +55,6 @@ async def worker(
     yield
     stop.set()
     await task
-
-
-@pytest.fixture(scope="module")
-async def source() -> AsyncIterator[SSESource]:
-    async with SSESource() as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

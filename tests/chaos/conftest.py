@@ -13,12 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.eventlog import EventLog
-from durable_sse.source import SSESource
 from tests.chaos.checker import Verdict
-from tests.chaos.harness import BIN, DEFAULT, LONG, Sizes, in_process_worker, unique
+from tests.chaos.harness import DEFAULT, LONG, Sizes, in_process_worker, unique
 
 HEADER = (
     "| scenario | events | faults injected | lost | duplicates | regressions | recovered "
@@ -37,26 +35,6 @@ def seed() -> int:
     value = int(os.environ.get("CHAOS_SEED") or int.from_bytes(os.urandom(4), "big"))
     print(f"\nchaos seed: {value} (replay with CHAOS_SEED={value})", file=sys.stderr)
     return value
-
-
-@pytest.fixture(scope="module")
-async def temporal() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(BIN / "temporal"), ui=False
-    )
-    yield env
-    await env.shutdown()
-
-
-@pytest.fixture(scope="module")
-def address(temporal: WorkflowEnvironment) -> str:
-    return temporal.client.service_client.config.target_host
-
-
-@pytest.fixture(scope="module")
-async def source() -> AsyncIterator[SSESource]:
-    async with SSESource() as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
