@@ -5,9 +5,12 @@ it (invariant 1), and every event is keyed ``(stream, event_id, event_ord)`` so 
 replays are absorbed by ``ON CONFLICT DO NOTHING`` (invariant 2).
 
 Blocking SQLAlchemy/driver calls run in a small dedicated thread pool, never on the
-event loop. PostgreSQL batches are COPYed into a per-connection temporary table and
-moved with one ``INSERT … SELECT … ON CONFLICT DO NOTHING`` (the fastest path measured,
-see ``bench/insert_rate.py``); SQLite uses an ``executemany`` of the same insert.
+event loop. Batches are group-committed (``durable_sse.commits``): one transaction takes
+every batch waiting, from any stream, and commits follow submission order. On PostgreSQL
+a large batch is COPYed into a per-connection temporary table and moved with one
+``INSERT … SELECT … ON CONFLICT DO NOTHING`` (the fastest path measured, see
+``bench/insert_rate.py``), a small one is one multi-row ``INSERT``; SQLite uses an
+``executemany`` of the same insert.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
+from durable_sse.commits import CommitGroup, CommitJob, CommitQueue
 from durable_sse.contracts import AdvanceResult, CheckpointState
 from durable_sse.db import (
     EVENTS_TABLE,
@@ -58,12 +62,18 @@ _MOVE_SQL = (
     f"SELECT {', '.join(_EVENT_COLUMNS)} FROM {STAGING_TABLE} ORDER BY pos "
     "ON CONFLICT DO NOTHING"
 )
+_RETURNING = " RETURNING stream, event_id, event_ord"
 _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
 _WORKERS = 16
-"""Threads for database calls: many quiet streams commit small batches concurrently."""
+"""Threads for database calls: the commit lanes plus checkpoint reads and writes."""
+POSTGRES_LANES = 4
+"""Group transactions written at once on PostgreSQL: a hot stream's next batch is written
+while the previous one commits, and quiet streams' batches gather behind a busy lane."""
+MAX_GROUP_ROWS = 5000
+"""Rows one group transaction takes (a larger batch still goes in whole, alone)."""
 SMALL_BATCH = 64
 """Up to this many rows, one multi-row INSERT beats COPY into the staging table (two
 statements more per commit); above it COPY wins (see bench/insert_rate.py)."""
@@ -104,6 +114,13 @@ class EventLog:
         self._where = describe_database(self._engine.url)
         self._executor = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="sse-db")
         self._closed = False
+        self._commits = CommitQueue(
+            self._write_group_guarded,
+            self._executor,
+            # SQLite has one writer at a time: a second lane would only wait for the lock.
+            lanes=POSTGRES_LANES if self.dialect == "postgresql" else 1,
+            max_group_rows=MAX_GROUP_ROWS,
+        )
         time_type = events_table.c.received_at.type.dialect_impl(self._engine.dialect)
         self._sqlite_time: Callable[[datetime], Any] = (
             time_type.bind_processor(self._engine.dialect) or _identity
@@ -119,20 +136,50 @@ class EventLog:
         """The underlying engine (benchmarks and ad-hoc queries)."""
         return self._engine
 
+    @property
+    def commits(self) -> CommitQueue:
+        """The group-commit queue (its counters tell how well batches were grouped)."""
+        return self._commits
+
     async def create_schema(self) -> None:
         await self._run("create the schema", create_schema, self._engine)
+
+    def submit_batch(
+        self,
+        stream: str,
+        id_order: str,
+        events: Sequence[EventRecord],
+        *,
+        after: CommitJob | None = None,
+    ) -> CommitJob:
+        """Queue a batch for the next group commit and return at once.
+
+        Batches commit in the order they are submitted; one submitted ``after`` another
+        is left out (its future fails) if that one was not committed. Await the result
+        with :meth:`committed`.
+        """
+        if self._closed:
+            raise StoreError(f"{self._where}: the event log is closed (while inserting events)")
+        return self._commits.submit(stream, (IdOrder(id_order), events), len(events), after=after)
+
+    async def committed(self, job: CommitJob) -> InsertResult:
+        """Wait for a submitted batch to commit; cancelling the wait leaves the batch be."""
+        try:
+            new_rows = await asyncio.shield(job.future)
+        except asyncio.CancelledError:
+            # The batch is in a transaction already: let it end (commit or roll back)
+            # before the caller moves on, so it never outlives close().
+            await asyncio.wait([job.future])
+            raise
+        return InsertResult(new_rows=new_rows, duplicates=job.rows - new_rows)
 
     async def insert_batch(
         self, stream: str, id_order: str, events: Sequence[EventRecord]
     ) -> InsertResult:
-        """Persist a batch in one committed transaction; already stored events are skipped."""
+        """Persist a batch (committed when this returns); already stored events are skipped."""
         if not events:
             return InsertResult(new_rows=0, duplicates=0)
-        order = IdOrder(id_order)
-        new_rows = await self._run(
-            f"insert events of stream {stream!r}", self._insert_sync, stream, order, events
-        )
-        return InsertResult(new_rows=new_rows, duplicates=len(events) - new_rows)
+        return await self.committed(self.submit_batch(stream, id_order, events))
 
     async def floor(self, stream: str) -> str | None:
         """The newest persisted id under the stream's id order (max ``id_key``, not max seq)."""
@@ -237,61 +284,117 @@ class EventLog:
 
     # -- events ---------------------------------------------------------------------
 
-    def _insert_sync(self, stream: str, order: IdOrder, events: Sequence[EventRecord]) -> int:
-        try:
-            return self._write_rows(_rows(stream, order, events))
-        except _UNSTORABLE_TEXT as error:
-            # NUL (PostgreSQL text) or lone surrogates: store the batch with U+FFFD in
-            # their place rather than wedge the stream on it. Loud, never silent.
-            logger.warning(
-                "stream %r: a batch holds characters the database cannot store, replacing "
-                "them with U+FFFD (%s)",
-                stream,
-                error_summary(error),
-            )
-            cleaned = [_clean_record(record) for record in events]
-            return self._write_rows(_rows(stream, order, cleaned))
+    def _write_group_guarded(self, group: CommitGroup) -> None:
+        streams = sorted({job.stream for job in group.jobs})
+        what = f"stream {streams[0]!r}" if len(streams) == 1 else f"{len(streams)} streams"
+        self._guarded(f"insert events of {what}", self._write_group, group)
 
-    def _write_rows(self, rows: list[tuple[Any, ...]]) -> int:
-        if self.dialect == "postgresql":
-            if len(rows) <= SMALL_BATCH:
-                return self._insert_values(rows)
-            return self._copy_rows(rows)
+    def _write_group(self, group: CommitGroup) -> None:
+        """One transaction for every batch of the group that has not been left out.
+
+        Rows are prepared (and COPYed into the staging table) while earlier groups still
+        work; they enter ``sse_events`` only after the previous group's rows did, so
+        ``seq`` follows submission order, and the commit waits for the previous group's
+        commit.
+        """
+        clean = False
+        while jobs := [job for job in group.jobs if not job.failed]:
+            try:
+                with self._begin() as connection:
+                    insert = self._stage(connection, jobs, clean=clean)
+                    group.wait_for_previous_rows()
+                    counts = insert()
+                    if group.wait_turn():
+                        raise _Rewrite  # roll back: some batches must not commit
+                    group.rows_written.set()
+            except _Rewrite:
+                continue
+            except _UNSTORABLE_TEXT as error:
+                if clean:
+                    raise
+                # NUL (PostgreSQL text) or lone surrogates: store the batch with U+FFFD in
+                # their place rather than wedge the stream on it. Loud, never silent.
+                logger.warning(
+                    "a batch holds characters the database cannot store, replacing them "
+                    "with U+FFFD (%s)",
+                    error_summary(error),
+                )
+                clean = True
+                continue
+            for job, count in zip(jobs, counts, strict=True):
+                job.new_rows = count
+            return
+
+    def _stage(
+        self, connection: Connection, jobs: list[CommitJob], *, clean: bool
+    ) -> Callable[[], list[int]]:
+        """Prepare the rows (a large set goes into the staging table now); returns the
+        call that inserts them into the log and counts each batch's new rows.
+
+        On PostgreSQL the whole group is one statement: one ``INSERT`` per batch would
+        serialise a round trip per quiet stream behind the previous group's rows.
+        """
+        rows: list[tuple[Any, ...]] = []
+        spans: list[tuple[int, int]] = []
+        for job in jobs:
+            order, events = job.payload
+            if clean:
+                cleaned = [_clean_record(record) for record in events]
+                if cleaned != list(events):
+                    logger.warning("stream %r: characters replaced with U+FFFD", job.stream)
+                events = cleaned
+            start = len(rows)
+            rows.extend(_rows(job.stream, order, events, start=start))
+            spans.append((start, len(rows)))
+        if self.dialect != "postgresql":
+            return lambda: [self._insert_sqlite(connection, rows[a:b]) for a, b in spans]
+        several = len(spans) > 1  # then count each batch's rows from what was inserted
+        if len(rows) <= SMALL_BATCH:
+            insert = functools.partial(self._insert_values, connection, rows, several)
+        else:
+            self._copy_to_staging(connection, rows)
+            insert = functools.partial(self._move_staged, connection, several)
+        if not several:
+            return lambda: [insert()]
+        return lambda: _new_rows_per_batch(insert(), rows, spans)
+
+    def _insert_sqlite(self, connection: Connection, rows: list[tuple[Any, ...]]) -> int:
         # Plain driver executemany: SQLAlchemy's per-row bind processing would halve the
         # rate; the one conversion needed (datetime -> text) uses SQLAlchemy's own
         # processor, so stored times compare with those bound by SQLAlchemy queries.
         to_text = self._sqlite_time
         params = [(*row[1:-1], to_text(row[-1])) for row in rows]
-        with self._begin() as connection:
-            result = connection.exec_driver_sql(_SQLITE_INSERT_SQL, params)
-            return max(result.rowcount, 0)
+        result = connection.exec_driver_sql(_SQLITE_INSERT_SQL, params)
+        return max(result.rowcount, 0)
 
-    def _insert_values(self, rows: list[tuple[Any, ...]]) -> int:
-        """A small batch as one ``INSERT ... VALUES ... ON CONFLICT DO NOTHING``."""
+    def _insert_values(
+        self, connection: Connection, rows: list[tuple[Any, ...]], returning: bool
+    ) -> Any:
+        """A small set as one ``INSERT ... VALUES ... ON CONFLICT DO NOTHING``.
+
+        Returns the number of new rows, or with ``returning`` the keys of the new rows.
+        """
         width = len(_EVENT_COLUMNS)
         values = ", ".join(["(" + ", ".join(["%s"] * width) + ")"] * len(rows))
         statement = (
             f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) VALUES {values} "
-            "ON CONFLICT DO NOTHING"
+            f"ON CONFLICT DO NOTHING{_RETURNING if returning else ''}"
         )
         params = [value for row in rows for value in row[1:]]
-        with self._begin() as connection:
-            driver = connection.connection.driver_connection
-            assert driver is not None
-            with driver.cursor() as cursor:
-                cursor.execute(statement, params)
-                return max(cursor.rowcount, 0)
+        with _driver(connection).cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchall() if returning else max(cursor.rowcount, 0)
 
-    def _copy_rows(self, rows: list[tuple[Any, ...]]) -> int:
-        with self._begin() as connection:
-            driver = connection.connection.driver_connection
-            assert driver is not None
-            with driver.cursor() as cursor:
-                with cursor.copy(_COPY_SQL) as copy:
-                    for row in rows:
-                        copy.write_row(row)
-                cursor.execute(_MOVE_SQL)
-                return max(cursor.rowcount, 0)
+    def _copy_to_staging(self, connection: Connection, rows: list[tuple[Any, ...]]) -> None:
+        with _driver(connection).cursor() as cursor, cursor.copy(_COPY_SQL) as copy:
+            for row in rows:
+                copy.write_row(row)
+
+    def _move_staged(self, connection: Connection, returning: bool) -> Any:
+        """``INSERT … SELECT`` the staged rows: the count of new rows, or their keys."""
+        with _driver(connection).cursor() as cursor:
+            cursor.execute(_MOVE_SQL + (_RETURNING if returning else ""))
+            return cursor.fetchall() if returning else max(cursor.rowcount, 0)
 
     def _newest_sync(self, stream: str, when: datetime | None = None) -> str | None:
         query = (
@@ -406,14 +509,52 @@ class EventLog:
             return result.rowcount == 1
 
 
-def _rows(stream: str, order: IdOrder, events: Sequence[EventRecord]) -> list[tuple[Any, ...]]:
+def _new_rows_per_batch(
+    inserted: list[tuple[str, str, int | None]],
+    rows: list[tuple[Any, ...]],
+    spans: list[tuple[int, int]],
+) -> list[int]:
+    """Attribute the keys one statement inserted to the batches of the group.
+
+    A key in several batches was inserted from the first (rows go in ``pos`` order, the
+    rest conflict); rows with no id (NULL ordinal) never conflict, so every one of them
+    is new and counted where it is.
+    """
+    counts = [0] * len(spans)
+    owner: dict[tuple[str, str, int], int] = {}
+    for index, (start, end) in enumerate(spans):
+        for row in rows[start:end]:
+            if row[3] is None:
+                counts[index] += 1
+            else:
+                owner.setdefault((row[1], row[2], row[3]), index)
+    for stream, event_id, ordinal in inserted:
+        if ordinal is not None:
+            counts[owner[(stream, event_id, ordinal)]] += 1
+    return counts
+
+
+class _Rewrite(Exception):
+    """Roll back a group transaction to write it again without the batches left out."""
+
+
+def _driver(connection: Connection) -> Any:
+    """The psycopg connection under a SQLAlchemy one (COPY and raw statements)."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    return driver
+
+
+def _rows(
+    stream: str, order: IdOrder, events: Sequence[EventRecord], *, start: int = 0
+) -> list[tuple[Any, ...]]:
     """Staging rows: ``(pos, stream, event_id, event_ord, id_key, type, data, received_at)``.
 
     No id in force means no key and a NULL ordinal, whatever the caller passed: NULLs
     never conflict, so id-less events are always stored, never collapsed.
     """
     rows = []
-    for pos, record in enumerate(events):
+    for pos, record in enumerate(events, start):
         if record.event_id:
             key: bytes | None = sort_key(record.event_id, order)
             ordinal = record.event_ord

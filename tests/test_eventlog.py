@@ -43,6 +43,15 @@ async def stored(log: EventLog, stream: str) -> list[tuple[Any, ...]]:
     )
 
 
+async def execute(log: EventLog, *statements: str) -> None:
+    def run() -> None:
+        with log.engine.begin() as connection:
+            for statement in statements:
+                connection.exec_driver_sql(statement)
+
+    await asyncio.to_thread(run)
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -148,6 +157,145 @@ async def test_text_the_database_cannot_hold_is_stored_replaced(
 async def test_empty_batch_is_a_no_op(event_log: EventLog, stream_name: str) -> None:
     assert await event_log.insert_batch(stream_name, "numeric", []) == InsertResult(0, 0)
     assert await stored(event_log, stream_name) == []
+
+
+# -- group commit -------------------------------------------------------------------
+
+
+def hold_the_lanes(log: EventLog, *, taken: int = 0) -> list[Any]:
+    """Submit one batch per free lane so that everything submitted next waits, and shares
+    the next group transaction (submissions in one step of the event loop)."""
+    lanes = 4 if log.dialect == "postgresql" else 1
+    return [
+        log.submit_batch(f"filler-{uuid.uuid4().hex[:8]}", "numeric", [record("1")])
+        for _ in range(lanes - taken)
+    ]
+
+
+async def test_concurrent_batches_of_many_streams_share_transactions(
+    event_log: EventLog, stream_name: str
+) -> None:
+    streams = [f"{stream_name}-{i}" for i in range(100)]
+    before = event_log.commits.transactions
+    results = await asyncio.gather(
+        *(
+            event_log.insert_batch(stream, "numeric", [record(str(n)), record(str(n + 1))])
+            for n in (1, 3)
+            for stream in streams
+        )
+    )
+    assert results == [InsertResult(2, 0)] * 200
+    transactions = event_log.commits.transactions - before
+    assert transactions <= 10, f"200 batches took {transactions} transactions"
+    for stream in streams:
+        assert [row[0] for row in await stored(event_log, stream)] == ["1", "2", "3", "4"]
+
+
+async def test_pipelined_batches_of_one_stream_keep_their_order(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """Batches written by several lanes at once still enter the log (``seq``) in the
+    order they were submitted, small and large alike."""
+    sizes = [SMALL_BATCH * 3, 1, SMALL_BATCH * 2, 5, SMALL_BATCH + 1, 2, SMALL_BATCH * 4, 3]
+    jobs, previous, n = [], None, 0
+    for size in sizes:
+        batch = [record(str(i)) for i in range(n, n + size)]
+        n += size
+        previous = event_log.submit_batch(stream_name, "numeric", batch, after=previous)
+        jobs.append(previous)
+    results = [await event_log.committed(job) for job in jobs]
+    assert [result.new_rows for result in results] == sizes
+    assert [int(row[0]) for row in await stored(event_log, stream_name)] == list(range(n))
+
+
+async def test_counts_stay_per_batch_inside_one_transaction(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """The same key in two batches of one group: the first batch stores it."""
+    fillers = hold_the_lanes(event_log)
+    first = event_log.submit_batch(stream_name, "numeric", [record("1"), record("2")])
+    second = event_log.submit_batch(stream_name, "numeric", [record("2"), record("3")])
+    idless = [record("", None), record("3", 1), record("", None)]
+    third = event_log.submit_batch(stream_name, "numeric", idless)
+    assert await event_log.committed(first) == InsertResult(2, 0)
+    assert await event_log.committed(second) == InsertResult(1, 1)
+    assert await event_log.committed(third) == InsertResult(3, 0)
+    await asyncio.gather(*(event_log.committed(job) for job in fillers))
+    rows = await stored(event_log, stream_name)
+    assert [row[:2] for row in rows] == [
+        ("1", 0),
+        ("2", 0),
+        ("3", 0),
+        ("", None),
+        ("3", 1),
+        ("", None),
+    ]
+
+
+async def test_large_batches_share_the_staging_table_in_one_transaction(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """COPY batches of one transaction: the staging table empties only at commit."""
+    fillers = hold_the_lanes(event_log)
+    size = SMALL_BATCH + 10
+    first = [record(str(i)) for i in range(size)]
+    second = [record(str(i)) for i in range(size - 5, 2 * size)]
+    jobs = [
+        event_log.submit_batch(stream_name, "numeric", first),
+        event_log.submit_batch(stream_name, "numeric", second),
+        event_log.submit_batch(stream_name, "numeric", [record("x1", data="small")]),
+    ]
+    results = [await event_log.committed(job) for job in jobs]
+    assert results == [InsertResult(size, 0), InsertResult(size, 5), InsertResult(1, 0)]
+    await asyncio.gather(*(event_log.committed(job) for job in fillers))
+    assert len(await stored(event_log, stream_name)) == 2 * size + 1
+
+
+async def test_bad_text_in_one_batch_does_not_cost_the_others(
+    event_log: EventLog, stream_name: str
+) -> None:
+    fillers = hold_the_lanes(event_log)
+    good = event_log.submit_batch(f"{stream_name}-good", "numeric", [record("1", data="ok")])
+    bad = event_log.submit_batch(stream_name, "numeric", [record("1", data="lone \ud800")])
+    assert await event_log.committed(good) == InsertResult(1, 0)
+    assert await event_log.committed(bad) == InsertResult(1, 0)
+    await asyncio.gather(*(event_log.committed(job) for job in fillers))
+    assert await stored(event_log, f"{stream_name}-good") == [("1", 0, "ok")]
+    assert await stored(event_log, stream_name) == [("1", 0, "lone \ufffd")]
+
+
+async def test_a_batch_after_a_failed_one_is_never_committed(
+    pg_event_log: EventLog, stream_name: str
+) -> None:
+    """The floor (newest id in the log) must not point past a missing batch: a batch
+    submitted after one that failed is left out, even in a later transaction, while the
+    other batches of that transaction commit."""
+    log = pg_event_log
+    refused = f"{stream_name}-refused"
+    trigger = f"refuse_{stream_name.replace('-', '_')}"
+    await execute(
+        log,
+        "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+        f"CREATE TRIGGER {trigger} BEFORE INSERT ON sse_events FOR EACH ROW "
+        f"WHEN (NEW.stream = '{refused}' AND NEW.event_id = '1') "
+        "EXECUTE FUNCTION durable_sse_test_refuse()",
+    )
+    try:
+        broken = log.submit_batch(refused, "numeric", [record("1")])  # a lane of its own
+        fillers = hold_the_lanes(log, taken=1)
+        following = log.submit_batch(refused, "numeric", [record("2")], after=broken)
+        other = log.submit_batch(stream_name, "numeric", [record("2")])
+        await asyncio.gather(*(log.committed(job) for job in fillers))
+        with pytest.raises(StoreError, match="refused by the test"):
+            await log.committed(broken)
+        with pytest.raises(StoreError, match="batch before it failed"):
+            await log.committed(following)
+        assert await log.committed(other) == InsertResult(1, 0)
+    finally:
+        await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
+    assert await stored(log, refused) == []
+    assert await log.floor(refused) is None
 
 
 # -- floor and time lookups ----------------------------------------------------------
