@@ -2,10 +2,12 @@
 
 Events enter the system here, so this module is both exact and fast:
 
-* bytes are read ahead by a pump task into a bounded queue while the previous batch is
-  being committed, so parsing and the database overlap and memory stays bounded;
-* per batch: commit -> L1 -> L2 (coalesced, non-blocking) -> heartbeat; a cursor never
-  points past an uncommitted event (invariant 1);
+* bytes are read ahead by a pump task into a bounded queue, and up to
+  ``MAX_BATCHES_IN_FLIGHT`` batches are being committed while the next is parsed, so
+  parsing and the database overlap and memory stays bounded;
+* per batch: commit -> L1 -> L2 (coalesced, non-blocking) -> heartbeat, batches
+  committing in the order they were read (group commit, ``durable_sse.commits``); a
+  cursor never points past an uncommitted event (invariant 1);
 * the connection ends with an :class:`Outcome` the workflow routes on; only refusals
   that retrying cannot fix are raised (non-retryable ``ApplicationError``);
 * cancellation (replay/pause/stop signals, worker shutdown) flushes what was read, then
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -26,6 +29,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from durable_sse.commits import CommitJob
 from durable_sse.contracts import DropKind, Outcome, ReadInput, ReadProgress, ReadResult, Route
 from durable_sse.errors import ConfigError, LineTooLongError, StreamRefusedError
 from durable_sse.eventlog import EventLog, EventRecord
@@ -55,8 +59,16 @@ from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
 
 HEARTBEAT_INTERVAL = 0.8
 """Seconds between heartbeats, busy or quiet: cancellation arrives on heartbeats, so a
-signal acts within about a second, while a thousand quiet streams cost ~1.2k heartbeat
-calls a second rather than one per batch."""
+signal acts within about a second, and a busy stream heartbeats per interval, not per
+batch."""
+HEARTBEAT_BUDGET = 500.0
+"""Heartbeats per second one worker sends at most, all connections together: past
+``HEARTBEAT_BUDGET * HEARTBEAT_INTERVAL`` connections (400) the interval stretches, so a
+thousand quiet streams cost 500 calls a second (signals act within ~2 s) instead of
+flooding the Temporal server."""
+MAX_BATCHES_IN_FLIGHT = 3
+"""Batches of one connection committing at once (they commit in order): the next batch
+is written while the previous one commits."""
 MAX_REDIRECTS = 5
 READ_AHEAD_CHUNKS = 64
 """Chunks (up to 64 KiB each) read ahead while a batch commits: bounds memory."""
@@ -89,10 +101,19 @@ class StreamReader:
         self.l2 = l2
         self.resolver = CursorResolver(l1, l2, event_log)
         self.environ = os.environ if environ is None else environ
+        self.open_connections = 0
 
     @activity.defn(name="read_stream")
     async def read_stream(self, input: ReadInput) -> ReadResult:
-        return await _Connection(self, input).run()
+        self.open_connections += 1
+        try:
+            return await _Connection(self, input).run()
+        finally:
+            self.open_connections -= 1
+
+    def heartbeat_interval(self) -> float:
+        """Seconds between one connection's heartbeats, within the worker's budget."""
+        return max(HEARTBEAT_INTERVAL, self.open_connections / HEARTBEAT_BUDGET)
 
     def activities(self) -> list[Any]:
         return [self.read_stream]
@@ -130,7 +151,8 @@ class _Connection:
         self.pending_last_id: str | None = None
         self.pending_since = 0.0
         self.pending_before_fence: bool | None = None
-        self.inflight: asyncio.Task[None] | None = None
+        self.inflight: deque[asyncio.Task[None]] = deque()
+        self.last_job: CommitJob | None = None
         self.ordinal = 0
         self.last_number: int | None = None
 
@@ -175,15 +197,24 @@ class _Connection:
             outcome = await self._connect(url, headers)
         except asyncio.CancelledError:
             await self._flush()
-            activity.logger.info("stream %s: connection cancelled after flushing", self.stream)
+            activity.logger.info(
+                "stream %s: connection cancelled (%s) after flushing",
+                self.stream,
+                _cancel_reason(),
+            )
             return self._finish(Outcome.CANCELLED)
         except StreamRefusedError as error:
             raise ApplicationError(
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
-        await self._flush()
-        checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
-        self.result.lagging_id = checkpoint.lagging_id if checkpoint else None
+        # The lagging id (for the workflow's status) is read while the last batch
+        # commits: a reconnect waits for the slower of the two, not for both.
+        checkpoint = asyncio.ensure_future(self.reader.event_log.get_checkpoint(self.stream))
+        try:
+            await self._flush()
+        finally:
+            state = await checkpoint
+        self.result.lagging_id = state.lagging_id if state else None
         return self._finish(outcome)
 
     async def _resolve_start(self, progress: ReadProgress | None) -> None:
@@ -359,7 +390,7 @@ class _Connection:
 
     def _wait_budget(self, rotate_at: float) -> float:
         now = time.monotonic()
-        budget = min(HEARTBEAT_INTERVAL, rotate_at - now)
+        budget = min(self.reader.heartbeat_interval(), rotate_at - now)
         if self.drop_deadline is not None:
             budget = min(budget, self.drop_deadline - now)
         if self.pending:
@@ -454,24 +485,34 @@ class _Connection:
     # -- persisting ----------------------------------------------------------------
 
     def _submit_nowait(self) -> None:
-        """Start committing the pending batch; the previous commit must be done first."""
+        """Queue the pending batch for commit now; it commits after the ones before it."""
         batch, last_id, before = self.pending, self.pending_last_id, self.pending_before_fence
         self.pending, self.pending_last_id = [], None
-        previous = self.inflight
-        self.inflight = asyncio.create_task(self._persist(previous, batch, last_id, before))
+        job = self.reader.event_log.submit_batch(
+            self.stream, self.order, batch, after=self.last_job
+        )
+        self.last_job = job
+        previous = self.inflight[-1] if self.inflight else None
+        self.inflight.append(
+            asyncio.create_task(self._persist(previous, job, batch, last_id, before))
+        )
 
     async def _submit(self) -> None:
-        """Commit the pending batch while the next one is read (one commit in flight)."""
-        if self.inflight is not None:
-            await asyncio.shield(self.inflight)
+        """Queue the pending batch, first waiting while too many batches are committing."""
+        while self.inflight and self.inflight[0].done():
+            self.inflight.popleft().result()  # raises if that batch failed
+        if len(self.inflight) >= MAX_BATCHES_IN_FLIGHT:
+            await asyncio.shield(self.inflight.popleft())
         self._submit_nowait()
 
     async def _flush(self) -> None:
         """Commit everything read so far; called before any outcome is returned."""
         if self.pending:
             self._submit_nowait()
-        if self.inflight is not None:
-            await self.inflight
+        if self.inflight:
+            last = self.inflight[-1]
+            self.inflight.clear()
+            await last  # each batch's task waits for the one before it
         if self.result.drop_kind is not None and self.result.drop_position is None:
             self.result.drop_position = self.cursor
         self._heartbeat(force=True)
@@ -479,14 +520,17 @@ class _Connection:
     async def _persist(
         self,
         previous: asyncio.Task[None] | None,
+        job: CommitJob,
         batch: list[EventRecord],
         last_id: str | None,
         before_fence: bool | None,
     ) -> None:
-        if previous is not None:
-            await previous  # commits land in order, so cursors only move forward
         started = time.monotonic()
-        inserted = await self.reader.event_log.insert_batch(self.stream, self.order, batch)
+        try:
+            inserted = await self.reader.event_log.committed(job)
+        finally:
+            if previous is not None:
+                await previous  # cursors move in commit order, so only ever forward
         self.metrics.batch_persist.record(time.monotonic() - started)
         self.metrics.events_persisted.add(inserted.new_rows)
         self.metrics.duplicates.add(inserted.duplicates)
@@ -511,7 +555,7 @@ class _Connection:
 
     def _heartbeat(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self.last_heartbeat < HEARTBEAT_INTERVAL:
+        if not force and now - self.last_heartbeat < self.reader.heartbeat_interval():
             return
         self.last_heartbeat = now
         progress = ReadProgress(
@@ -533,6 +577,22 @@ async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:
         raise
     except Exception as error:  # noqa: BLE001 - every read error ends the connection
         await queue.put(error)
+
+
+def _cancel_reason() -> str:
+    """Why Temporal cancelled the connection, in words (a timeout is not a signal)."""
+    details = activity.cancellation_details()
+    if details is None:
+        return "no reason given"
+    reasons = {
+        "requested by the workflow": details.cancel_requested,
+        "the server no longer knows this attempt (timed out or replaced)": details.not_found,
+        "timed out": details.timed_out,
+        "worker shutting down": details.worker_shutdown,
+        "paused": details.paused,
+        "reset": details.reset,
+    }
+    return ", ".join(reason for reason, is_set in reasons.items() if is_set) or "no reason given"
 
 
 def _read_error(error: BaseException, idle_timeout: float) -> str:
