@@ -98,6 +98,9 @@ def build_worker(
     options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     options.setdefault("graceful_shutdown_timeout", timedelta(seconds=0))
     options.setdefault("max_concurrent_activities", 5000)
+    # One cached run per stream plus its checkpoint runs: at the SDK's default (1,000) a
+    # worker with a thousand streams would evict and replay histories on every activation.
+    options.setdefault("max_cached_workflows", 5000)
     return Worker(
         client,
         task_queue=task_queue,

@@ -66,6 +66,9 @@ HEARTBEAT_BUDGET = 500.0
 ``HEARTBEAT_BUDGET * HEARTBEAT_INTERVAL`` connections (400) the interval stretches, so a
 thousand quiet streams cost 500 calls a second (signals act within ~2 s) instead of
 flooding the Temporal server."""
+LAGGING_FRESH_FOR = 1.0
+"""Seconds the lagging id read when a connection starts stays fresh enough for the
+status it is returned for (it moves once per replay window)."""
 MAX_BATCHES_IN_FLIGHT = 3
 """Batches of one connection committing at once (they commit in order): the next batch
 is written while the previous one commits."""
@@ -193,27 +196,33 @@ class _Connection:
         except ConfigError as error:
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
         url = with_query(with_cursor(self.spec.url, self.spec.cursor_param, self.cursor), secrets)
+        # The lagging id (for the workflow's status only) is read while connecting, off
+        # the reconnect path; a connection that outlives LAGGING_FRESH_FOR reads it again
+        # while its last batch commits.
+        lagging = asyncio.ensure_future(self.reader.event_log.get_checkpoint(self.stream))
+        lagging_read_at = time.monotonic()
         try:
-            outcome = await self._connect(url, headers)
-        except asyncio.CancelledError:
+            try:
+                outcome = await self._connect(url, headers)
+            except asyncio.CancelledError:
+                await self._flush()
+                activity.logger.info(
+                    "stream %s: connection cancelled (%s) after flushing",
+                    self.stream,
+                    _cancel_reason(),
+                )
+                return self._finish(Outcome.CANCELLED)
+            except StreamRefusedError as error:
+                raise ApplicationError(
+                    str(error), type="StreamRefusedError", non_retryable=True
+                ) from None
+            if time.monotonic() - lagging_read_at > LAGGING_FRESH_FOR:
+                _discard(lagging)
+                lagging = asyncio.ensure_future(self.reader.event_log.get_checkpoint(self.stream))
             await self._flush()
-            activity.logger.info(
-                "stream %s: connection cancelled (%s) after flushing",
-                self.stream,
-                _cancel_reason(),
-            )
-            return self._finish(Outcome.CANCELLED)
-        except StreamRefusedError as error:
-            raise ApplicationError(
-                str(error), type="StreamRefusedError", non_retryable=True
-            ) from None
-        # The lagging id (for the workflow's status) is read while the last batch
-        # commits: a reconnect waits for the slower of the two, not for both.
-        checkpoint = asyncio.ensure_future(self.reader.event_log.get_checkpoint(self.stream))
-        try:
-            await self._flush()
+            state = await lagging
         finally:
-            state = await checkpoint
+            _discard(lagging)
         self.result.lagging_id = state.lagging_id if state else None
         return self._finish(outcome)
 
@@ -515,7 +524,8 @@ class _Connection:
             await last  # each batch's task waits for the one before it
         if self.result.drop_kind is not None and self.result.drop_position is None:
             self.result.drop_position = self.cursor
-        self._heartbeat(force=True)
+        # No closing heartbeat: the result carries the cursor, and a heartbeat in flight
+        # would hold the completion back by one more call to the server.
 
     async def _persist(
         self,
@@ -553,9 +563,9 @@ class _Connection:
             self.result.passed_fence = True
         self._heartbeat()
 
-    def _heartbeat(self, *, force: bool = False) -> None:
+    def _heartbeat(self) -> None:
         now = time.monotonic()
-        if not force and now - self.last_heartbeat < self.reader.heartbeat_interval():
+        if now - self.last_heartbeat < self.reader.heartbeat_interval():
             return
         self.last_heartbeat = now
         progress = ReadProgress(
@@ -577,6 +587,13 @@ async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:
         raise
     except Exception as error:  # noqa: BLE001 - every read error ends the connection
         await queue.put(error)
+
+
+def _discard(task: asyncio.Future[Any]) -> None:
+    """Drop a side task: cancel it if it still runs, and never leave its error unread."""
+    if not task.done():
+        task.cancel()
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def _cancel_reason() -> str:

@@ -214,7 +214,8 @@ async def _hot_rows(
         rows.append(
             Row(
                 "2",
-                f"commit in flight (share of time) / ms per commit / events per batch, {label}",
+                f"batches committing (mean) / ms from batch queued to committed / events per "
+                f"batch, {label}",
                 f"{result.commit_busy.fmt(digits=2)} / {result.commit_ms.fmt(digits=1)}"
                 f" / {result.batch_size.fmt()}",
             )
