@@ -20,10 +20,10 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from temporalio import activity
@@ -81,6 +81,7 @@ DROP_GRACE = 0.25
 (servers announce after the skipped range), so the fence lies past the gap."""
 
 _EOF = object()
+T = TypeVar("T")
 
 
 class StreamReader:
@@ -269,7 +270,7 @@ class _Connection:
         for _ in range(MAX_REDIRECTS + 1):
             request = self.reader.http.build_request("GET", url, headers=headers, timeout=timeout)
             try:
-                response = await self.reader.http.send(request, stream=True)
+                response = await self._heartbeating(self.reader.http.send(request, stream=True))
             except httpx.TransportError as error:
                 self.result.error = (
                     f"cannot connect to {self._redact(url)}: {describe_error(error)}"
@@ -291,6 +292,22 @@ class _Connection:
             finally:
                 await response.aclose()
         raise StreamRefusedError(f"stream {self.stream!r}: more than {MAX_REDIRECTS} redirects")
+
+    async def _heartbeating(self, awaitable: Awaitable[T]) -> T:
+        """Await while heartbeating: a server may take up to ``idle_timeout`` to answer,
+        longer than the heartbeat timeout, and a silent attempt would be timed out and
+        retried by Temporal while it is still connecting."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                self._heartbeat()
+                done, _ = await asyncio.wait([task], timeout=self.reader.heartbeat_interval())
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
 
     async def _handle_response(
         self, response: httpx.Response, policy: StatusPolicy, url: str

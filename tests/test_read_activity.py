@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+import activities.read as read_module
 from activities.read import StreamReader
 from durable_sse.contracts import DropKind, Outcome, ReadInput, ReadResult, Route
 from durable_sse.eventlog import EventLog
@@ -349,3 +350,33 @@ async def test_hosts_outside_the_allowlist_are_refused(
         await read(guarded, make_spec(source, stream_name))
     assert raised.value.non_retryable and raised.value.type == "ConfigError"
     assert "SSE_ALLOWED_HOSTS" in raised.value.message and "'url'" in raised.value.message
+
+
+async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
+    reader: StreamReader, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Response headers may take up to idle_timeout, longer than the heartbeat timeout:
+    without heartbeats meanwhile Temporal would time the attempt out and retry it."""
+    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.1)
+
+    async def answer_late(reader_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader_.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(1.0)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+            b"id: 1\ndata: late\n\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer_late, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        spec = StreamSpec(name=stream_name, url=f"http://127.0.0.1:{port}/late", id_order="numeric")
+        result, heartbeats = await read(reader, spec)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.outcome == Outcome.DROPPED and result.new_rows == 1
+    waiting = [beat for beat in heartbeats if beat["events_read"] == 0]
+    assert len(waiting) >= 5, heartbeats
