@@ -89,7 +89,9 @@ async def test_resume_by_header_then_by_query_parameter(
     assert first.outcome is Outcome.DROPPED
     assert (first.start_cursor, first.first_id, first.last_cursor) == ("10", "11", "60")
     assert (first.events_read, first.new_rows, first.duplicates) == (50, 50, 0)
-    assert heartbeats and heartbeats[-1]["cursor"] == "60"
+    # Heartbeats carry committed cursors only (none closes the connection: the result
+    # carries the last one).
+    assert heartbeats and all(10 <= int(beat["cursor"]) <= 60 for beat in heartbeats)
 
     by_query = dataclasses.replace(spec, cursor_param="cursor")
     second, _ = await read(reader, by_query, route=Route.LIVE)
