@@ -158,19 +158,12 @@ class EventLog:
         is left out (its future fails) if that one was not committed. Await the result
         with :meth:`committed`.
         """
-        if self._closed:
-            raise StoreError(f"{self._where}: the event log is closed (while inserting events)")
+        self._refuse_if_closed("insert events")
         return self._commits.submit(stream, (IdOrder(id_order), events), len(events), after=after)
 
     async def committed(self, job: CommitJob) -> InsertResult:
         """Wait for a submitted batch to commit; cancelling the wait leaves the batch be."""
-        try:
-            new_rows = await asyncio.shield(job.future)
-        except asyncio.CancelledError:
-            # The batch is in a transaction already: let it end (commit or roll back)
-            # before the caller moves on, so it never outlives close().
-            await asyncio.wait([job.future])
-            raise
+        new_rows = await _outlast_cancellation(job.future)
         return InsertResult(new_rows=new_rows, duplicates=job.rows - new_rows)
 
     async def insert_batch(
@@ -248,18 +241,14 @@ class EventLog:
     # -- plumbing -------------------------------------------------------------------
 
     async def _run(self, action: str, function: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise StoreError(f"{self._where}: the event log is closed (while trying to {action})")
+        self._refuse_if_closed(action)
         loop = asyncio.get_running_loop()
         call = functools.partial(self._guarded, action, function, *args)
-        future = loop.run_in_executor(self._executor, call)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The statement already runs in its thread: let the transaction finish (commit
-            # or roll back) before the caller moves on, so it never outlives close().
-            await asyncio.wait([future])
-            raise
+        return await _outlast_cancellation(loop.run_in_executor(self._executor, call))
+
+    def _refuse_if_closed(self, action: str) -> None:
+        if self._closed:
+            raise StoreError(f"{self._where}: the event log is closed (while trying to {action})")
 
     def _guarded(self, action: str, function: Callable[..., T], *args: Any) -> T:
         try:
@@ -536,6 +525,17 @@ def _new_rows_per_batch(
 
 class _Rewrite(Exception):
     """Roll back a group transaction to write it again without the batches left out."""
+
+
+async def _outlast_cancellation(future: asyncio.Future[T]) -> T:
+    """Await work that already runs in a database thread; if the caller is cancelled, let
+    the transaction end (commit or roll back) before the cancellation moves on, so it
+    never outlives close()."""
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise
 
 
 def _driver(connection: Connection) -> Any:
