@@ -27,8 +27,9 @@ from typing import Any
 import httpx
 import psycopg
 
+from durable_sse.binaries import redis_server
+
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 PYTHON = sys.executable
 DEFAULT_PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -232,7 +233,7 @@ async def stack(workdir: Path, *, pg_admin: str = DEFAULT_PG_ADMIN) -> AsyncIter
     redis_port = free_port()
     redis_process = spawn(
         [
-            str(BIN / "redis-server"),
+            redis_server(),
             "--port",
             str(redis_port),
             "--bind",

@@ -6,7 +6,7 @@ every Redis round trip (``send_packed_command``: one per command or per pipeline
 writes them as JSON to ``$BENCH_PROBE_FILE`` every 0.25 s. The counting is a locked
 integer increment; nothing else about the worker changes.
 
-Run: ``BENCH_PROBE_FILE=/tmp/probe.json TEMPORAL_ADDRESS=... python bench/probe_worker.py``.
+Run: ``BENCH_PROBE_FILE=probe.json TEMPORAL_ADDRESS=... python bench/probe_worker.py``.
 """
 
 from __future__ import annotations

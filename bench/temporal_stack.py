@@ -18,7 +18,6 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from bench.common import (
-    BIN,
     PYTHON,
     Stack,
     free_port,
@@ -27,6 +26,7 @@ from bench.common import (
     stop_process,
     wait_until,
 )
+from durable_sse.binaries import temporal_dev_server
 from durable_sse.contracts import StreamStatus, stream_workflow_id
 from durable_sse.spec import StreamSpec
 
@@ -73,7 +73,7 @@ class Temporal:
 async def temporal(running: Stack, *, label: str) -> AsyncIterator[Temporal]:
     """A dev server (in-memory) and a probe worker polling a fresh task queue."""
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(BIN / "temporal"),
+        dev_server_existing_path=temporal_dev_server(),
         ui=False,
         dev_server_log_level="error",
     )

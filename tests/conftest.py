@@ -8,7 +8,6 @@ clear message; it never skips.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import redis
 from temporalio.testing import WorkflowEnvironment
 
+from durable_sse.binaries import temporal_dev_server
 from durable_sse.eventlog import EventLog
 from durable_sse.source import SSESource
 
@@ -83,7 +83,7 @@ def stream_name() -> str:
 async def temporal() -> AsyncIterator[WorkflowEnvironment]:
     """A Temporal dev server from the pip-installed binary, one per test module."""
     env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"), ui=False
+        dev_server_existing_path=temporal_dev_server(), ui=False
     )
     yield env
     await env.shutdown()

@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from activities.checkpoint import CheckpointActivities
 from activities.schedule import ScheduleActivities
+from durable_sse.binaries import temporal_dev_server
 from durable_sse.contracts import (
     AdvanceInput,
     AdvanceResult,
@@ -37,8 +38,6 @@ from durable_sse.eventlog import EventLog, EventRecord
 from durable_sse.spec import StreamSpec
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 
-DEV_SERVER = "/work/main/.venv/bin/temporal"
-DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 POLL_LIMIT = 30.0
 """Safety bound on polling (a hang guard, not a timing assertion)."""
 
@@ -46,14 +45,14 @@ POLL_LIMIT = 30.0
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=DEV_SERVER, ui=False
+        dev_server_existing_path=temporal_dev_server(), ui=False
     ) as environment:
         yield environment
 
 
 @pytest.fixture(scope="module")
-async def event_log() -> AsyncIterator[EventLog]:
-    log = EventLog(DATABASE_URL)
+async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
+    log = EventLog(pg_url)
     await log.create_schema()
     yield log
     await log.close()

@@ -24,6 +24,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from durable_sse.binaries import temporal_dev_server
+
 with workflow.unsafe.imports_passed_through():
     import httpx
     from google.protobuf import json_format
@@ -40,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.codec_server import TOKEN_ENV, main, serve
     from durable_sse.errors import ConfigError, DurableSSEError
 
-DEV_SERVER = "/work/main/.venv/bin/temporal"
 KEY = generate_key()
 OTHER_KEY = generate_key()
 
@@ -168,7 +169,7 @@ class MarkerWorkflow:
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=DEV_SERVER,
+        dev_server_existing_path=temporal_dev_server(),
         data_converter=data_converter_from_env({KEY_ENV: KEY}),
     ) as environment:
         yield environment

@@ -27,6 +27,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 import worker as worker_module
+from durable_sse.binaries import temporal_dev_server
 from durable_sse.contracts import StreamStatus, stream_workflow_id
 from durable_sse.eventlog import EventLog
 from durable_sse.settings import Settings
@@ -472,7 +473,15 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "PATH": f"{BIN}:{os.environ['PATH']}"}
     shown = await asyncio.to_thread(
         subprocess.run,
-        ["temporal", "workflow", "show", "--workflow-id", stream_workflow_id(name), "-o", "json"],
+        [
+            temporal_dev_server(),
+            "workflow",
+            "show",
+            "--workflow-id",
+            stream_workflow_id(name),
+            "-o",
+            "json",
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -29,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.checkpoint import CheckpointActivities
+from durable_sse.binaries import temporal_test_server
 from durable_sse.contracts import (
     Outcome,
     ReadInput,
@@ -44,7 +45,6 @@ from durable_sse.spec import StreamSpec
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamState, StreamWorkflow
 
-TEST_SERVER = "/work/main/.venv/bin/temporal-test-server"
 POLL_LIMIT = 30.0
 """Safety bound on polling a query (a hang guard, not a timing assertion)."""
 
@@ -136,7 +136,7 @@ class Run:
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=TEST_SERVER
+        test_server_existing_path=temporal_test_server()
     ) as environment:
         yield environment
 

@@ -29,7 +29,6 @@ from durable_sse.spec import StreamSpec
 from tests.chaos.checker import stored
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 
 @dataclass

@@ -25,7 +25,6 @@ from durable_sse.eventlog import EventLog
 from durable_sse.source import SourceStreamConfig, SSESource
 from tests.chaos.checker import CursorSampler, Verdict, check, stored
 from tests.chaos.harness import (
-    BIN,
     Sizes,
     chaos_spec,
     drain_and_stop,
@@ -443,7 +442,7 @@ async def test_7_redis_down_then_back_empty(
     def redis_server() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
-                str(BIN / "redis-server"),
+                redis_server(),
                 "--port",
                 str(port),
                 "--bind",
