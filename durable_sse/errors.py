@@ -3,6 +3,7 @@
     DurableSSEError
     ├── ConfigError            a setting or stream declaration is invalid (names the setting)
     ├── StoreError             a store (database, Redis) could not be reached or refused a write
+    ├── EmbeddedServiceError   a throwaway PostgreSQL or redis-server could not start or stop
     └── StreamError            the SSE server or the bytes it sent cannot be consumed
         ├── LineTooLongError   a line exceeded ``max_line_bytes``
         └── StreamRefusedError the server refused the stream for good (401/403/404/410,
@@ -25,6 +26,10 @@ class ConfigError(DurableSSEError, ValueError):
 
 class StoreError(DurableSSEError):
     """A store could not be reached or refused an operation."""
+
+
+class EmbeddedServiceError(DurableSSEError):
+    """A throwaway server from a wheel (tests, ``dev --postgres``) could not start or stop."""
 
 
 class StreamError(DurableSSEError):

@@ -2,7 +2,8 @@
 
 Other engineers' tests share these servers concurrently: every test uses its own
 stream name, nothing is flushed or dropped. An unreachable service fails the run with a
-clear message; it never skips.
+clear message; it never skips. Where they are (the machine's, or throwaway ones started
+for the session when none answers) is decided by the tests/services.py plugin.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from durable_sse.source import SSESource
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+# The machine's services at these defaults, or throwaway ones for the session: see there.
+pytest_plugins = ["tests.services"]
 
 
 def _pg_url() -> str:
