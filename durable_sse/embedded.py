@@ -175,6 +175,19 @@ def sweep_stale(tempdir: Path | None = None) -> list[Path]:
     return removed
 
 
+def _remove(folder: Path) -> None:
+    """``rmtree``, again after a moment if a process that just ended still wrote there."""
+    for _ in range(10):
+        try:
+            shutil.rmtree(folder)
+            return
+        except OSError:
+            if not folder.exists():
+                return
+            time.sleep(0.1)
+    shutil.rmtree(folder)
+
+
 def _link_or_copy(source: str, target: str) -> None:
     try:
         os.link(source, target)
@@ -303,32 +316,43 @@ class EmbeddedPostgres:
         self.data.mkdir(mode=0o700, exist_ok=True)
         if self._user is not None:
             os.chown(self.data, *self._user)
-        done = subprocess.run(
-            [
-                str(self._bin / "initdb"),
-                "--pgdata",
-                str(self.data),
-                "--username",
-                "postgres",
-                "--auth",
-                "trust",
-                "--encoding",
-                "UTF8",
-                "--locale",
-                "C",
-                "--no-sync",  # a throwaway cluster; the OS flushes it in its own time
-                "--no-instructions",
-            ],
-            cwd=self.root,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=STARTUP_TIMEOUT * 2,
-            **self._as_server_user(),  # type: ignore[arg-type]
-        )
-        if done.returncode != 0:
+        argv = [
+            str(self._bin / "initdb"),
+            "--pgdata",
+            str(self.data),
+            "--username",
+            "postgres",
+            "--auth",
+            "trust",
+            "--encoding",
+            "UTF8",
+            "--locale",
+            "C",
+            "--no-sync",  # a throwaway cluster; the OS flushes it in its own time
+            "--no-instructions",
+        ]
+        with self.log_path.open("ab") as log_file:
+            initdb = subprocess.Popen(
+                argv,
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **self._as_server_user(),  # type: ignore[arg-type]
+            )
+        try:
+            code = initdb.wait(timeout=STARTUP_TIMEOUT * 2)
+        except BaseException:
+            # Ctrl-C or a timeout: initdb runs its bootstrap postgres in a shell; end all
+            # of them before the caller removes the folder under their feet.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(initdb.pid, signal.SIGKILL)
+            initdb.wait()
+            raise
+        if code != 0:
             raise EmbeddedServiceError(
-                f"initdb failed with code {done.returncode}:\n{done.stdout}\n{done.stderr}"
+                f"initdb failed with code {code}; {self.log_path}:\n{_tail(self.log_path)}"
             )
 
     def _launch(self) -> None:
@@ -468,7 +492,7 @@ class EmbeddedServices:
         finally:
             if self.root.exists():
                 stop_leftovers(self.root)
-                shutil.rmtree(self.root)
+                _remove(self.root)
 
 
 def start_services(

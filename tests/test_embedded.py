@@ -26,6 +26,7 @@ from durable_sse.embedded import (
     EmbeddedRedis,
     embedded_services,
     servers_under,
+    start_services,
     sweep_stale,
 )
 from durable_sse.errors import EmbeddedServiceError
@@ -98,6 +99,22 @@ def test_a_failure_inside_the_block_still_stops_and_removes_everything() -> None
     assert pids
     assert not root.exists()
     assert [pid for pid in pids if alive(pid)] == []
+
+
+def test_an_interrupt_half_way_through_starting_stops_what_had_started(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after PostgreSQL is up but before Redis answers: PostgreSQL is stopped too."""
+
+    def interrupted(self: EmbeddedRedis) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(EmbeddedRedis, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        start_services()
+    assert list(scratch.iterdir()) == []
+    assert servers_under(scratch) == []
 
 
 def test_immediate_restart_keeps_committed_rows_and_the_url() -> None:
