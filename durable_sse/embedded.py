@@ -134,13 +134,22 @@ def stop_leftovers(folder: Path) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + STOP_TIMEOUT
-    while pids and any(Path(f"/proc/{pid}").exists() for pid in pids):
+    while any(_running(pid) for pid in pids):
         if time.monotonic() > deadline:
             raise EmbeddedServiceError(f"servers in {folder} survived SIGKILL: {pids}")
         time.sleep(0.05)
     if pids:
         log.warning("stopped servers a killed run left in %s: %s", folder, pids)
     return pids
+
+
+def _running(pid: int) -> bool:
+    """Not gone and not a zombie (an orphan's zombie waits for an init that may never reap)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _pid_alive(pid: int) -> bool:
