@@ -30,6 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from durable_sse.embedded import EmbeddedPostgres, EmbeddedServices, start_services
+from durable_sse.errors import DurableSSEError
 from tests.conftest import DEFAULT_PG_URL, DEFAULT_REDIS_URL
 
 EMBEDDED_FLAG = "DURABLE_SSE_EMBEDDED_SERVICES"
@@ -101,7 +102,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not (postgres or redis_):
         return
     started = time.monotonic()
-    _services = start_services(postgres=postgres, redis=redis_)
+    try:
+        _services = start_services(postgres=postgres, redis=redis_)
+    except DurableSSEError as error:
+        pytest.exit(f"cannot start the embedded test services: {error}", returncode=3)
     _saved_sigterm = signal.signal(signal.SIGTERM, _interrupt)
     parts = []
     if _services.postgres is not None:
