@@ -499,6 +499,15 @@ def test_long_id_replaced_before_dispatch_is_fine() -> None:
     assert last_event_id == "1"
 
 
+def test_a_long_line_releases_the_open_event_too() -> None:
+    decoder = SSEDecoder(max_line_bytes=10)
+    decoder.feed(b"data: abc\n")
+    assert decoder.event_bytes == 3
+    with pytest.raises(LineTooLongError):
+        decoder.feed(b"data: 0123456789\n")
+    assert decoder.event_bytes == 0 and decoder.pending_bytes == 0
+
+
 @pytest.mark.parametrize("option", ["max_line_bytes", "max_event_bytes", "max_id_bytes"])
 def test_limits_must_be_positive(option: str) -> None:
     with pytest.raises(ValueError, match=option):

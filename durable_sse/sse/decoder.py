@@ -246,6 +246,7 @@ class SSEDecoder:
     def _too_long(self) -> None:
         self._pending.clear()
         self._pending_len = 0
+        self._carry = None
         raise LineTooLongError(
             f"an SSE line exceeded max_line_bytes={self.max_line_bytes} bytes; "
             "ending the connection to bound memory"
