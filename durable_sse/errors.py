@@ -6,6 +6,9 @@
     ├── EmbeddedServiceError   a throwaway PostgreSQL or redis-server could not start or stop
     └── StreamError            the SSE server or the bytes it sent cannot be consumed
         ├── LineTooLongError   a line exceeded ``max_line_bytes``
+        ├── EventTooLargeError one event's data exceeded ``max_event_bytes``
+        ├── IdTooLongError     an event id exceeded ``max_id_bytes``
+        ├── UnsendableIdError  an id cannot be sent back to resume (a header cannot carry it)
         └── StreamRefusedError the server refused the stream for good (401/403/404/410,
                                wrong content type, cross-origin redirect); retrying cannot help
 
@@ -14,6 +17,8 @@ name as the error type, so workflows can tell them apart without importing this 
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class DurableSSEError(Exception):
@@ -38,6 +43,43 @@ class StreamError(DurableSSEError):
 
 class LineTooLongError(StreamError):
     """A line grew past ``max_line_bytes``; the connection is ended to bound memory."""
+
+
+class EventTooLargeError(StreamError):
+    """One event's data grew past ``max_event_bytes``; the connection is ended to bound
+    memory, and the cursor stays before that event.
+
+    Attributes:
+        items: what the decoder completed in the same chunk before the event (events and
+            comments, in stream order), so a caller can still commit them.
+    """
+
+    def __init__(self, message: str, *, items: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.items: list[Any] = items or []
+
+
+class IdTooLongError(StreamError):
+    """An event id was longer than ``max_id_bytes``: such an id cannot become a cursor.
+
+    Raised when the event carrying it is dispatched (the id would be committed then).
+
+    Attributes:
+        items: what the decoder completed in the same chunk before that event.
+    """
+
+    def __init__(self, message: str, *, items: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.items: list[Any] = items or []
+
+
+class UnsendableIdError(StreamError):
+    """An id cannot be sent back to the server to resume from it exactly.
+
+    ``Last-Event-ID`` is an HTTP header: an id with a leading or trailing space or tab, or
+    with NUL, CR, LF, VT or FF, cannot be carried by it (HTTP clients refuse such a header,
+    and trimming it would resume from another id). Retrying cannot help.
+    """
 
 
 class StreamRefusedError(StreamError):

@@ -40,6 +40,26 @@ def _digit_run(run: str) -> bytes | None:
     return b"%04d%s" % (len(significant), significant.encode("ascii"))
 
 
+MAX_CONTIGUOUS_DIGITS = 40
+"""Longest id (in characters, leading zeros included) read as a number for
+``contiguous_ids``: 128-bit counters need 39 digits; ``int()`` refuses over 4,300."""
+
+
+def contiguous_number(event_id: str) -> int | None:
+    """The number a ``contiguous_ids`` stream's id stands for, or None if it is not one.
+
+    Only plain ASCII digit strings of at most :data:`MAX_CONTIGUOUS_DIGITS` characters are
+    numbers: ``"²".isdigit()`` and ``"١٢".isdigit()`` are true but such ids are no counter
+    (and ``int("²")`` raises), nor are ``"+1"``, ``" 1"`` or ``"1_000"`` (which ``int()``
+    would accept). Never raises; the caller counts and logs the ids it got None for.
+    """
+    if not event_id or len(event_id) > MAX_CONTIGUOUS_DIGITS:
+        return None
+    if not (event_id.isascii() and event_id.isdigit()):
+        return None
+    return int(event_id)
+
+
 def sort_key(event_id: str, order: IdOrder | str) -> bytes:
     """The bytes whose bytewise order is the id order."""
     order = IdOrder(order)

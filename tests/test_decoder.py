@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_sse.errors import LineTooLongError
+from durable_sse.errors import EventTooLargeError, IdTooLongError, LineTooLongError
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import Comment, Event, SSEDecoder
 
@@ -315,6 +315,203 @@ def test_line_limit_is_independent_of_chunking(
     except LineTooLongError:
         raised = True
     assert raised == expect_raise
+
+
+# --- max_event_bytes and max_id_bytes (issue #13, case 5) ----------------------------
+
+GIB = 1024 * 1024 * 1024
+CHUNK = 64 * 1024
+
+
+def endless_event(line: bytes, chunk_size: int = CHUNK, total: int = GIB) -> Iterator[bytes]:
+    """``total`` bytes of one event's ``data`` lines with no blank line, made chunk by chunk
+    (never held whole); each chunk is a fresh object, as from a socket."""
+    per_chunk = max(1, chunk_size // len(line))
+    sent = 0
+    while sent < total:
+        chunk = line * per_chunk
+        sent += len(chunk)
+        yield chunk
+
+
+def feed_until_error(
+    decoder: SSEDecoder, chunks: Iterator[bytes], error: type[Exception]
+) -> tuple[int, int, int]:
+    """Feed until ``error``; return (bytes fed before the failing chunk, its size, the
+    tracemalloc peak)."""
+    fed = 0
+    tracemalloc.start()
+    try:
+        with pytest.raises(error):
+            for chunk in chunks:
+                assert decoder.event_bytes <= decoder.max_event_bytes
+                size = len(chunk)
+                decoder.feed(chunk)
+                fed += size
+                del chunk
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return fed, size, peak
+
+
+def test_1_gib_endless_event_raises_after_the_cap_with_bounded_memory() -> None:
+    decoder = SSEDecoder()  # the defaults: 8 MiB per event, 1 MiB per line
+    cap = decoder.max_event_bytes
+    assert cap == 8 * 1024 * 1024
+    line = b"data: " + b"x" * 1000 + b"\n"
+    fed, last_chunk, peak = feed_until_error(decoder, endless_event(line), EventTooLargeError)
+    # The error came with the chunk that took the event's data past the cap ...
+    assert fed <= cap * len(line) / (len(line) - len(b"data: ")) < fed + last_chunk
+    # ... and memory stayed near the cap, not near the gigabyte offered.
+    assert peak < cap + cap // 4 + 8 * CHUNK
+    assert decoder.event_bytes == 0 and decoder.pending_bytes == 0  # released
+
+
+@pytest.mark.parametrize("chunk_size", [7, 1000, CHUNK])
+def test_millions_of_short_data_lines_cost_their_bytes_not_an_object_each(
+    chunk_size: int,
+) -> None:
+    """``data:ab`` lines: 3 bytes of data each, ~60 bytes each as a list of str."""
+    cap = 256 * 1024
+    decoder = SSEDecoder(max_event_bytes=cap)
+    chunks = endless_event(b"data:ab\n", chunk_size)
+    fed, last_chunk, peak = feed_until_error(decoder, chunks, EventTooLargeError)
+    assert fed < cap * 8 / 3 + last_chunk
+    # a chunk of tiny lines briefly costs ~16x its size in line objects while it is parsed
+    assert peak < cap + cap // 4 + 20 * max(chunk_size, 4096)
+
+
+def test_every_other_field_repeated_endlessly_holds_no_memory() -> None:
+    """Comments, ids, event types, retry and unknown fields never accumulate: 16 MiB of
+    them (no blank line) in 64 KiB chunks keep the decoder within a few chunks."""
+    block = b": comment\nid: " + b"7" * 100 + b"\nevent: " + b"e" * 100 + b"\nretry: 5\nx: y\n"
+    chunk = block * (CHUNK // len(block))
+    decoder = SSEDecoder()
+    tracemalloc.start()
+    try:
+        for _ in range(16 * 1024 * 1024 // len(chunk)):
+            decoder.feed(bytes(chunk))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * CHUNK
+    assert decoder.event_bytes == 0 and decoder.pending_bytes == 0
+
+
+def test_event_at_the_cap_passes_and_one_byte_more_raises() -> None:
+    cap = 100
+    at_cap = b"data: " + b"a" * 49 + b"\ndata: " + b"b" * 50 + b"\n\n"  # 49 + LF + 50
+    assert decode_all([at_cap], max_event_bytes=cap)[0] == [Event("a" * 49 + "\n" + "b" * 50)]
+    over = at_cap.replace(b"b" * 50, b"b" * 51)
+    with pytest.raises(EventTooLargeError, match=r"max_event_bytes=100\b"):
+        decode_all([over], max_event_bytes=cap)
+
+
+def test_event_size_counts_utf8_bytes() -> None:
+    euros = "€" * 34  # 102 bytes, 34 characters
+    body = b"data: " + euros.encode() + b"\n\n"
+    with pytest.raises(EventTooLargeError):
+        decode_all([body], max_event_bytes=101)
+    assert decode_all([body], max_event_bytes=102)[0] == [Event(euros)]
+    # the same across chunks (the data is carried as bytes)
+    half = len(body) // 2
+    with pytest.raises(EventTooLargeError):
+        decode_all([b"data: \n", body[:half], body[half:]], max_event_bytes=102)
+
+
+def test_too_large_event_keeps_the_cursor_before_it_and_hands_back_earlier_items() -> None:
+    decoder = SSEDecoder(max_event_bytes=10, last_event_id="0")
+    body = b"id: 1\ndata: ok\n\n: note\nid: 2\ndata: 0123456789\ndata: more\n\n"
+    with pytest.raises(EventTooLargeError) as caught:
+        decoder.feed(body)
+    assert caught.value.items == [Event("ok", id="1", id_field=True), Comment("note")]
+    assert decoder.last_event_id == "1"
+    assert decoder.event_bytes == 0
+
+
+def test_an_open_event_over_the_cap_raises_at_the_end_of_the_chunk() -> None:
+    decoder = SSEDecoder(max_event_bytes=10)
+    assert decoder.feed(b"data: 01234\n") == []
+    assert decoder.event_bytes == 5
+    with pytest.raises(EventTooLargeError) as caught:
+        decoder.feed(b"data: 5\n: c\ndata: 6789\n")
+    assert caught.value.items == [Comment("c")]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cap=st.integers(1, 40),
+    events=st.lists(st.lists(st.integers(0, 20), min_size=1, max_size=4), max_size=5),
+    closed=st.booleans(),
+    chunk_size=st.integers(1, 50),
+)
+def test_event_limit_is_independent_of_chunking(
+    cap: int, events: list[list[int]], closed: bool, chunk_size: int
+) -> None:
+    """It raises exactly when some event's data (lines + LFs between them) exceeds the
+    cap, wherever the chunks fall; a trailing event without its blank line counts too."""
+    blocks = [b"".join(b"data:" + b"x" * n + b"\n" for n in lines) for lines in events]
+    body = b"\n".join(blocks) + (b"\n" if closed else b"")
+    sizes = [sum(lines) + len(lines) - 1 for lines in events]
+    expect_raise = any(size > cap for size in sizes)
+    decoder = SSEDecoder(max_event_bytes=cap)
+    try:
+        for start in range(0, len(body), chunk_size):
+            decoder.feed(body[start : start + chunk_size])
+            assert decoder.event_bytes <= cap
+        decoder.close()
+        raised = False
+    except EventTooLargeError:
+        raised = True
+    assert raised == expect_raise
+
+
+def test_id_over_max_id_bytes_raises_at_dispatch() -> None:
+    decoder = SSEDecoder(max_id_bytes=8)
+    assert decoder.feed(b"id: 12345678\ndata: a\n\n") == [Event("a", id="12345678", id_field=True)]
+    # the long id alone does not raise: its event is not complete yet
+    assert decoder.feed(b"data: b\nid: 123456789\n") == []
+    with pytest.raises(IdTooLongError, match=r"9 bytes exceeded max_id_bytes=8\b") as caught:
+        decoder.feed(b": c\n\n")
+    assert caught.value.items == [Comment("c")]
+    assert decoder.last_event_id == "12345678"  # the cursor stays before the event
+
+
+def test_id_limit_counts_utf8_bytes_and_defaults_to_1024() -> None:
+    assert SSEDecoder().max_id_bytes == 1024
+    assert decode_all([b"id: " + "é".encode() * 512 + b"\ndata: a\n\n"])[1] == "é" * 512
+    with pytest.raises(IdTooLongError):
+        decode_all([b"id: " + "é".encode() * 512 + b"x\ndata: a\n\n"])
+    with pytest.raises(IdTooLongError):
+        decode_all([b"id: " + b"1" * 1025 + b"\ndata: a\n\n"])
+
+
+def test_long_id_of_an_event_without_data_raises_too() -> None:
+    """It would become the cursor although no event is dispatched."""
+    with pytest.raises(IdTooLongError):
+        decode_all([b"id: 123456789\n\n"], max_id_bytes=8)
+
+
+def test_long_id_replaced_before_dispatch_is_fine() -> None:
+    items, last_event_id, _ = decode_all([b"id: 123456789\nid: 1\ndata: a\n\n"], max_id_bytes=8)
+    assert items == [Event("a", id="1", id_field=True)]
+    assert last_event_id == "1"
+
+
+def test_a_long_line_releases_the_open_event_too() -> None:
+    decoder = SSEDecoder(max_line_bytes=10)
+    decoder.feed(b"data: abc\n")
+    assert decoder.event_bytes == 3
+    with pytest.raises(LineTooLongError):
+        decoder.feed(b"data: 0123456789\n")
+    assert decoder.event_bytes == 0 and decoder.pending_bytes == 0
+
+
+@pytest.mark.parametrize("option", ["max_line_bytes", "max_event_bytes", "max_id_bytes"])
+def test_limits_must_be_positive(option: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        SSEDecoder(**{option: 0})  # type: ignore[arg-type]
 
 
 # --- content type ----------------------------------------------------------------------

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 
+import h11
+import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from durable_sse.errors import ConfigError
+from durable_sse.errors import ConfigError, UnsendableIdError
 from durable_sse.http import (
     MAX_RETRY_AFTER,
     StatusPolicy,
     describe_error,
     host_allowed,
+    id_header_problem,
+    last_event_id_header,
     parse_allowed_hosts,
     parse_retry_after,
     query_secrets,
@@ -20,10 +27,15 @@ from durable_sse.http import (
     request_headers,
     same_origin,
     status_policy,
+    truncation_header,
     with_cursor,
     with_query,
 )
 from durable_sse.logs import install_redaction
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.sse.decoder import Event, SSEDecoder
+
+GUARD = 20.0  # seconds: only to turn a hang into a failure, never asserted on
 
 
 @pytest.mark.parametrize(
@@ -63,7 +75,7 @@ def test_cursor_goes_to_header_or_query() -> None:
     headers = request_headers(
         cursor="41", cursor_param=None, headers_from_env={}, environ={}, stream="s"
     )
-    assert headers["Last-Event-ID"] == "41"
+    assert headers["Last-Event-ID"] == b"41"
     assert headers["Accept"] == "text/event-stream"
     headers = request_headers(
         cursor="41", cursor_param="since", headers_from_env={}, environ={}, stream="s"
@@ -149,3 +161,191 @@ def test_http_trace_headers_are_redacted(caplog: pytest.LogCaptureFixture) -> No
         [(b"Set-Cookie", b"sid=c00kie"), (b"Location", b"http://o:1/s?k=s3cret")],
     )
     assert "c00kie" not in caplog.text and "s3cret" not in caplog.text
+
+
+# -- any id goes back to the server, as a browser sends it (issue #13, case 2) -----------
+
+NON_ASCII_IDS = ["café", "日本-7", "😀", "ü\u0085x", "a\x01b\x7f", "in between", "a\tb"]
+
+
+@pytest.mark.parametrize("event_id", NON_ASCII_IDS)
+def test_last_event_id_is_the_ids_utf8_bytes(event_id: str) -> None:
+    headers = request_headers(
+        cursor=event_id, cursor_param=None, headers_from_env={}, environ={}, stream="s"
+    )
+    assert headers["Last-Event-ID"] == event_id.encode("utf-8")
+    assert last_event_id_header(event_id) == event_id.encode("utf-8")
+
+
+def test_mock_transport_sees_the_utf8_header_and_percent_encoded_query() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        headers = request_headers(
+            cursor="café", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+        )
+        client.get("http://sse.test/s", headers=headers)
+        url = with_cursor("http://sse.test/s?tok=%FF%2F", "since", "café +&=", stream="s")
+        client.get(url)
+    assert (b"Last-Event-ID", b"caf\xc3\xa9") in seen[0].headers.raw
+    assert seen[1].url.raw_path == b"/s?tok=%FF%2F&since=caf%C3%A9+%2B%26%3D"
+    assert seen[1].url.params["since"] == "café +&="
+    assert "last-event-id" not in seen[1].headers
+
+
+async def test_the_bytes_on_the_wire_are_utf8() -> None:
+    """A raw socket server records the request head exactly as httpx (h11) wrote it."""
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient() as client:
+            headers = request_headers(
+                cursor="café-😀", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+            )
+            await client.get(f"http://127.0.0.1:{port}/s", headers=headers)
+            await client.get(with_cursor(f"http://127.0.0.1:{port}/s", "c", "café"))
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert b"\r\nLast-Event-ID: caf\xc3\xa9-\xf0\x9f\x98\x80\r\n" in heads[0]
+    assert heads[1].startswith(b"GET /s?c=caf%C3%A9 HTTP/1.1\r\n")
+
+
+async def test_resume_by_a_non_ascii_id_end_to_end_with_the_demo_source() -> None:
+    """The source serves ids ``café-<n>``; resuming from ``café-5`` by header and by query
+    parameter continues at ``café-6``, and the server echoes the id it resumed after."""
+    async with SSESource(seed=1) as source, httpx.AsyncClient(timeout=GUARD) as client:
+        source.add_stream("cafe", SourceStreamConfig(rate=500, id_prefix="café-"))
+        async with asyncio.timeout(GUARD):
+            while source.describe("cafe")["newest"] < 10:
+                await asyncio.sleep(0.01)
+        by_header = request_headers(
+            cursor="café-5", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+        )
+        by_query = with_cursor(source.url("cafe"), "cursor", "café-5", stream="s")
+        for url, headers in ((source.url("cafe"), by_header), (by_query, {})):
+            decoder = SSEDecoder()
+            events: list[Event] = []
+            async with client.stream("GET", url, headers=headers) as response:
+                assert response.status_code == 200
+                assert truncation_header(response.headers) == "café-5"
+                async for chunk in response.aiter_raw():
+                    events += [i for i in decoder.feed(chunk) if isinstance(i, Event)]
+                    if len(events) >= 3:
+                        break
+            assert [e.id for e in events[:3]] == ["café-6", "café-7", "café-8"]
+
+
+@pytest.mark.parametrize(
+    ("event_id", "problem"),
+    [
+        ("a\x00b", "NUL"),
+        ("a\nb", "LF"),
+        ("a\rb", "CR"),
+        ("a\x0bb", "VT"),
+        ("a\x0cb", "FF"),
+        (" a", "begins with a space"),
+        ("a ", "ends with a space"),
+        ("\ta", "begins with a tab"),
+        ("a\t", "ends with a tab"),
+        ("a\ud800", "lone surrogate"),
+    ],
+)
+def test_ids_a_header_cannot_carry_are_refused_clearly(event_id: str, problem: str) -> None:
+    assert problem in (id_header_problem(event_id) or "")
+    with pytest.raises(UnsendableIdError) as caught:
+        request_headers(
+            cursor=event_id, cursor_param=None, headers_from_env={}, environ={}, stream="orders"
+        )
+    message = str(caught.value)
+    assert "stream 'orders'" in message and problem in message and "'cursor_param'" in message
+    # the query parameter carries all of them but the surrogate
+    if "surrogate" in problem:
+        with pytest.raises(UnsendableIdError, match="lone surrogate"):
+            with_cursor("http://h/s", "c", event_id, stream="orders")
+    else:
+        url = with_cursor("http://h/s", "c", event_id, stream="orders")
+        assert httpx.URL(url).params["c"] == event_id
+
+
+@settings(max_examples=500)
+@given(st.text(max_size=12))
+def test_id_header_problem_is_exactly_what_h11_refuses(event_id: str) -> None:
+    """An id is sendable exactly when h11 (httpx's HTTP/1.1) accepts it as a header."""
+    problem = id_header_problem(event_id)
+    try:
+        value = event_id.encode("utf-8")
+    except UnicodeEncodeError:
+        assert problem is not None
+        return
+    try:
+        h11.Request(method="GET", target="/", headers=[("Host", "h"), ("Last-Event-ID", value)])
+        accepted = True
+    except h11.LocalProtocolError:
+        accepted = False
+    assert (problem is None) is (accepted or value == b"")
+
+
+def test_empty_cursor_sends_nothing() -> None:
+    headers = request_headers(
+        cursor="", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+    )
+    assert "Last-Event-ID" not in headers
+    assert with_cursor("http://h/s", "c", "") == "http://h/s"
+
+
+def test_with_query_keeps_other_parameters_byte_for_byte() -> None:
+    url = "http://h/s?sig=%FF%2Fx&a=1+2&flag&since=3"
+    assert with_query(url, {"since": "4"}) == "http://h/s?sig=%FF%2Fx&a=1+2&flag&since=4"
+
+
+def test_secret_header_values_are_utf8_or_refused_by_variable_name() -> None:
+    headers = request_headers(
+        cursor=None,
+        cursor_param=None,
+        headers_from_env={"X-Name": "NAME_VAR"},
+        environ={"NAME_VAR": "zoë"},
+        stream="s",
+    )
+    assert headers["X-Name"] == "zoë".encode()
+    with pytest.raises(ConfigError) as caught:
+        request_headers(
+            cursor=None,
+            cursor_param=None,
+            headers_from_env={"Authorization": "TOKEN_VAR"},
+            environ={"TOKEN_VAR": "Bearer s3cret\n"},
+            stream="s",
+        )
+    assert "TOKEN_VAR" in str(caught.value) and "LF" in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+# -- the truncation header under both spellings (issue #13, case 10) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ([(b"Mercure-Last-Event-ID", b"41")], "41"),
+        ([(b"Last-Event-ID", b"41")], "41"),  # older Mercure hubs
+        ([(b"last-event-id", b"40"), (b"MERCURE-LAST-EVENT-ID", b"41")], "41"),
+        ([(b"Last-Event-ID", "café".encode())], "café"),
+        ([(b"Last-Event-ID", b"caf\xe9")], "caf\ufffd"),  # not UTF-8: never equals a cursor
+        ([(b"Last-Event-ID", b"")], ""),
+        ([(b"Content-Type", b"text/event-stream")], None),
+    ],
+)
+def test_truncation_header(raw: list[tuple[bytes, bytes]], expected: str | None) -> None:
+    assert truncation_header(httpx.Headers(raw)) == expected

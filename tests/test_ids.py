@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_sse.ids import IdOrder, compare_ids, is_newer, newest, sort_key
+from durable_sse.ids import (
+    MAX_CONTIGUOUS_DIGITS,
+    IdOrder,
+    compare_ids,
+    contiguous_number,
+    is_newer,
+    newest,
+    sort_key,
+)
 
 
 def sign(value: int) -> int:
@@ -129,3 +137,42 @@ ids = st.one_of(any_text, id_like, st.integers(min_value=0, max_value=10**30).ma
 @given(a=ids, b=ids)
 def test_compare_ids_agrees_with_the_reference(order: str, a: str, b: str) -> None:
     assert compare_ids(a, b, order) == REFERENCES[order](a, b)
+
+
+# -- contiguous_number: ids of a contiguous_ids stream (issue #13, case 3) ---------------
+
+
+@pytest.mark.parametrize(
+    ("event_id", "number"),
+    [
+        ("0", 0),
+        ("7", 7),
+        ("007", 7),
+        ("18446744073709551616", 2**64),
+        ("9" * MAX_CONTIGUOUS_DIGITS, 10**MAX_CONTIGUOUS_DIGITS - 1),
+        ("", None),
+        ("²", None),  # isdigit() is true, int() raises
+        ("1²", None),
+        ("١٢", None),  # Arabic-Indic digits: int() would accept them
+        ("１２", None),  # fullwidth
+        ("+1", None),
+        ("-1", None),
+        (" 1", None),
+        ("1 ", None),
+        ("1_000", None),  # int() accepts underscores
+        ("1e3", None),
+        ("9" * (MAX_CONTIGUOUS_DIGITS + 1), None),
+        ("1" * 4301, None),  # int() refuses over 4,300 digits
+        ("1" * 1_000_000, None),
+    ],
+)
+def test_contiguous_number(event_id: str, number: int | None) -> None:
+    assert contiguous_number(event_id) == number
+
+
+@given(st.text(max_size=60))
+def test_contiguous_number_never_raises(event_id: str) -> None:
+    number = contiguous_number(event_id)
+    if number is not None:
+        assert re.fullmatch(r"[0-9]{1,40}", event_id)
+        assert number == int(event_id)

@@ -502,3 +502,22 @@ def test_cli_refuses_bad_stream(capsys: pytest.CaptureFixture[str]) -> None:
         source_main(["--stream", "x:rate=fast"])
     assert exited.value.code == 2
     assert "rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("prefix", ["id1", " x", "x ", "a\nb", "x" * 65])
+def test_id_prefix_refuses_what_would_make_ids_ambiguous_or_unsendable(prefix: str) -> None:
+    with pytest.raises(ConfigError, match="id_prefix"):
+        SourceStreamConfig(id_prefix=prefix)
+    assert SourceStreamConfig(id_prefix="café-").id_prefix == "café-"
+
+
+async def test_a_cursor_without_the_id_prefix_means_live_only(
+    source: SSESource, client: httpx.AsyncClient
+) -> None:
+    name = new_stream(source, rate=200, id_prefix="ü:")
+    async with asyncio.timeout(GUARD):
+        while source.describe(name)["newest"] < 5:
+            await asyncio.sleep(0.01)
+    response, _ = await connect(client, source.url(name), headers={"Last-Event-ID": "3"})
+    assert "mercure-last-event-id" not in response.headers
+    await response.aclose()

@@ -46,6 +46,9 @@ class SourceStreamConfig:
     flush: str = "event"
     """``event``: write and drain per event; ``bulk``: coalesce writes up to 64 KiB."""
     event_type: str = "tick"
+    id_prefix: str = ""
+    """Text before each id's number (``id_prefix="café-"`` sends ``café-1``, ``café-2``…),
+    to serve non-ASCII ids; a resume id must carry the same prefix."""
     cursor_param: str = "cursor"
     """Query parameter that carries the resume id (``lastEventId`` is accepted too)."""
     paused: bool = False
@@ -97,6 +100,17 @@ def validate(config: SourceStreamConfig) -> None:
         raise _fail("flush", f"must be one of {FLUSH_MODES}, got {config.flush!r}")
     if not _EVENT_TYPE.match(config.event_type):
         raise _fail("event_type", f"must match {_EVENT_TYPE.pattern}, got {config.event_type!r}")
+    if (
+        len(config.id_prefix) > 64
+        or any(c in config.id_prefix for c in "\r\n\x00")
+        or config.id_prefix != config.id_prefix.strip()
+        or config.id_prefix[-1:].isdigit()
+    ):
+        raise _fail(
+            "id_prefix",
+            "must be at most 64 characters without CR, LF, NUL, surrounding spaces or a "
+            f"final digit, got {config.id_prefix!r}",
+        )
     if not config.cursor_param or not config.cursor_param.isidentifier():
         raise _fail("cursor_param", f"must be an identifier, got {config.cursor_param!r}")
     for name in ("drop_every", "disconnect_after", "status_times"):

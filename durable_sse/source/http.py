@@ -56,7 +56,8 @@ class Request:
     path: str
     query: dict[str, list[str]]
     headers: dict[str, str]
-    """Lower-cased names; a repeated header keeps its last value."""
+    """Lower-cased names; a repeated header keeps its last value. Values are decoded as
+    latin-1 (one character per byte): ``.encode("latin-1")`` gives the bytes back."""
     body: bytes = b""
     segments: list[str] = field(default_factory=list)
 
@@ -123,7 +124,7 @@ def response_head(status: int, headers: dict[str, str] | None = None) -> bytes:
     for name, value in (headers or {}).items():
         lines.append(f"{name}: {value}")
     lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")  # a non-ASCII id as UTF-8
 
 
 def json_response(status: int, value: Any) -> bytes:

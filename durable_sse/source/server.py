@@ -6,10 +6,12 @@ Routes (every response closes the connection):
   ``DELETE /streams/<name>`` removes one.
 * ``GET /streams/<name>`` is the event stream. Resume with ``Last-Event-ID`` or the query
   parameter ``cursor`` (the stream's ``cursor_param``) or ``lastEventId``; no cursor = live
-  only. When the cursor is older than the history reaches, the stream starts at the
-  oldest kept event with the comment ``: history truncated``; whenever a cursor is given
-  the response carries ``Mercure-Last-Event-ID`` = the id the stream really resumes
-  after (the cursor, or ``oldest kept - 1`` when truncated).
+  only. Ids are ``id_prefix`` + a number; a non-ASCII prefix is read from the header as
+  UTF-8 bytes and from the query as percent-encoded UTF-8, as browsers send it. When the
+  cursor is older than the history reaches, the stream starts at the oldest kept event
+  with the comment ``: history truncated``; whenever a cursor is given the response
+  carries ``Mercure-Last-Event-ID`` = the id the stream really resumes after (the cursor,
+  or ``oldest kept - 1`` when truncated).
 * ``GET|POST /control/<name>`` shows the stream / changes settings or injects an action
   (same as :meth:`SSESource.inject`); ``GET /truth/<name>`` is the ground truth
   (``?ids=0`` leaves out the id list).
@@ -279,8 +281,11 @@ class SSESource:
             await writer.drain()
             return
         config = stream.config
+        header = request.headers.get("last-event-id")
         cursor = _cursor(
-            request.headers.get("last-event-id"),
+            config.id_prefix,
+            # a browser sends the id's UTF-8 bytes; the head was decoded one char per byte
+            None if header is None else header.encode("latin-1").decode("utf-8", "replace"),
             request.param(config.cursor_param),
             request.param("lastEventId"),
         )
@@ -295,7 +300,8 @@ class SSESource:
             next_id = cursor + 1
             oldest = stream.oldest_available()
             truncated = next_id < oldest and oldest > config.start_id
-            headers["Mercure-Last-Event-ID"] = str(oldest - 1 if truncated else cursor)
+            resumed_after = oldest - 1 if truncated else cursor
+            headers["Mercure-Last-Event-ID"] = f"{config.id_prefix}{resumed_after}"
         preamble = http.response_head(200, headers)
         if config.retry_ms is not None:
             preamble += b"retry: %d\n\n" % config.retry_ms
@@ -334,14 +340,20 @@ class SSESource:
         return f"http://{other}:{self.port}{target}"
 
 
-def _cursor(*candidates: str | None) -> int | None:
-    """The first present resume id; one that is not an integer means live only."""
+def _cursor(prefix: str, *candidates: str | None) -> int | None:
+    """The first present resume id; one that is not ``prefix`` + an integer means live
+    only."""
     for value in candidates:
         if value is None:
             continue
         text = value.strip()
+        if not text.startswith(prefix):
+            logger.info(
+                "SSE source: ignoring cursor %r without prefix %r (live only)", value, prefix
+            )
+            return None
         try:
-            return int(text)
+            return int(text[len(prefix) :])
         except ValueError:
             logger.info("SSE source: ignoring non-integer cursor %r (live only)", value)
             return None

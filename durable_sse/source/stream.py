@@ -190,8 +190,15 @@ class SourceStream:
         size = self.config.payload_bytes
         payload = (alphabet * (size // len(alphabet) + 1))[:size]
         event_type = self.config.event_type.encode("ascii").replace(b"%", b"%%")
+        prefix = self.config.id_prefix.encode("utf-8").replace(b"%", b"%%")
         self._template = (
-            b"id: %d\nevent: " + event_type + b'\ndata: {"id":%d,"payload":"' + payload + b'"}\n\n'
+            b"id: "
+            + prefix
+            + b"%d\nevent: "
+            + event_type
+            + b'\ndata: {"id":%d,"payload":"'
+            + payload
+            + b'"}\n\n'
         )
 
     def _append(self, count: int) -> None:

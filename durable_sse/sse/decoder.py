@@ -13,8 +13,18 @@ single bytes that never occur inside a multi-byte UTF-8 sequence, so the stream 
 into lines on bytes (``bytes.split``, C speed, no per-character loop) and only *complete*
 lines are decoded, in one ``decode`` call per chunk. That makes the result independent of
 where the transport splits chunks (a multi-byte character or a CRLF split across chunks
-decodes the same) and it is faster than decoding text first. The pending, unterminated
-line is the only state that grows with the input, and it is capped by ``max_line_bytes``.
+decodes the same) and it is faster than decoding text first.
+
+Memory is bounded whatever the server sends. Two buffers grow with the input: the pending,
+unterminated line (capped by ``max_line_bytes``; a comment, an ``id`` or an ``event``
+value is one line, so it is capped too) and the data of an event whose blank line has not
+come yet (capped by ``max_event_bytes``). An event's data that spans chunks is held as
+UTF-8 bytes in one ``bytearray``, not as a list of line strings, so a server sending
+millions of short ``data:`` lines costs their bytes, not an object per line. The data is
+measured as the UTF-8 bytes of the decoded text, the ``\n`` between lines included; the
+check runs once per chunk and at dispatch, so an endless event raises after at most
+``max_event_bytes`` + one chunk. An id over ``max_id_bytes`` raises when its event is
+dispatched, before it can become the cursor.
 """
 
 from __future__ import annotations
@@ -22,12 +32,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from durable_sse.errors import LineTooLongError
+from durable_sse.errors import EventTooLargeError, IdTooLongError, LineTooLongError
 
 logger = logging.getLogger(__name__)
 
 BOM = b"\xef\xbb\xbf"
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_ID_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +71,13 @@ class SSEDecoder:
     as ``Last-Event-ID``): as in a browser it stays in force for events without an id
     until the stream sets another.
 
+    Args:
+        max_line_bytes: longest line (``LineTooLongError`` past it).
+        max_event_bytes: most data one event may carry, as UTF-8 bytes of the decoded
+            lines and the LFs between them (``EventTooLargeError`` past it; default 8 MiB).
+        max_id_bytes: longest id, as UTF-8 bytes, an event may commit as the cursor
+            (``IdTooLongError`` past it; default 1024, below PostgreSQL's index row limit).
+
     Attributes:
         last_event_id: the stream's last event id string. Like a browser's ``lastEventId``
             it is committed when an event is dispatched (a blank line), also for events
@@ -68,18 +87,35 @@ class SSEDecoder:
     """
 
     def __init__(
-        self, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, last_event_id: str = ""
+        self,
+        *,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_id_bytes: int = DEFAULT_MAX_ID_BYTES,
+        last_event_id: str = "",
     ) -> None:
-        if max_line_bytes < 1:
-            raise ValueError(f"max_line_bytes must be positive, got {max_line_bytes}")
+        for name, value in (
+            ("max_line_bytes", max_line_bytes),
+            ("max_event_bytes", max_event_bytes),
+            ("max_id_bytes", max_id_bytes),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
         self.max_line_bytes = max_line_bytes
+        self.max_event_bytes = max_event_bytes
+        self.max_id_bytes = max_id_bytes
+        # Text of at most limit // 4 characters is at most limit bytes of UTF-8: only
+        # longer text pays for an exact measure.
+        self._event_chars_ok = max_event_bytes // 4
+        self._id_chars_ok = max_id_bytes // 4
         self._last_event_id = last_event_id
         self.retry: int | None = None
         self._pending: list[bytes] = []
         self._pending_len = 0
         self._skip_lf = False
         self._at_start = True
-        self._data: list[str] = []
+        self._carry: bytearray | None = None
+        """Data of the current event from earlier chunks: UTF-8, lines joined by LF."""
         self._event_type = ""
         self._id_buffer = last_event_id
         self._id_field = False
@@ -99,6 +135,12 @@ class SSEDecoder:
         """Bytes held for the current unterminated line (never above ``max_line_bytes``)."""
         return self._pending_len
 
+    @property
+    def event_bytes(self) -> int:
+        """Bytes of data held for an event still open after the last chunk (never above
+        ``max_event_bytes``)."""
+        return len(self._carry) if self._carry is not None else 0
+
     def feed(self, chunk: bytes) -> list[Event | Comment]:
         """Consume one chunk; return the events and comments it completed, in stream order.
 
@@ -106,6 +148,12 @@ class SSEDecoder:
             LineTooLongError: a line grew past ``max_line_bytes``. The decoder drops what it
                 held; items of this chunk before the long line are not returned (the
                 caller ends the connection and resumes from its last committed cursor).
+            EventTooLargeError: an event's data grew past ``max_event_bytes``.
+            IdTooLongError: an event being dispatched has an id over ``max_id_bytes``.
+                For these two the decoder drops what it held, ``last_event_id`` is the id
+                in force before that event, and the error's ``items`` are what this chunk
+                completed before it. After any of these errors, end the connection: the
+                decoder is not fed again.
         """
         if (
             chunk[-1:] == b"\n"
@@ -177,7 +225,7 @@ class SSEDecoder:
         self._pending.clear()
         self._pending_len = 0
         self._skip_lf = False
-        self._data = []
+        self._carry = None
         self._event_type = ""
         self._id_buffer = self._last_event_id
         self._id_field = False
@@ -198,6 +246,7 @@ class SSEDecoder:
     def _too_long(self) -> None:
         self._pending.clear()
         self._pending_len = 0
+        self._carry = None
         raise LineTooLongError(
             f"an SSE line exceeded max_line_bytes={self.max_line_bytes} bytes; "
             "ending the connection to bound memory"
@@ -211,23 +260,35 @@ class SSEDecoder:
         a third of the per-event budget; the result is an ordinary, equal ``Event``).
         """
         out: list[Event | Comment] = []
-        data = self._data
+        data: list[str] = []
+        carry = self._carry
         event_type = self._event_type
         id_buffer = self._id_buffer
         id_field = self._id_field
         last_event_id = self._last_event_id
+        id_chars_ok = self._id_chars_ok
+        event_chars_ok = self._event_chars_ok
         for line in lines:
             if not line:
                 # Blank line: dispatch. The id is committed even when nothing is dispatched.
-                last_event_id = id_buffer
-                if data:
+                if id_field and len(id_buffer) > id_chars_ok:
+                    self._check_id(id_buffer, out, last_event_id)
+                if data or carry is not None:
+                    if carry is None:
+                        text = "\n".join(data)
+                        if len(text) > event_chars_ok:
+                            self._check_event_size(_utf8_len(text), out, last_event_id)
+                    else:
+                        text = self._join_carried(carry, data, out, last_event_id)
+                        carry = None
                     event = _new_event(Event)
-                    _set_data(event, "\n".join(data))
+                    _set_data(event, text)
                     _set_type(event, event_type or "message")
                     _set_id(event, id_buffer)
                     _set_id_field(event, id_field)
                     out.append(event)
                     data = []
+                last_event_id = id_buffer
                 event_type = ""
                 id_field = False
                 continue
@@ -251,12 +312,73 @@ class SSEDecoder:
                     except ValueError:  # more digits than int() will parse: ignore it
                         logger.debug("ignoring a retry field of %d digits", len(value))
             # Any other field name is ignored, as the spec requires.
-        self._data = data
+        if data:
+            # The event goes on in the next chunk: hold its lines as one bytes buffer.
+            piece = "\n".join(data).encode("utf-8", "surrogatepass")
+            if carry is None:
+                carry = bytearray(piece)
+            else:
+                carry += b"\n"
+                carry += piece
+            if len(carry) > self.max_event_bytes:
+                self._check_event_size(len(carry), out, last_event_id)
+        self._carry = carry
         self._event_type = event_type
         self._id_buffer = id_buffer
         self._id_field = id_field
         self._last_event_id = last_event_id
         return out
+
+    def _join_carried(
+        self, carry: bytearray, data: list[str], out: list[Event | Comment], last_event_id: str
+    ) -> str:
+        """The data of an event that spanned chunks: what was carried, then this chunk's."""
+        if data:
+            carry += b"\n"
+            carry += "\n".join(data).encode("utf-8", "surrogatepass")
+        self._check_event_size(len(carry), out, last_event_id)
+        return carry.decode("utf-8", "surrogatepass")
+
+    def _check_event_size(self, size: int, out: list[Event | Comment], last_event_id: str) -> None:
+        if size > self.max_event_bytes:
+            self._fail(
+                EventTooLargeError(
+                    f"an SSE event's data exceeded max_event_bytes={self.max_event_bytes} "
+                    "bytes; ending the connection to bound memory (the cursor stays before "
+                    "this event)",
+                    items=out,
+                ),
+                last_event_id,
+            )
+
+    def _check_id(self, event_id: str, out: list[Event | Comment], last_event_id: str) -> None:
+        size = _utf8_len(event_id)
+        if size > self.max_id_bytes:
+            self._fail(
+                IdTooLongError(
+                    f"an SSE event id of {size} bytes exceeded max_id_bytes="
+                    f"{self.max_id_bytes} (it starts {event_id[:32]!r}); such an id cannot "
+                    "become a cursor (the cursor stays before this event)",
+                    items=out,
+                ),
+                last_event_id,
+            )
+
+    def _fail(self, error: Exception, last_event_id: str) -> None:
+        """Release every buffer, keep the id in force before the bad event, raise."""
+        self._pending.clear()
+        self._pending_len = 0
+        self._carry = None
+        self._event_type = ""
+        self._last_event_id = last_event_id
+        self._id_buffer = last_event_id
+        self._id_field = False
+        raise error
+
+
+def _utf8_len(text: str) -> int:
+    """UTF-8 length of ``text``; O(1) for ASCII (CPython knows a str is ASCII)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 _new_event = object.__new__

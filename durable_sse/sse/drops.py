@@ -6,15 +6,38 @@ told apart from the keep-alive comments that servers send all the time (``:``,
 ``: ping``, ``:thump``), which must never count as a drop. The default patterns are
 deliberately conservative: a false drop costs one throttled replay, a keep-alive that
 matched would cost one on every ping.
+
+Every pattern (the defaults and a stream's own ``drop_notice``) and every other match on
+server text here runs on RE2 (``google-re2``), whose time is linear in the text whatever
+the pattern. A server chooses its comments: with Python's backtracking ``re`` the old
+defaults took 19.8 s on one 182-byte comment, on the event loop, stalling every connection
+of the worker. RE2 has no lookaround and no backreferences, so a pattern it cannot compile
+is refused with a :class:`~durable_sse.errors.ConfigError` (:func:`compile_drop_pattern`),
+and only the first :data:`MAX_NOTICE_BYTES` of a comment are scanned.
+
+RE2's ``\\b``, ``\\w``, ``\\d`` and ``\\s`` are ASCII-only (Python's are Unicode), and case
+folding is Unicode. Notices are English text, so the defaults decide as before on ASCII
+text; ``bench/drops.py`` measures the worst case at the cap.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 
+import re2
+
+from durable_sse.errors import ConfigError
+
 logger = logging.getLogger(__name__)
+
+MAX_NOTICE_BYTES = 4096
+"""Only this many leading bytes (UTF-8) of a comment are scanned for a drop notice (and
+read as a keep-alive): a notice says what it is in its first words, and the cap bounds the
+work per comment (RE2 is linear, so at most a few patterns x 4 KiB)."""
+MAX_COUNT_DIGITS = 18
+"""A count of dropped events with more significant digits than this is not believed:
+:func:`dropped_count` says None (unknown), so ``int()`` never sees thousands of digits."""
 
 _NOUN = r"(?:events?|messages?|updates?|notifications?)"
 _VERB_PAST = r"(?:dropped|discarded|skipped|lost|missed|evicted|purged)"
@@ -22,26 +45,99 @@ _VERB = (
     r"(?:drop(?:ping|ped|s)?|discard(?:ing|ed|s)?|skip(?:ping|ped|s)?|los(?:ing|t)|missed|"
     r"evict(?:ing|ed))"
 )
+# Verbs that, next to "backpressure", only mean discarding (not "lost connection").
+_DISCARD_VERB = r"(?:drop(?:ping|ped|s)?|discard(?:ing|ed|s)?|skip(?:ping|ped|s)?|evict(?:ing|ed))"
 # Words allowed between a verb and its noun ("dropped 12 old events"); a closed list so
 # "lost connection, resending events" does not read as a drop.
 _FILLER = (
     r"(?:[1-9][\d,_]*|\d[\d,_]*[1-9][\d,_]*|some|several|many|the|your|old(?:est)?|"
     r"pending|queued|buffered|recent|stale|of|up|to|about|approx(?:imately)?|~)"
 )
+# What may stand right before the noun of "<noun> dropped" so that it is not "no <noun>",
+# "0 <noun>" or "zero <noun>": the same decision as the lookbehinds
+# (?<!\bno\s)(?<!\b0\s)(?<!zero\s), which RE2 lacks, written as the characters allowed to
+# precede. The search only needs *some* position to match, so consuming them is harmless.
+_NOT_NEGATED = (
+    r"(?:^|[^\w\s]"  # the start, or punctuation right before the noun
+    r"|(?:^|[^o0])\s"  # a space after anything but "o" or "0"
+    r"|\w0\s"  # "10 events" is a number ending in 0, not the word "0"
+    r"|\wno\s"  # "piano events"
+    r"|(?:^|[^nr])o\s"  # "go events"
+    r"|(?:^|[^e])ro\s"  # "pro events"
+    r"|(?:^|[^z])ero\s)"  # "hero events", but not "zero events"
+)
 
 DEFAULT_DROP_PATTERNS: tuple[str, ...] = (
     # "dropping events", "dropped 12 events", "discarded 37 old events", "missed events"
     rf"\b{_VERB}\W+(?:{_FILLER}\W+){{0,3}}{_NOUN}\b",
-    # "events dropped", "12 events were dropped", "messages have been discarded"
-    rf"(?<!\bno\s)(?<!\b0\s)(?<!zero\s)\b{_NOUN}\b\W{{0,3}}(?:\(\d+\)\W*)?"
+    # "events dropped", "12 events were dropped", "messages have been discarded", not
+    # "no events dropped"
+    rf"{_NOT_NEGATED}\b{_NOUN}\b\W{{0,3}}(?:\(\d+\)\W*)?"
     rf"(?:(?:were|was|have\s+been|has\s+been|are\s+being|is\s+being|being|got)\s+)?{_VERB_PAST}\b",
     # "slow consumer", "slow client detected"
     r"\bslow\s+(?:consumer|client|subscriber|reader|receiver)\b",
     # "buffer overflow, skipping events", "queue full"
     r"\b(?:buffer|queue|backlog)\s+(?:overflow(?:ed)?|overrun|full|exceeded)\b",
+    # a list of ids after the verb: "dropped 100,101,…,139", "skipped ids 7, 8"
+    rf"\b{_VERB}\W+(?:ids?\W+)?\d+(?:\s*,[\s,.…]*\d+)+",
+    # "dropped 3 (backpressure)", "backpressure: discarding"
+    rf"\b{_DISCARD_VERB}\b.*\bback[\s-]?pressure\b|\bback[\s-]?pressure\b.*\b{_DISCARD_VERB}\b",
 )
-"""Regexes (searched case-insensitively) that mark a comment as a drop notice."""
+"""Regexes (searched case-insensitively, with RE2) that mark a comment as a drop notice.
 
+They are valid for Python's ``re`` too, but are only ever run on RE2."""
+
+
+def _options(*, case_sensitive: bool) -> re2.Options:
+    options = re2.Options()
+    options.case_sensitive = case_sensitive
+    options.log_errors = False  # a refused pattern is a ConfigError, not stderr noise
+    return options
+
+
+_IGNORE_CASE = _options(case_sensitive=False)
+_EXACT_CASE = _options(case_sensitive=True)
+
+
+def compile_drop_pattern(pattern: str, *, stream: str | None = None) -> re2._Regexp:
+    """Compile one ``drop_notice`` pattern with RE2, case-insensitively, as matching uses it.
+
+    Call it to validate a stream's setting (compiled patterns are cached by RE2's module,
+    so the matcher reuses the work).
+
+    Raises:
+        ConfigError: RE2 cannot compile the pattern (lookaround, backreferences, ``\\Z``,
+            a repeat over 1000, too large a program) or it is not a string; the message
+            names the stream (when given), the setting and the pattern.
+    """
+    where = f"stream {stream!r}: " if stream is not None else ""
+    if not isinstance(pattern, str):
+        raise ConfigError(
+            f"{where}setting 'drop_notice': pattern {pattern!r} must be a string, "
+            f"not {type(pattern).__name__}"
+        )
+    try:
+        return re2.compile(pattern, _IGNORE_CASE)
+    except re2.error as error:
+        reason = error.args[0] if error.args else "not accepted"
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        hint = " (RE2 writes the end of text as \\z)" if "\\Z" in pattern else ""
+    except UnicodeEncodeError:
+        reason, hint = "it is not valid Unicode text (a lone surrogate)", ""
+    raise ConfigError(
+        f"{where}setting 'drop_notice': pattern {pattern!r} cannot be used: {reason}{hint}. "
+        "Drop-notice patterns run on RE2, in linear time, which has no lookahead, "
+        "lookbehind or backreferences: rewrite the pattern without them"
+    )
+
+
+# Python's \s (str.isspace) as a class, so the keep-alive shape decides as it did with `re`.
+_UNICODE_SPACE = (
+    r"\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}"
+    r"\x{202f}\x{205f}\x{3000}"
+)
+_KEEPALIVE_SHAPE = re2.compile(rf"[\p{{Nd}}{_UNICODE_SPACE}:.,\-+/TZtz]*|[.\-_*~]+", _EXACT_CASE)
 _KEEPALIVE_WORDS = frozenset(
     {
         "ping",
@@ -64,36 +160,57 @@ _KEEPALIVE_WORDS = frozenset(
         "ok",
     }
 )
-_KEEPALIVE_SHAPE = re.compile(r"[\d\s:.,\-+/TZtz]*|[.\-_*~]+")
 
-_COUNT_PATTERNS = (
-    re.compile(rf"\b{_VERB}\s+(\d[\d,_]*)\s+(?:\w+\s+){{0,2}}?{_NOUN}\b", re.IGNORECASE),
-    re.compile(
+_COUNT_PATTERNS = tuple(
+    re2.compile(pattern, _IGNORE_CASE)
+    for pattern in (
+        rf"\b{_VERB}\s+(\d[\d,_]*)\s+(?:\w+\s+){{0,2}}?{_NOUN}\b",
         rf"\b(\d[\d,_]*)\s+(?:\w+\s+){{0,2}}?{_NOUN}\s+"
         rf"(?:(?:were|was|have\s+been|has\s+been|are\s+being|being)\s+)?{_VERB_PAST}\b",
-        re.IGNORECASE,
-    ),
-    re.compile(rf"\b(?:{_NOUN}\s+)?{_VERB_PAST}\s*[:=]\s*(\d[\d,_]*)", re.IGNORECASE),
-    re.compile(rf"\b(?:{_VERB_PAST}|lagged)\s*\(\s*(\d[\d,_]*)\s*\)", re.IGNORECASE),
+        rf"\b(?:{_NOUN}\s+)?{_VERB_PAST}\s*[:=]\s*(\d[\d,_]*)",
+        rf"\b(?:{_VERB_PAST}|lagged)\s*\(\s*(\d[\d,_]*)\s*\)",
+    )
 )
 
 
+def notice_bytes(comment_text: str) -> bytes:
+    """The part of a comment that is scanned: its first :data:`MAX_NOTICE_BYTES`, as UTF-8.
+
+    A lone surrogate (never produced by the decoder) becomes ``?`` instead of raising.
+    """
+    return comment_text[:MAX_NOTICE_BYTES].encode("utf-8", "replace")[:MAX_NOTICE_BYTES]
+
+
 def is_keepalive(comment_text: str) -> bool:
-    """True for comments that only keep the connection open (empty, ``ping``, timestamps)."""
-    text = comment_text.strip()
+    """True for comments that only keep the connection open (empty, ``ping``, timestamps).
+
+    Only the first :data:`MAX_NOTICE_BYTES` characters are looked at.
+    """
+    text = comment_text[:MAX_NOTICE_BYTES].strip()
     if not text:
         return True
     if text.lower().rstrip("!.") in _KEEPALIVE_WORDS:
         return True
-    return _KEEPALIVE_SHAPE.fullmatch(text) is not None
+    return _KEEPALIVE_SHAPE.fullmatch(text.encode("utf-8", "replace")) is not None
 
 
 def dropped_count(text: str) -> int | None:
-    """How many events a drop notice says were skipped (``discarded 37 events`` -> 37)."""
+    """How many events a drop notice says were skipped (``discarded 37 events`` -> 37).
+
+    None when the notice gives no count, or one of more than :data:`MAX_COUNT_DIGITS`
+    significant digits.
+    """
+    return _count(notice_bytes(text))
+
+
+def _count(scanned: bytes) -> int | None:
     for pattern in _COUNT_PATTERNS:
-        match = pattern.search(text)
+        match = pattern.search(scanned)
         if match is not None:
-            return int(match.group(1).replace(",", "").replace("_", ""))
+            digits = match.group(1).replace(b",", b"").replace(b"_", b"").lstrip(b"0")
+            if len(digits) > MAX_COUNT_DIGITS:
+                return None
+            return int(digits) if digits else 0  # RE2's \d is ASCII: int() accepts it
     return None
 
 
@@ -101,14 +218,18 @@ class DropNoticeMatcher:
     """Decides whether a comment is a drop notice, from a stream's ``drop_notice`` setting.
 
     Args:
-        patterns: regexes searched case-insensitively in the comment text; None means
-            :data:`DEFAULT_DROP_PATTERNS`, an empty sequence disables comment drop notices.
+        patterns: regexes searched case-insensitively (RE2 syntax) in the comment text;
+            None means :data:`DEFAULT_DROP_PATTERNS`, an empty sequence disables comment
+            drop notices.
+
+    Raises:
+        ConfigError: a pattern RE2 cannot compile (see :func:`compile_drop_pattern`).
     """
 
     def __init__(self, patterns: Sequence[str] | None = None) -> None:
         chosen = DEFAULT_DROP_PATTERNS if patterns is None else tuple(patterns)
         self.patterns: tuple[str, ...] = chosen
-        self._compiled = tuple(re.compile(pattern, re.IGNORECASE) for pattern in chosen)
+        self._compiled = tuple(compile_drop_pattern(pattern) for pattern in chosen)
 
     @property
     def enabled(self) -> bool:
@@ -117,11 +238,13 @@ class DropNoticeMatcher:
     def matches(self, comment_text: str) -> bool:
         """True when the comment announces dropped events.
 
-        Keep-alives never match, nor does a notice that counts zero dropped events.
+        Keep-alives never match, nor does a notice that counts zero dropped events. Time
+        is linear in ``min(len(comment_text), MAX_NOTICE_BYTES)`` per pattern.
         """
         if not self._compiled or is_keepalive(comment_text):
             return False
-        if not any(pattern.search(comment_text) for pattern in self._compiled):
+        scanned = notice_bytes(comment_text)
+        if not any(pattern.search(scanned) for pattern in self._compiled):
             return False
         # "events dropped: 0" reports that nothing was lost.
-        return dropped_count(comment_text) != 0
+        return _count(scanned) != 0
