@@ -93,6 +93,10 @@ async def running_spec(client: Client, name: str) -> StreamSpec:
             break
     except RPCError as error:
         raise _translate(error, name) from None
+    except (KeyError, ValueError) as error:
+        if "encrypted" not in str(error) and "encoding" not in str(error):
+            raise
+        raise _needs_key(name) from None
     return parse_spec(value, source="running input")
 
 
@@ -142,10 +146,7 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
     except (KeyError, ValueError) as error:
         if "encrypted" not in str(error):
             raise
-        raise DurableSSEError(
-            f"stream {name!r}: its payloads are encrypted; set DURABLE_SSE_PAYLOAD_KEY "
-            "to the worker's key to read them"
-        ) from None
+        raise _needs_key(name) from None
     result = asdict(status) if not isinstance(status, dict) else status
     result["in_flight"] = None
     for pending in description.raw_description.pending_activities:
@@ -173,6 +174,13 @@ async def running_streams(client: Client) -> list[str]:
     async for execution in client.list_workflows(query):
         names.append(execution.id.removeprefix("sse-stream:"))
     return sorted(names)
+
+
+def _needs_key(name: str) -> DurableSSEError:
+    return DurableSSEError(
+        f"stream {name!r}: its payloads are encrypted; set DURABLE_SSE_PAYLOAD_KEY "
+        "to the worker's key to read them"
+    )
 
 
 def _translate(error: RPCError, name: str) -> Exception:

@@ -199,6 +199,8 @@ def _check_url(value: str) -> str:
         raise _fail(expected) from None
     if parts.scheme not in ("http", "https") or not parts.host or parts.userinfo:
         raise _fail(expected)
+    if parts.port is not None and not 1 <= parts.port <= 65535:
+        raise _fail(expected)
     return value
 
 
@@ -490,7 +492,11 @@ REPLAY_KEYS = ("from_id", "since")
 
 
 def _check_from_id(value: str) -> str:
-    if not value or len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES_LIMIT:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate from JSON: no header can carry it
+        raise _fail("expected an event id of valid Unicode text") from None
+    if not value or size > MAX_ID_BYTES_LIMIT:
         raise _fail(f"expected a non-empty event id of at most {MAX_ID_BYTES_LIMIT} bytes")
     if any(c in value for c in "\r\n\0"):
         raise _fail("expected an event id without line breaks or NUL (an SSE id cannot hold them)")
