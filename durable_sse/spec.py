@@ -399,13 +399,20 @@ def parse_spec(value: object, *, source: str = "") -> StreamSpec:
         raise ConfigError(
             f"{prefix}{label}: setting {_show(odd_keys[0])}: expected a setting name (a string)"
         )
+    # Unknown keys never reach the constructor: one named like its own parameter
+    # (``__dataclass_self__``) would raise a TypeError, not a validation error.
+    problems: list[Any] = [
+        {"type": "extra_forbidden", "loc": (key,), "input": data[key]}
+        for key in data
+        if key not in SETTINGS
+    ]
     try:
-        checked = _CheckedSpec(**data)
+        checked = _CheckedSpec(**{key: data[key] for key in SETTINGS if key in data})
     except ValidationError as error:
-        problems = error.errors(include_url=False)
-        message = _describe(problems[0])
+        problems += error.errors(include_url=False)
+    if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ConfigError(f"{prefix}{label}: {message}{more}") from None
+        raise ConfigError(f"{prefix}{label}: {_describe(problems[0])}{more}")
     spec = StreamSpec(**{name: getattr(checked, name) for name in SETTINGS})
     problem = _check_together(spec)
     if problem is not None:
@@ -456,7 +463,7 @@ def _describe(problem: Mapping[str, Any]) -> str:
     path = setting + "".join(
         f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:] if part != "[key]"
     )
-    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+    if kind == "extra_forbidden":
         close = difflib.get_close_matches(setting, SETTINGS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"setting {path!r} = {_show(problem['input'])}: not a stream setting{hint}"
@@ -487,8 +494,6 @@ def _show(value: object, *, url: bool = False, limit: int = 80) -> str:
 
 
 # --- the replay signal ---------------------------------------------------------------------
-
-REPLAY_KEYS = ("from_id", "since")
 
 
 def _check_from_id(value: str) -> str:

@@ -207,8 +207,15 @@ def test_other_variables_may_be_named(variable: str) -> None:
 
 def test_more_problems_are_counted_on_the_same_line() -> None:
     message = refusal(replay_window="soon", idle_timeout=-1, colour="red")
-    assert message.startswith("stream 'ticks': setting 'replay_window' = 'soon'")
+    assert message.startswith("stream 'ticks': setting 'colour' = 'red': not a stream setting")
     assert message.endswith("(and 2 more)")
+    message = refusal(replay_window="soon", idle_timeout=-1)
+    assert message.startswith("stream 'ticks': setting 'replay_window' = 'soon'")
+    assert message.endswith("(and 1 more)")
+
+
+def test_a_key_named_like_a_constructor_parameter_is_just_unknown() -> None:
+    assert "setting '__dataclass_self__' = 1: not a stream setting" in refusal(__dataclass_self__=1)
 
 
 def test_not_a_table_is_refused() -> None:
@@ -392,6 +399,24 @@ def test_replay_signal_refused(value: object, message: str) -> None:
         parse_replay_signal(value, stream="ticks")
     text = str(caught.value)
     assert message in text and text.startswith("stream 'ticks': ") and "\n" not in text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    JSON
+    | st.dictionaries(
+        st.sampled_from(["from_id", "since", "form_id"]) | st.text(max_size=8), JSON, max_size=3
+    )
+    | st.dictionaries(st.integers(), st.text(), max_size=2)
+)
+def test_any_replay_payload_gives_a_signal_or_one_line(value: object) -> None:
+    """A signal handler that raised would fail the workflow task: only ConfigError may."""
+    try:
+        signal = parse_replay_signal(value, stream="ticks")
+    except ConfigError as error:
+        assert str(error).startswith("stream 'ticks': replay") and "\n" not in str(error)
+        return
+    assert signal.from_id is None or signal.since is None
 
 
 # --- comparing specs -------------------------------------------------------------------
