@@ -8,59 +8,161 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from temporalio.client import Client
+
 from durable_sse import control
-from durable_sse.errors import DurableSSEError
+from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.http import host_allowed, redact_url
 from durable_sse.settings import Settings
-from durable_sse.spec import load_streams
+from durable_sse.spec import StreamSpec, load_streams, parse_replay_signal, spec_differences
 
 EXIT_ERROR = 1
+"""Something failed on the way (Temporal unreachable, a stream not found, settings differ)."""
 EXIT_USAGE = 2
+"""The input was refused (a flag, the stream file, an environment variable): nothing was
+done."""
+STOP_TIMEOUT = 120.0
+
+ENVIRONMENT = {
+    "TEMPORAL_ADDRESS": "Temporal frontend, host:port (default localhost:7233)",
+    "TEMPORAL_NAMESPACE": "Temporal namespace (default: default)",
+    "SSE_TASK_QUEUE": "task queue of the stream workflows (default sse-consumer)",
+    "DURABLE_SSE_PAYLOAD_KEY": "payload encryption key (the worker's and the CLI's must match)",
+    "SSE_ALLOWED_HOSTS": "hosts stream URLs may name, comma-separated, *.domain allowed "
+    "(unset: any host; development only)",
+    "DATABASE_URL": "event log, postgresql://… or sqlite:///… "
+    "(default sqlite:///.durable-sse/durable-sse.db)",
+    "REDIS_URL": "Redis for the L2 cursor cache (default redis://127.0.0.1:6379/0)",
+    "REDIS_CURSOR_TTL_DAYS": "days a stream's Redis cursor lives (default 7)",
+    "REDIS_TIMEOUT": "seconds a Redis call may take before it is skipped (default 0.5)",
+    "SSE_METRICS_PORT": "serve Prometheus metrics on this port (default: off)",
+}
+CLIENT_VARIABLES = ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "DURABLE_SSE_PAYLOAD_KEY")
+"""What every client command reads (all commands also refuse a malformed value of any
+variable in ENVIRONMENT)."""
+
+
+def environment_help(names: Sequence[str], *, extra: str = "") -> str:
+    """An epilog listing the environment variables a command reads."""
+    width = max(len(name) for name in names)
+    lines = ["environment:"]
+    for name in names:
+        text = textwrap.wrap(ENVIRONMENT[name], 76 - width, break_on_hyphens=False)
+        lines.append(f"  {name.ljust(width)}  {text[0]}")
+        lines += [f"  {'':{width}}  {more}" for more in text[1:]]
+    if extra:
+        lines.append(f"  {extra}")
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("durable-sse")
+    except importlib.metadata.PackageNotFoundError:  # running from a bare checkout
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durable-sse",
         description="Consume Server-Sent Events streams without losing events, on Temporal.",
+        epilog="exit codes: 0 done, 1 failed (Temporal unreachable, no such stream, settings "
+        "differ), 2 input refused (a flag, the stream file, an environment variable): "
+        "nothing was done. `durable-sse COMMAND --help` lists what each command reads.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    worker = commands.add_parser("worker", help="run a worker (both workflows, all activities)")
+    def command(name: str, text: str, variables: Sequence[str], **kwargs: Any) -> Any:
+        return commands.add_parser(
+            name,
+            help=text,
+            description=text[0].upper() + text[1:] + ".",
+            epilog=environment_help(variables, extra=kwargs.pop("extra", "")),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kwargs,
+        )
+
+    worker = command(
+        "worker",
+        "run a worker (both workflows, all activities)",
+        list(ENVIRONMENT),
+        extra="and the variables the streams name in headers_from_env/query_from_env",
+    )
     worker.add_argument("--log-format", choices=["plain", "json"], default="plain")
     worker.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics here (env SSE_METRICS_PORT)"
     )
 
-    start = commands.add_parser("start", help="start streams declared in a TOML file")
+    start = command(
+        "start",
+        "start the streams declared in a TOML file",
+        (*CLIENT_VARIABLES, "SSE_TASK_QUEUE", "SSE_ALLOWED_HOSTS"),
+    )
     start.add_argument("--config", default="streams.toml", help="stream file (default %(default)s)")
+    start.add_argument(
+        "--restart",
+        action="store_true",
+        help="a running stream whose settings differ from the file is stopped gracefully, "
+        "waited for, and started with the file's settings (without it: listed, exit 1)",
+    )
+    start.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=STOP_TIMEOUT,
+        metavar="SECONDS",
+        help="with --restart, how long to wait for the old run to end (default %(default)g)",
+    )
     start.add_argument("names", nargs="*", metavar="NAME", help="only these streams")
 
-    status = commands.add_parser("status", help="show stream status")
+    status = command("status", "show stream status", CLIENT_VARIABLES)
     status.add_argument("name", nargs="?", metavar="NAME")
     status.add_argument("--json", action="store_true", help="print JSON")
 
-    replay = commands.add_parser("replay", help="replay a stream (lagged route by default)")
+    replay = command(
+        "replay",
+        "replay a stream: the lagged route by default, or from an id or a time",
+        CLIENT_VARIABLES,
+    )
     replay.add_argument("name", metavar="NAME")
     where = replay.add_mutually_exclusive_group()
-    where.add_argument("--from-id", metavar="ID")
-    where.add_argument("--since", metavar="TIME", help="ISO timestamp")
+    where.add_argument(
+        "--from-id",
+        metavar="ID",
+        help="resume from this event id, exactly as the server sent it (sent as "
+        "Last-Event-ID or cursor_param); must not be empty",
+    )
+    where.add_argument(
+        "--since",
+        metavar="TIME",
+        help="replay from the newest event persisted at or before TIME: ISO 8601 with Z or an "
+        "offset, e.g. 2026-05-01T12:00:00Z or 2026-05-01T14:00:00+02:00. No time zone is "
+        "assumed: a time without one is refused",
+    )
 
     for name, text in (
         ("pause", "pause a stream (the connection flushes and closes)"),
         ("resume", "resume a paused, parked or server-stopped stream"),
         ("stop", "stop a stream gracefully (flush, then complete)"),
     ):
-        command = commands.add_parser(name, help=text)
-        command.add_argument("name", metavar="NAME")
+        command(name, text, CLIENT_VARIABLES).add_argument("name", metavar="NAME")
 
-    commands.add_parser("source", help="run the demo SSE source alone", add_help=False)
-    commands.add_parser("dev", help="run the whole demo stack on embedded defaults", add_help=False)
+    commands.add_parser(
+        "source", help="run the demo SSE source alone (see its --help)", add_help=False
+    )
+    commands.add_parser(
+        "dev",
+        help="run the whole demo stack on embedded defaults (see its --help: ports)",
+        add_help=False,
+    )
     commands.add_parser(
         "codec-server", help="serve payload decryption to the Web UI", add_help=False
     )
@@ -87,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             return _worker(args)
         return asyncio.run(_run(args))
+    except ConfigError as error:
+        print(f"durable-sse: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except (DurableSSEError, OSError) as error:
         print(f"durable-sse: {error}", file=sys.stderr)
         return EXIT_ERROR
@@ -104,6 +209,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    """One client command. Every input is checked before Temporal is contacted."""
     settings = Settings.from_env()
     if args.command == "start":
         specs = load_streams(args.config)
@@ -111,31 +217,66 @@ async def _run(args: argparse.Namespace) -> int:
             known = {spec.name for spec in specs}
             unknown = [name for name in args.names if name not in known]
             if unknown:
-                raise DurableSSEError(f"{args.config}: no stream named {unknown[0]!r}")
+                raise ConfigError(f"{args.config}: no stream named {unknown[0]!r}")
             specs = [spec for spec in specs if spec.name in args.names]
         for spec in specs:
             if not host_allowed(spec.url, settings.allowed_hosts):
-                raise DurableSSEError(
+                raise ConfigError(
                     f"stream {spec.name!r}: setting 'url' names a host that is not in "
                     f"SSE_ALLOWED_HOSTS ({redact_url(spec.url)})"
                 )
+        if not args.stop_timeout > 0:
+            raise ConfigError(f"--stop-timeout must be positive, got {args.stop_timeout:g}")
+    if args.command == "replay":
+        signal = parse_replay_signal(
+            {"from_id": args.from_id, "since": args.since}, stream=args.name
+        )
     client = await control.connect(settings.temporal_address, settings.temporal_namespace)
     if args.command == "start":
-        for spec in specs:
-            started = await control.start_stream(client, spec, task_queue=settings.task_queue)
-            print(f"{spec.name}: {'started' if started else 'already running'}")
-        return 0
+        return await _start(client, specs, settings, args)
     if args.command == "status":
         names = [args.name] if args.name else await control.running_streams(client)
         statuses = [await control.stream_status(client, name) for name in names]
         print(json.dumps(statuses, indent=2) if args.json else format_status_table(statuses))
         return 0
     if args.command == "replay":
-        await control.replay(client, args.name, from_id=args.from_id, since=args.since)
+        await control.replay(client, args.name, from_id=signal.from_id, since=signal.since)
     else:
         await control.signal_stream(client, args.name, args.command)
     print(f"{args.name}: {args.command} sent")
     return 0
+
+
+async def _start(
+    client: Client, specs: list[StreamSpec], settings: Settings, args: argparse.Namespace
+) -> int:
+    """Start each stream; a running one with other settings is listed, or restarted."""
+    code = 0
+    for spec in specs:
+        if await control.start_stream(client, spec, task_queue=settings.task_queue):
+            print(f"{spec.name}: started")
+            continue
+        try:
+            changes = ", ".join(
+                map(str, spec_differences(await control.running_spec(client, spec.name), spec))
+            )
+        except ConfigError as error:
+            changes = f"its running input is invalid ({error})"
+        if not changes:
+            print(f"{spec.name}: already running (same settings)")
+        elif args.restart:
+            await control.restart_stream(
+                client, spec, task_queue=settings.task_queue, timeout=args.stop_timeout
+            )
+            print(f"{spec.name}: restarted: {changes}")
+        else:
+            print(
+                f"durable-sse: stream {spec.name!r} is running with other settings: {changes}; "
+                f"`durable-sse start --restart {spec.name}` applies them",
+                file=sys.stderr,
+            )
+            code = EXIT_ERROR
+    return code
 
 
 STATUS_COLUMNS = (

@@ -11,14 +11,14 @@ from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durable_sse.codec import data_converter_from_env
-from durable_sse.contracts import ReplaySignal, StreamStatus, stream_workflow_id
+from durable_sse.contracts import StreamStatus, stream_workflow_id
 from durable_sse.errors import DurableSSEError
-from durable_sse.spec import StreamSpec, validate_spec
+from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
 
 STREAM_WORKFLOW = "StreamWorkflow"
 
@@ -51,7 +51,7 @@ def static_summary(spec: StreamSpec) -> str:
 
 async def start_stream(client: Client, spec: StreamSpec, *, task_queue: str) -> bool:
     """Start a stream's workflow; False when it is already running (left as it is)."""
-    validate_spec(spec)
+    parse_spec(spec)
     try:
         await client.start_workflow(
             STREAM_WORKFLOW,
@@ -76,8 +76,59 @@ async def signal_stream(client: Client, name: str, signal: str, arg: Any = None)
         raise _translate(error, name) from None
 
 
-async def replay(client: Client, name: str, *, from_id: str | None, since: str | None) -> None:
-    await signal_stream(client, name, "replay", ReplaySignal(from_id=from_id, since=since))
+async def running_spec(client: Client, name: str) -> StreamSpec:
+    """The spec the stream's current run was started with (its history's first event).
+
+    Raises:
+        StreamNotFoundError: no workflow for this stream.
+        ConfigError: the running input is not a valid spec (the run is parked).
+    """
+    handle = client.get_workflow_handle(stream_workflow_id(name))
+    value: object = None
+    try:
+        async for event in handle.fetch_history_events(page_size=1):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            values = await client.data_converter.decode(payloads) if payloads else []
+            value = values[0] if values else None
+            break
+    except RPCError as error:
+        raise _translate(error, name) from None
+    except (KeyError, ValueError) as error:
+        if "encrypted" not in str(error) and "encoding" not in str(error):
+            raise
+        raise _needs_key(name) from None
+    return parse_spec(value, source="running input")
+
+
+async def restart_stream(
+    client: Client, spec: StreamSpec, *, task_queue: str, timeout: float
+) -> None:
+    """Stop the stream gracefully, wait until its workflow has ended, start ``spec``.
+
+    Nothing is started when the old run does not end within ``timeout`` seconds.
+    """
+    parse_spec(spec)
+    handle = client.get_workflow_handle(stream_workflow_id(spec.name))
+    await signal_stream(client, spec.name, "stop")
+    try:
+        await asyncio.wait_for(handle.result(), timeout)
+    except WorkflowFailureError:
+        pass  # ended all the same (failed, terminated, timed out)
+    except TimeoutError:
+        raise DurableSSEError(
+            f"stream {spec.name!r} did not stop within {timeout:g} s; nothing was started "
+            "(see `durable-sse status`)"
+        ) from None
+    if not await start_stream(client, spec, task_queue=task_queue):
+        raise DurableSSEError(f"stream {spec.name!r} was started again by someone else")
+
+
+async def replay(
+    client: Client, name: str, *, from_id: str | None = None, since: str | None = None
+) -> None:
+    """Send the ``replay`` signal; a bad ``from_id``/``since`` is refused before sending."""
+    signal = parse_replay_signal({"from_id": from_id, "since": since}, stream=name)
+    await signal_stream(client, name, "replay", signal)
 
 
 async def stream_status(client: Client, name: str) -> dict[str, Any]:
@@ -95,10 +146,7 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
     except (KeyError, ValueError) as error:
         if "encrypted" not in str(error):
             raise
-        raise DurableSSEError(
-            f"stream {name!r}: its payloads are encrypted; set DURABLE_SSE_PAYLOAD_KEY "
-            "to the worker's key to read them"
-        ) from None
+        raise _needs_key(name) from None
     result = asdict(status) if not isinstance(status, dict) else status
     result["in_flight"] = None
     for pending in description.raw_description.pending_activities:
@@ -126,6 +174,13 @@ async def running_streams(client: Client) -> list[str]:
     async for execution in client.list_workflows(query):
         names.append(execution.id.removeprefix("sse-stream:"))
     return sorted(names)
+
+
+def _needs_key(name: str) -> DurableSSEError:
+    return DurableSSEError(
+        f"stream {name!r}: its payloads are encrypted; set DURABLE_SSE_PAYLOAD_KEY "
+        "to the worker's key to read them"
+    )
 
 
 def _translate(error: RPCError, name: str) -> Exception:

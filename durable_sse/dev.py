@@ -55,6 +55,7 @@ DEMO_DROPS = {"noisy": {"drop_every": 400, "drop_count": 25}}
 """Faults switched on once a stream has a lagging id: before one replay window has
 passed there is nothing to replay from, and the demo should show gaps being repaired."""
 STARTUP_TIMEOUT = 60.0
+REDIS_PORT = 6390
 
 
 @dataclass
@@ -67,6 +68,19 @@ class DevOptions:
     summary_interval: float = 1.0
     postgres: bool = False
     """Run the event log on an embedded PostgreSQL (``--postgres``) instead of SQLite."""
+
+
+_T, _UI = DevOptions.temporal_port, DevOptions.ui_port
+DEV_EPILOG = f"""\
+ports, on 127.0.0.1 (one already in use is replaced by a free one):
+  Temporal gRPC  {_T} (--temporal-port)   Web UI  {_UI} (--ui-port, address printed)
+  SSE source     {DEMO_SOURCE_PORT} (--source-port)     redis   {REDIS_PORT} (its URL printed)
+
+environment:
+  TEMPORAL_ADDRESS  use this Temporal server instead of starting one (no Web UI then)
+  REDIS_URL         use this Redis when it answers, else start a redis-server
+  DATABASE_URL      event log (default: SQLite under --dir)
+  and every variable `durable-sse worker --help` lists (SSE_TASK_QUEUE, ...)"""
 
 
 @dataclass
@@ -169,7 +183,7 @@ async def start_redis(stack: DevStack, env: dict[str, str]) -> str:
         if _port_answers(parts.hostname or "127.0.0.1", parts.port or 6379):
             return url
         log.warning("REDIS_URL %s does not answer; starting an embedded redis-server", url)
-    port = free_port(6390)
+    port = free_port(REDIS_PORT)
     process = stack.spawn(
         "redis",
         [
@@ -318,13 +332,30 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="durable-sse dev", description="Run the demo stack on embedded defaults."
+        prog="durable-sse dev",
+        description="Run the demo stack on embedded defaults: a Temporal dev server with its\n"
+        "Web UI, a redis-server, SQLite, the demo SSE source and a worker, all on\n"
+        "127.0.0.1, then start the streams of the stream file. Ctrl-C stops what it started.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=DEV_EPILOG,
     )
     parser.add_argument("--dir", type=Path, default=DevOptions.state_dir, help="state directory")
     parser.add_argument("--config", type=Path, default=EXAMPLE_STREAMS, help="stream file")
-    parser.add_argument("--temporal-port", type=int, default=DevOptions.temporal_port)
-    parser.add_argument("--ui-port", type=int, default=DevOptions.ui_port)
-    parser.add_argument("--source-port", type=int, default=DevOptions.source_port)
+    parser.add_argument(
+        "--temporal-port",
+        type=int,
+        default=DevOptions.temporal_port,
+        help="Temporal gRPC port (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ui-port", type=int, default=DevOptions.ui_port, help="Web UI port (default %(default)s)"
+    )
+    parser.add_argument(
+        "--source-port",
+        type=int,
+        default=DevOptions.source_port,
+        help="demo SSE source port (default %(default)s)",
+    )
     parser.add_argument(
         "--postgres",
         action="store_true",

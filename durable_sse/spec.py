@@ -1,165 +1,660 @@
-"""Stream settings (``StreamSpec``), their validation, and the TOML stream file.
+"""Stream settings (``StreamSpec``) and the one place they are validated.
 
-``StreamSpec`` is the input of ``StreamWorkflow``; it must stay JSON-friendly so the
-plain Temporal CLI can start a stream with ``--input '{"name": …, "url": …}'``.
-Durations are seconds in the spec; the TOML file may also write ``"5m"``, ``"2h"``.
-Secrets never appear here: ``headers_from_env`` names environment variables.
+``StreamSpec`` is the input of ``StreamWorkflow``: a plain dataclass of JSON-friendly
+values, so the plain Temporal CLI can start a stream with ``--input '{"name": …,
+"url": …}'`` and Temporal's default data converter encodes and decodes it without
+ever running a validator (a converter that raised would fail the workflow task
+forever). The constraints live on the fields themselves (``Annotated``); a strict
+pydantic dataclass derived from this class applies them, through :func:`parse_spec`,
+to TOML tables, workflow input and specs built in Python alike. Every refusal is one
+:class:`ConfigError` line naming the stream, the setting, the value and what was
+expected.
+
+Durations are seconds (a number) or a string such as ``"250ms"``, ``"5m"``, ``"2h"``,
+in TOML and workflow input alike: the string form cannot be misread, so accepting it
+everywhere costs nothing. Secrets never appear here: ``headers_from_env`` and
+``query_from_env`` name environment variables of the worker, never the worker's own
+configuration (:func:`is_worker_variable`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import re
 import tomllib
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+import httpx
+import pydantic
+import re2
+from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic_core import PydanticCustomError
 
 from durable_sse.errors import ConfigError
+from durable_sse.http import redact_url
 from durable_sse.ids import IdOrder
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
-HEADER_NAME_PATTERN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
-ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+if TYPE_CHECKING:
+    from durable_sse.contracts import ReplaySignal
 
-DEFAULT_MAX_LINE_BYTES = 1024 * 1024
+KiB = 1024
+MiB = 1024 * KiB
+MINUTE = 60.0
+HOUR = 3600.0
+DAY = 86400.0
+
+DEFAULT_MAX_LINE_BYTES = 1 * MiB
+DEFAULT_MAX_EVENT_BYTES = 8 * MiB
+DEFAULT_MAX_ID_BYTES = 1024
+MAX_ID_BYTES_LIMIT = 2048
+"""PostgreSQL refuses b-tree entries over ~2.7 KB; the event key also holds the stream
+name and an ordinal, so an id (and ``max_id_bytes``) stops well short of that."""
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
+PARAM_PATTERN = re.compile(r"[A-Za-z0-9_.~-]{1,128}\Z")
+HEADER_NAME_PATTERN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}\Z")
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+MAX_URL_LENGTH = 4096
+MAX_LIST_ITEMS = 64
+MAX_TABLE_ITEMS = 32
+MAX_PATTERN_LENGTH = 1000
+
+RESERVED_HEADERS = frozenset(
+    "accept cache-control last-event-id host content-length transfer-encoding connection "
+    "keep-alive upgrade te trailer".split()
+)
+"""Headers the reader sets itself (the cursor, SSE negotiation) or that only the HTTP
+client may set: a secret under one of these names would replace them."""
+
+WORKER_VARIABLES = frozenset(
+    "DATABASE_URL REDIS_URL PATH HOME USER LOGNAME SHELL PWD OLDPWD HOSTNAME TERM TMPDIR TMP "
+    "TEMP TZ LANG LANGUAGE VIRTUAL_ENV SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE "
+    "CURL_CA_BUNDLE HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY".split()
+)
+WORKER_VARIABLE_PREFIXES = (
+    "TEMPORAL_",
+    "DURABLE_SSE_",
+    "SSE_",
+    "REDIS_",
+    "PG",
+    "LC_",
+    "LD_",
+    "DYLD_",
+    "PYTHON",
+)
+"""The worker's own configuration (Temporal, the stores, the codec key, ``SSE_*``), the
+database and Redis client variables (``PGPASSWORD``, …) and the process environment
+(``PATH``, ``HOME``, proxies, loader and interpreter variables). A stream can never
+name one of these in ``headers_from_env``/``query_from_env``: whoever can start a
+workflow would otherwise have the worker send them to a host of their choosing."""
+
+
+def is_worker_variable(name: str) -> bool:
+    """True for a variable of the worker's own configuration or process (any case)."""
+    upper = name.upper()
+    return upper in WORKER_VARIABLES or upper.startswith(WORKER_VARIABLE_PREFIXES)
+
+
+# --- durations ---------------------------------------------------------------------------
+
+_DURATION = re.compile(r"\s*(\d{1,12}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)?\s*\Z")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": MINUTE, "h": HOUR, "d": DAY, None: 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number or a string such as ``"250ms"``, ``"45"``, ``"5m"``, ``"2h"``.
+
+    Raises ValueError for anything else: booleans, negative, infinite or NaN numbers.
+    Bounds are the caller's (each setting has its own).
+    """
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a duration")
+    if isinstance(value, int | float):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError("too large") from None
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    else:
+        raise ValueError(f"not a duration: {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"not a finite, non-negative duration: {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """``0.01`` -> ``"10ms"``, ``2592000`` -> ``"30d"``: the largest unit that is exact."""
+    for unit in ("d", "h", "m", "s", "ms"):
+        count = seconds / _UNIT_SECONDS[unit]
+        if count >= 1 and abs(count - round(count)) < 1e-9:
+            return f"{round(count)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _fail(reason: str) -> PydanticCustomError:
+    # The reason goes through the context: pydantic formats ``{…}`` in the template,
+    # and reasons quote user text (an RE2 error can contain ``{1001}``).
+    return PydanticCustomError("durable_sse", "{reason}", {"reason": reason})
+
+
+def seconds(low: float, high: float) -> PlainValidator:
+    """A duration setting between ``low`` and ``high`` seconds, inclusive."""
+    expected = (
+        f"expected a duration between {format_duration(low)} and {format_duration(high)} "
+        '(seconds, or a string like "250ms", "5m", "2h")'
+    )
+
+    def check(value: object) -> float:
+        try:
+            result = parse_duration(value)
+        except ValueError:
+            raise _fail(expected) from None
+        if not low <= result <= high:
+            raise _fail(expected)
+        return result
+
+    check.bounds = (low, high)  # type: ignore[attr-defined]
+    return PlainValidator(check)
+
+
+def count(low: int, high: int, *, unit: str = "") -> PlainValidator:
+    """An integer setting between ``low`` and ``high``, inclusive (never a bool or float)."""
+    expected = f"expected an integer between {low} and {high}{unit}"
+
+    def check(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _fail(expected)
+        return value
+
+    return PlainValidator(check)
+
+
+# --- text settings -------------------------------------------------------------------------
+
+
+def _check_name(value: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise _fail("expected a stream name: 1 to 64 of A-Z a-z 0-9 _ . -")
+    return value
+
+
+def _check_url(value: str) -> str:
+    expected = (
+        f"expected an http:// or https:// URL of at most {MAX_URL_LENGTH} characters, "
+        "with a host and no credentials (use headers_from_env or query_from_env)"
+    )
+    if len(value) > MAX_URL_LENGTH or any(c.isspace() or not c.isprintable() for c in value):
+        raise _fail(expected)
+    try:
+        parts = httpx.URL(value)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        raise _fail(expected) from None
+    if parts.scheme not in ("http", "https") or not parts.host or parts.userinfo:
+        raise _fail(expected)
+    if parts.port is not None and not 1 <= parts.port <= 65535:
+        raise _fail(expected)
+    return value
+
+
+def _check_param(value: str) -> str:
+    if not PARAM_PATTERN.match(value):
+        raise _fail("expected a plain query parameter name: 1 to 128 of A-Z a-z 0-9 _ . ~ -")
+    return value
+
+
+def _check_id_order(value: str) -> str:
+    if value not in {order.value for order in IdOrder}:
+        raise _fail("expected 'numeric', 'lexicographic' or 'natural'")
+    return value
+
+
+def check_drop_pattern(pattern: str) -> None:
+    """Raise ValueError unless RE2 compiles ``pattern`` the way the drop matcher will.
+
+    Stand-in until ``durable_sse.sse.drops`` offers ``compile_drop_pattern`` (its move
+    to RE2 is under way): then this delegates to it, so the check and the matcher
+    cannot disagree.
+    """
+    if not pattern or len(pattern) > MAX_PATTERN_LENGTH:
+        raise ValueError(f"expected a non-empty pattern of at most {MAX_PATTERN_LENGTH} characters")
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False
+    try:
+        re2.compile(pattern, options)
+    except re2.error as error:
+        reason = error.args[0] if error.args else "invalid"
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(f"expected an RE2 regular expression (RE2 says: {reason})") from None
+
+
+def _check_drop_pattern(value: str) -> str:
+    try:
+        check_drop_pattern(value)
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    return value
+
+
+def _check_event_type(value: str) -> str:
+    if not 1 <= len(value) <= 256 or any(c in value for c in "\r\n\0"):
+        raise _fail("expected an event type: 1 to 256 characters, no line breaks")
+    return value
+
+
+def _check_header_name(value: str) -> str:
+    if not HEADER_NAME_PATTERN.match(value):
+        raise _fail("expected an HTTP header name (a token of at most 128 characters)")
+    if value.lower() in RESERVED_HEADERS:
+        raise _fail("expected a header the reader does not set itself")
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not ENV_NAME_PATTERN.match(value):
+        raise _fail("expected an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    if is_worker_variable(value):
+        raise _fail(
+            "expected a variable that is not the worker's own configuration "
+            "(DATABASE_URL, REDIS_*, TEMPORAL_*, DURABLE_SSE_*, SSE_*, PG*, PATH, HOME, …)"
+        )
+    return value
+
+
+StreamName = Annotated[str, AfterValidator(_check_name)]
+HttpURL = Annotated[str, AfterValidator(_check_url)]
+ParamName = Annotated[str, AfterValidator(_check_param)]
+IdOrderName = Annotated[str, AfterValidator(_check_id_order)]
+DropPattern = Annotated[str, AfterValidator(_check_drop_pattern)]
+EventType = Annotated[str, AfterValidator(_check_event_type)]
+HeaderName = Annotated[str, AfterValidator(_check_header_name)]
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
 
 
 @dataclass
 class StreamSpec:
-    """One stream's settings. New fields always get defaults (history compatibility)."""
+    """One stream's settings. New fields always get defaults (history compatibility).
 
-    name: str
-    url: str
-    cursor_param: str | None = None
+    Bounds are on the annotations; :func:`parse_spec` applies them. Constructing a
+    StreamSpec directly checks nothing.
+    """
+
+    name: StreamName
+    url: HttpURL
+    cursor_param: ParamName | None = None
     """Send the cursor as this query parameter instead of the ``Last-Event-ID`` header."""
-    id_order: str = IdOrder.NATURAL.value
+    id_order: IdOrderName = IdOrder.NATURAL.value
     """``numeric``, ``lexicographic`` or ``natural`` (the default: right for integers
     and ``<time>-<seq>`` ids; ULIDs need ``lexicographic``)."""
-    replay_window: float = 600.0
-    """Seconds the server's history reaches back; the lagging id trails by this much."""
-    lagged_reconnect_interval: float = 60.0
-    drop_notice: list[str] | None = None
-    """Regexes matched (case-insensitively) against comment text; None = defaults;
+    replay_window: Annotated[float, seconds(1.0, 30 * DAY)] = 600.0
+    """Seconds the server's history reaches back; the lagging id trails by this much.
+    It is also the checkpoint schedule's interval: under a second it would fire
+    continuously; no server keeps a month of history for a reconnect."""
+    lagged_reconnect_interval: Annotated[float, seconds(0.01, 30 * DAY)] = 60.0
+    drop_notice: Annotated[list[DropPattern], Field(max_length=MAX_LIST_ITEMS)] | None = None
+    """RE2 patterns matched (case-insensitively) against comment text; None = defaults;
     an empty list disables comment drop notices."""
-    drop_event_types: list[str] = field(default_factory=list)
+    drop_event_types: Annotated[list[EventType], Field(max_length=MAX_LIST_ITEMS)] = field(
+        default_factory=list
+    )
     """Event types that announce drops (e.g. ``events_dropped``)."""
     mercure_last_event_id: bool = False
     """Treat a ``Mercure-Last-Event-ID`` response header unlike the cursor sent as a drop."""
     contiguous_ids: bool = False
     """Ids are consecutive integers: a hole in them is a drop signal."""
-    idle_timeout: float = 45.0
-    headers_from_env: dict[str, str] = field(default_factory=dict)
+    idle_timeout: Annotated[float, seconds(0.01, 30 * DAY)] = 45.0
+    headers_from_env: Annotated[dict[HeaderName, EnvName], Field(max_length=MAX_TABLE_ITEMS)] = (
+        field(default_factory=dict)
+    )
     """Header name -> name of an environment variable on the worker."""
-    query_from_env: dict[str, str] = field(default_factory=dict)
+    query_from_env: Annotated[dict[ParamName, EnvName], Field(max_length=MAX_TABLE_ITEMS)] = field(
+        default_factory=dict
+    )
     """Query parameter -> name of an environment variable on the worker, for servers that
     take a token in the URL: the token then never enters workflow input or history."""
-    batch_max_events: int = 1000
-    batch_max_delay: float = 0.05
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    max_connection_age: float = 3600.0
-    connect_timeout: float = 10.0
-
-
-DURATION_FIELDS = (
-    "replay_window",
-    "lagged_reconnect_interval",
-    "idle_timeout",
-    "batch_max_delay",
-    "max_connection_age",
-    "connect_timeout",
-)
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(value: Any, *, setting: str, stream: str | None = None) -> float:
-    """Seconds from a number or a string such as ``"250ms"``, ``"5m"``, ``"2h"``."""
-    if isinstance(value, bool):
-        raise ConfigError(_where(stream, setting, f"must be a duration, got {value!r}"))
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if match:
-            return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    raise ConfigError(
-        _where(stream, setting, f'must be a duration like 30, "30s", "5m", got {value!r}')
+    batch_max_events: Annotated[int, count(1, 100_000)] = 1000
+    batch_max_delay: Annotated[float, seconds(0.001, 60.0)] = 0.05
+    """Longest a received event waits for its batch: 1 ms is per-event commits already;
+    past a minute a "live" stream is not live."""
+    max_line_bytes: Annotated[int, count(1 * KiB, 64 * MiB, unit=" (bytes)")] = (
+        DEFAULT_MAX_LINE_BYTES
     )
+    max_connection_age: Annotated[float, seconds(1.0, 30 * DAY)] = 3600.0
+    connect_timeout: Annotated[float, seconds(0.01, 10 * MINUTE)] = 10.0
+    """Also bounds writes and the pool wait; a connect slower than minutes is a dead host."""
+    max_event_bytes: Annotated[int, count(1 * KiB, 256 * MiB, unit=" (bytes)")] = (
+        DEFAULT_MAX_EVENT_BYTES
+    )
+    """One event's data, all lines together: bounds a worker's memory per connection."""
+    max_id_bytes: Annotated[int, count(1, MAX_ID_BYTES_LIMIT, unit=" (bytes)")] = (
+        DEFAULT_MAX_ID_BYTES
+    )
+    """Longest event id (UTF-8 bytes) the event log takes (see MAX_ID_BYTES_LIMIT)."""
+    retention: Annotated[float, seconds(MINUTE, 36_500 * DAY)] | None = None
+    """Seconds events are kept (None = forever); at least ``replay_window``."""
 
 
-def validate_spec(spec: StreamSpec) -> StreamSpec:
-    """Raise :class:`ConfigError` naming the stream and the first invalid setting."""
-    if not isinstance(spec.name, str) or not NAME_PATTERN.match(spec.name):
-        raise ConfigError(f"stream {spec.name!r}: setting 'name' must match [A-Za-z0-9_.-]{{1,64}}")
+_CheckedSpec = pydantic.dataclasses.dataclass(config=ConfigDict(strict=True, extra="forbid"))(
+    StreamSpec
+)
+"""The strict pydantic twin of StreamSpec: a subclass, StreamSpec itself stays plain."""
 
-    def bad(setting: str, message: str) -> ConfigError:
-        return ConfigError(_where(spec.name, setting, message))
+SETTINGS = tuple(f.name for f in dataclasses.fields(StreamSpec))
 
-    if not isinstance(spec.url, str) or not re.match(r"https?://[^/\s]+", spec.url):
-        raise bad("url", "must be an http:// or https:// URL")
-    if spec.cursor_param is not None and not re.match(r"[A-Za-z0-9_.~-]+\Z", spec.cursor_param):
-        raise bad("cursor_param", "must be a plain query parameter name")
-    if spec.id_order not in {order.value for order in IdOrder}:
-        raise bad("id_order", f"must be numeric, lexicographic or natural, not {spec.id_order!r}")
-    for name in DURATION_FIELDS:
-        value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise bad(name, f"must be a positive number of seconds, got {value!r}")
-    if spec.drop_notice is not None:
-        for pattern in spec.drop_notice:
-            try:
-                re.compile(pattern)
-            except (re.error, TypeError) as error:
-                message = f"pattern {pattern!r} is not a valid regex: {error}"
-                raise bad("drop_notice", message) from None
-    for header, env_name in spec.headers_from_env.items():
-        if not HEADER_NAME_PATTERN.match(str(header)):
-            raise bad("headers_from_env", f"{header!r} is not a valid header name")
-        if not ENV_NAME_PATTERN.match(str(env_name)):
-            raise bad("headers_from_env", f"{env_name!r} is not an environment variable name")
-    for param, env_name in spec.query_from_env.items():
-        if not re.match(r"[A-Za-z0-9_.~-]+\Z", str(param)):
-            raise bad("query_from_env", f"{param!r} is not a plain query parameter name")
-        if not ENV_NAME_PATTERN.match(str(env_name)):
-            raise bad("query_from_env", f"{env_name!r} is not an environment variable name")
-    for name in ("batch_max_events", "max_line_bytes"):
-        value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad(name, f"must be a positive integer, got {value!r}")
+EXPECTED = {
+    "name": "expected a stream name: 1 to 64 of A-Z a-z 0-9 _ . -",
+    "url": "expected an http:// or https:// URL",
+    "cursor_param": "expected a query parameter name (a string)",
+    "id_order": "expected 'numeric', 'lexicographic' or 'natural'",
+    "drop_notice": f"expected a list of at most {MAX_LIST_ITEMS} RE2 patterns (strings)",
+    "drop_event_types": f"expected a list of at most {MAX_LIST_ITEMS} event types (strings)",
+    "mercure_last_event_id": "expected true or false",
+    "contiguous_ids": "expected true or false",
+    "headers_from_env": (
+        f"expected a table of at most {MAX_TABLE_ITEMS} header name = environment variable name"
+    ),
+    "query_from_env": (
+        f"expected a table of at most {MAX_TABLE_ITEMS} query parameter = environment variable name"
+    ),
+}
+"""What a setting takes, for errors pydantic words itself (wrong type, too many items)."""
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def parse_spec(value: object, *, source: str = "") -> StreamSpec:
+    """The validated StreamSpec for a TOML table, a JSON object or a StreamSpec.
+
+    Args:
+        value: a mapping of settings (TOML, workflow input) or a StreamSpec.
+        source: where it came from, prefixed to the message (``streams.toml``).
+
+    Raises:
+        ConfigError: one line naming the stream, the setting, the value and what was
+            expected (the first problem found, and how many more there are).
+    """
+    prefix = f"{source}: " if source else ""
+    if isinstance(value, StreamSpec):
+        data: dict[str, Any] = {name: getattr(value, name) for name in SETTINGS}
+    elif isinstance(value, Mapping):
+        data = dict(value)
+    else:
+        raise ConfigError(
+            f"{prefix}expected a table of stream settings (name, url, …), "
+            f"got {_show(value)} ({type(value).__name__})"
+        )
+    label = _stream_label(data.get("name"))
+    odd_keys = [key for key in data if not isinstance(key, str)]
+    if odd_keys:
+        raise ConfigError(
+            f"{prefix}{label}: setting {_show(odd_keys[0])}: expected a setting name (a string)"
+        )
+    # Unknown keys never reach the constructor: one named like its own parameter
+    # (``__dataclass_self__``) would raise a TypeError, not a validation error.
+    problems: list[Any] = [
+        {"type": "extra_forbidden", "loc": (key,), "input": data[key]}
+        for key in data
+        if key not in SETTINGS
+    ]
+    try:
+        checked = _CheckedSpec(**{key: data[key] for key in SETTINGS if key in data})
+    except ValidationError as error:
+        problems += error.errors(include_url=False)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"{prefix}{label}: {_describe(problems[0])}{more}")
+    spec = StreamSpec(**{name: getattr(checked, name) for name in SETTINGS})
+    problem = _check_together(spec)
+    if problem is not None:
+        raise ConfigError(f"{prefix}{label}: {problem}")
     return spec
 
 
-def spec_from_mapping(data: dict[str, Any], *, source: str = "stream") -> StreamSpec:
-    """Build and validate a spec from a TOML table or JSON object."""
-    name = data.get("name")
-    known = {f.name for f in dataclasses.fields(StreamSpec)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(_where(name, unknown[0], "is not a known stream setting"))
-    for required in ("name", "url"):
-        if required not in data:
-            raise ConfigError(_where(name, required, f"is required ({source})"))
-    values = dict(data)
-    for setting in DURATION_FIELDS:
-        if setting in values:
-            values[setting] = parse_duration(values[setting], setting=setting, stream=name)
-    return validate_spec(StreamSpec(**values))
+def validate_spec(spec: StreamSpec) -> StreamSpec:
+    """``parse_spec`` for a spec built in Python (same rules, same messages)."""
+    return parse_spec(spec)
+
+
+def spec_from_mapping(data: Mapping[str, Any], *, source: str = "") -> StreamSpec:
+    """``parse_spec`` for a TOML table or JSON object (kept for existing callers)."""
+    return parse_spec(data, source=source)
+
+
+def _check_together(spec: StreamSpec) -> str | None:
+    """Rules between settings; None when they agree."""
+    if spec.retention is not None and spec.retention < spec.replay_window:
+        return (
+            f"setting 'retention' = {_display('retention', spec.retention)}: expected at least "
+            f"replay_window ({format_duration(spec.replay_window)}): rows the replay window "
+            "can re-deliver are never deleted"
+        )
+    if spec.cursor_param is not None and spec.cursor_param in spec.query_from_env:
+        return (
+            f"setting 'query_from_env.{spec.cursor_param}' = "
+            f"{_show(spec.query_from_env[spec.cursor_param])}: expected a parameter other "
+            f"than cursor_param ({spec.cursor_param!r})"
+        )
+    seen: dict[str, str] = {}
+    for header in spec.headers_from_env:
+        if header.lower() in seen:
+            return (
+                f"setting 'headers_from_env.{header}': expected each header once "
+                f"(also given as {seen[header.lower()]!r})"
+            )
+        seen[header.lower()] = header
+    return None
+
+
+def _describe(problem: Mapping[str, Any]) -> str:
+    """One pydantic error as ``setting 'x' = value: expected …``."""
+    loc = tuple(problem["loc"])
+    kind = problem["type"]
+    setting = str(loc[0]) if loc else "?"
+    path = setting + "".join(
+        f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:] if part != "[key]"
+    )
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(setting, SETTINGS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"setting {path!r} = {_show(problem['input'])}: not a stream setting{hint}"
+    if kind in ("missing", "missing_argument"):
+        return f"setting {path!r} is missing: {EXPECTED.get(setting, 'required')}"
+    if kind == "durable_sse":
+        expected = problem["ctx"]["reason"]
+    else:
+        expected = EXPECTED.get(setting, problem["msg"])
+    return f"setting {path!r} = {_show(problem['input'], url=setting == 'url')}: {expected}"
+
+
+def _stream_label(name: object) -> str:
+    if isinstance(name, str) and name:
+        return f"stream {_show(name)}"
+    return "stream (unnamed)"
+
+
+def _show(value: object, *, url: bool = False, limit: int = 80) -> str:
+    """A value for a one-line message: repr (escapes line breaks), URLs redacted, cut."""
+    if url and isinstance(value, str):
+        try:
+            value = redact_url(value)
+        except ValueError:
+            value = re.sub(r"[?#].*", "", value)
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- the replay signal ---------------------------------------------------------------------
+
+
+def _check_from_id(value: str) -> str:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate from JSON: no header can carry it
+        raise _fail("expected an event id of valid Unicode text") from None
+    if not value or size > MAX_ID_BYTES_LIMIT:
+        raise _fail(f"expected a non-empty event id of at most {MAX_ID_BYTES_LIMIT} bytes")
+    if any(c in value for c in "\r\n\0"):
+        raise _fail("expected an event id without line breaks or NUL (an SSE id cannot hold them)")
+    return value
+
+
+def _check_since(value: str) -> str:
+    expected = (
+        "expected an ISO 8601 time with Z or a UTC offset, e.g. 2026-05-01T12:00:00Z "
+        "(no time zone is assumed)"
+    )
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise _fail(expected) from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise _fail(expected)
+    return moment.isoformat()
+
+
+class _ReplayPayload(pydantic.BaseModel):
+    """The ``replay`` signal's payload (``contracts.ReplaySignal`` is its wire form)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    from_id: Annotated[str, AfterValidator(_check_from_id)] | None = None
+    since: Annotated[str, AfterValidator(_check_since)] | None = None
+
+
+def parse_replay_signal(value: object, *, stream: str | None = None) -> ReplaySignal:
+    """The validated ``replay`` payload: None/``{}`` = lagged route, else from_id or since.
+
+    ``since`` must carry Z or an offset (a guessed zone could replay less than asked)
+    and comes back normalised (``2026-05-01T12:00:00+00:00``).
+
+    Raises:
+        ConfigError: one line naming the stream (when given), the field, the value and
+            what was expected.
+    """
+    from durable_sse.contracts import ReplaySignal  # contracts imports this module
+
+    prefix = f"stream {_show(stream)}: " if stream else ""
+    if value is None:
+        return ReplaySignal()
+    if isinstance(value, ReplaySignal):
+        data: dict[Any, Any] = {"from_id": value.from_id, "since": value.since}
+    elif isinstance(value, Mapping):
+        data = dict(value)
+    else:
+        raise ConfigError(
+            f"{prefix}replay payload = {_show(value)}: expected nothing (lagged route), "
+            '{"from_id": ID} or {"since": ISO time}'
+        )
+    try:
+        payload = _ReplayPayload.model_validate(data)
+    except ValidationError as error:
+        problem = error.errors(include_url=False)[0]
+        loc = problem["loc"]
+        key = str(loc[0]) if loc else "?"
+        if problem["type"] == "extra_forbidden":
+            expected = "expected only from_id or since"
+        elif problem["type"] == "durable_sse":
+            expected = problem["ctx"]["reason"]
+        else:
+            expected = "expected a string"
+        raise ConfigError(
+            f"{prefix}replay {key!r} = {_show(problem['input'])}: {expected}"
+        ) from None
+    if payload.from_id is not None and payload.since is not None:
+        raise ConfigError(f"{prefix}replay: expected from_id or since, not both")
+    return ReplaySignal(from_id=payload.from_id, since=payload.since)
+
+
+# --- comparing a running spec with a declared one -----------------------------------------
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """One setting that differs between the running spec and the declared one."""
+
+    setting: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        old, new = _display(self.setting, self.old), _display(self.setting, self.new)
+        return f"{self.setting} {old} → {new}"
+
+
+def spec_differences(running: StreamSpec, declared: StreamSpec) -> list[SettingChange]:
+    """Settings whose values differ, in declaration order (names only for secrets:
+    ``*_from_env`` values are variable names, URLs are shown redacted)."""
+    return [
+        SettingChange(name, getattr(running, name), getattr(declared, name))
+        for name in SETTINGS
+        if getattr(running, name) != getattr(declared, name)
+    ]
+
+
+def _duration_bounds() -> dict[str, tuple[float, float]]:
+    hints = typing.get_type_hints(StreamSpec, include_extras=True)
+    bounds = {}
+    for name, hint in hints.items():
+        for arg in (hint, *typing.get_args(hint)):
+            for meta in getattr(arg, "__metadata__", ()):
+                found = getattr(getattr(meta, "func", None), "bounds", None)
+                if found is not None:
+                    bounds[name] = found
+    return bounds
+
+
+DURATION_BOUNDS = _duration_bounds()
+"""Duration setting -> (lowest, highest) seconds, read off the annotations."""
+
+
+def _display(setting: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if setting in DURATION_BOUNDS and isinstance(value, int | float):
+        return format_duration(float(value))
+    return _show(value, url=setting == "url")
+
+
+# --- the TOML stream file ------------------------------------------------------------------
 
 
 def load_streams(path: str | Path) -> list[StreamSpec]:
-    """Read ``[[stream]]`` tables from a TOML file; errors name the line or the setting."""
+    """Read and validate the ``[[stream]]`` tables of a TOML file.
+
+    An unreadable or malformed file, an unknown top-level key, a file that declares no
+    stream, a bad setting or a name declared twice: one ConfigError line each.
+    """
     path = Path(path)
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    unknown = sorted(key for key in document if key != "stream")
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}: expected [[stream]] tables only")
     tables = document.get("stream", [])
-    if not isinstance(tables, list):
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"{path}: 'stream' must be an array of tables ([[stream]])")
-    specs = [spec_from_mapping(table, source=str(path)) for table in tables]
+    if not tables:
+        raise ConfigError(f"no streams declared in {path}")
+    specs = [
+        parse_spec(table, source=f"{path} [[stream]] #{number}")
+        for number, table in enumerate(tables, start=1)
+    ]
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
@@ -168,6 +663,20 @@ def load_streams(path: str | Path) -> list[StreamSpec]:
     return specs
 
 
-def _where(stream: str | None, setting: str, message: str) -> str:
-    prefix = f"stream {stream!r}: " if stream else ""
-    return f"{prefix}setting {setting!r} {message}"
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "DEFAULT_MAX_ID_BYTES",
+    "DEFAULT_MAX_LINE_BYTES",
+    "SettingChange",
+    "StreamSpec",
+    "check_drop_pattern",
+    "format_duration",
+    "is_worker_variable",
+    "load_streams",
+    "parse_duration",
+    "parse_replay_signal",
+    "parse_spec",
+    "spec_differences",
+    "spec_from_mapping",
+    "validate_spec",
+]

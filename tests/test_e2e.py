@@ -325,8 +325,10 @@ async def test_cli_start_status_replay_stop_and_error_lines(
         assert done.returncode == 0, done.stderr
         assert f"{name}: {command[0]} sent" in done.stdout
 
-    def one_error_line(done: subprocess.CompletedProcess[str], pattern: str) -> None:
-        assert done.returncode == 1, done
+    def one_error_line(
+        done: subprocess.CompletedProcess[str], pattern: str, *, code: int = 1
+    ) -> None:
+        assert done.returncode == code, done
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and re.search(pattern, lines[0]), done.stderr
 
@@ -340,10 +342,13 @@ async def test_cli_start_status_replay_stop_and_error_lines(
     )
     bad = tmp_path / "bad.toml"
     bad.write_text('[[stream]]\nname = "x"\nurl = \n')
-    one_error_line(await asyncio.to_thread(cli, "start", "--config", str(bad), env=env), "line 3")
+    one_error_line(
+        await asyncio.to_thread(cli, "start", "--config", str(bad), env=env), "line 3", code=2
+    )
     one_error_line(
         await asyncio.to_thread(cli, "start", "--config", str(config), "nope", env=env),
         "no stream named 'nope'",
+        code=2,
     )
 
 
@@ -429,16 +434,16 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     header_secret, query_secret = "hdr-" + uuid.uuid4().hex, "qry-" + uuid.uuid4().hex
-    os.environ["SSE_E2E_HEADER"] = f"Bearer {header_secret}"
-    os.environ["SSE_E2E_QUERY"] = query_secret
+    os.environ["E2E_HEADER_TOKEN"] = f"Bearer {header_secret}"
+    os.environ["E2E_QUERY_TOKEN"] = query_secret
     caplog.set_level(logging.DEBUG)
     name = "secret-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=100, keepalive=1, retry_ms=None))
     spec = StreamSpec(
         name=name,
         url=source.url(name),
-        headers_from_env={"Authorization": "SSE_E2E_HEADER"},
-        query_from_env={"access_token": "SSE_E2E_QUERY"},
+        headers_from_env={"Authorization": "E2E_HEADER_TOKEN"},
+        query_from_env={"access_token": "E2E_QUERY_TOKEN"},
         connect_timeout=2,
     )
     handle = await start(temporal.client, spec)

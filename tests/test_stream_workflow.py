@@ -167,6 +167,7 @@ async def run_stream(
     spec: StreamSpec | None = None,
     state: StreamState | None = None,
     raw_input: dict[str, Any] | None = None,
+    raw_args: list[Any] | None = None,
     during: Callable[[WorkflowHandle], Awaitable[None]] | None = None,
 ) -> Run:
     """Run a stream workflow over a script until it stops; return its final status."""
@@ -192,6 +193,8 @@ async def run_stream(
         args: list[Any] = [spec] if state is None else [spec, state]
         if raw_input is not None:
             args = [raw_input]  # what `temporal workflow start --input '{…}'` sends
+        if raw_args is not None:
+            args = raw_args
         handle = await env.client.start_workflow(
             "StreamWorkflow",
             args=args,
@@ -633,4 +636,88 @@ async def test_replay_since_that_is_not_a_time_is_ignored_loudly(
     run = await run_stream(env, event_log, steps, spec=spec)
     assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LIVE]
     assert "yesterday" in (run.status.last_error or "")
+    assert run.status.counters.lagged_replays == 0
+
+
+BAD_INPUTS = [
+    (
+        {"replay_window": "99999999999d"},
+        "setting 'replay_window' = '99999999999d': expected a duration between 1s and 30d",
+    ),
+    ({"replay_window": float("inf")}, "setting 'replay_window' = inf: expected a duration"),
+    ({"headers_from_env": "TOKEN"}, "setting 'headers_from_env' = 'TOKEN': expected a table"),
+    ({"headers_from_env": {"X": "DATABASE_URL"}}, "'headers_from_env.X' = 'DATABASE_URL'"),
+    ({"drop_notice": "dropping"}, "setting 'drop_notice' = 'dropping': expected a list"),
+    ({"mercure_last_event_id": "no"}, "'mercure_last_event_id' = 'no': expected true or false"),
+    ({"name": None}, "stream (unnamed): setting 'name' is missing"),
+]
+
+
+@pytest.mark.parametrize(("changes", "fragment"), BAD_INPUTS)
+@pytest.mark.parametrize("arity", [1, 2])
+async def test_bad_json_input_parks_with_one_line_and_stop_ends_it(
+    env: WorkflowEnvironment,
+    event_log: EventLog,
+    changes: dict[str, Any],
+    fragment: str,
+    arity: int,
+) -> None:
+    """One argument (the plain Temporal CLI) or two (typed parameters applied by the SDK):
+    the input is never validated by the data converter, so a bad one parks the stream
+    instead of failing workflow tasks forever; nothing runs, and stop ends it."""
+    seen: list[StreamStatus] = []
+
+    async def stop_when_parked(handle: WorkflowHandle) -> None:
+        seen.append(await wait_for(handle, lambda s: s.state == "parked"))
+        await handle.signal(StreamWorkflow.stop)
+
+    spec = new_spec()
+    raw = {"name": spec.name, "url": spec.url, **changes}
+    raw = {key: value for key, value in raw.items() if value is not None}
+    run = await run_stream(
+        env,
+        event_log,
+        [],
+        spec=spec,
+        raw_args=[raw] if arity == 1 else [raw, None],
+        during=stop_when_parked,
+    )
+    error = seen[0].last_error or ""
+    assert error.startswith("workflow input: stream ") and fragment in error
+    assert "\n" not in error
+    assert run.script.inputs == [] and run.schedules.ensured == [] and run.schedules.deleted == []
+    assert run.status.state == "stopped"
+
+
+BAD_REPLAYS = [
+    ({"from_id": ""}, "replay 'from_id' = '': expected a non-empty event id"),
+    ({"since": "yesterday"}, "replay 'since' = 'yesterday': expected an ISO 8601 time"),
+    ({"since": "2026-05-01T12:00:00"}, "no time zone is assumed"),
+    ({"form_id": "3"}, "replay 'form_id' = '3': expected only from_id or since"),
+    ({"from_id": 3}, "replay 'from_id' = 3: expected a string"),
+    ("yesterday", "replay payload = 'yesterday': expected nothing"),
+]
+
+
+async def test_bad_replay_payloads_are_refused_with_a_reason(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    spec = new_spec()
+    reasons: list[str] = []
+
+    async def send_bad_replays(handle: WorkflowHandle) -> None:
+        await wait_for(handle, lambda s: s.state == "reading")
+        previous: str | None = None
+        for payload, _ in BAD_REPLAYS:  # each refusal reads differently from the last
+            await handle.signal("replay", payload)
+            status = await wait_for(handle, lambda s, before=previous: s.last_error != before)
+            previous = status.last_error
+            reasons.append(previous or "")
+        await handle.signal(StreamWorkflow.stop)
+
+    run = await run_stream(env, event_log, [Step(hold=True)], spec=spec, during=send_bad_replays)
+    for reason, (_, fragment) in zip(reasons, BAD_REPLAYS, strict=True):
+        assert reason.startswith(f"replay ignored: stream '{spec.name}': "), reason
+        assert fragment in reason and "\n" not in reason
+    assert routes(run) == [(Route.LIVE, None)]  # no replay started
     assert run.status.counters.lagged_replays == 0

@@ -36,8 +36,9 @@ with workflow.unsafe.imports_passed_through():
         StreamStatus,
     )
     from durable_sse.errors import ConfigError
+    from durable_sse.legacy_spec import pre_strict_spec
     from durable_sse.metrics import WorkflowMetrics
-    from durable_sse.spec import StreamSpec, spec_from_mapping, validate_spec
+    from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
     from workflows.routes import (
         HOLD_PARKED,
         ConnectionPlan,
@@ -73,7 +74,7 @@ STORE_RETRY = RetryPolicy(
 @workflow.defn
 class StreamWorkflow:
     @workflow.init
-    def __init__(self, spec: StreamSpec, state: StreamState | None = None) -> None:
+    def __init__(self, spec: Any, state: StreamState | None = None) -> None:
         self._spec, self._spec_error = _coerce_spec(spec)
         if isinstance(state, dict):
             state = value_to_type(StreamState, state)
@@ -84,13 +85,12 @@ class StreamWorkflow:
         self._invalid = False
 
     @workflow.run
-    async def run(self, spec: StreamSpec, state: StreamState | None = None) -> StreamStatus:
+    async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
         s = self._state
         spec = self._spec
         try:
             if self._spec_error is not None:
                 raise self._spec_error
-            validate_spec(spec)
         except ConfigError as error:
             self._invalid = True
             s.hold = HOLD_PARKED
@@ -150,19 +150,20 @@ class StreamWorkflow:
     # --- signals and query -------------------------------------------------------------
 
     @workflow.signal
-    def replay(self, signal: ReplaySignal | None = None) -> None:
-        """Re-read: nothing = lagged route; ``from_id`` or ``since`` = from there."""
-        signal = signal if signal is not None else ReplaySignal()
-        from_id, since = signal.from_id or None, signal.since or None
-        if from_id is None and since is not None:
-            try:
-                datetime.fromisoformat(since.replace("Z", "+00:00"))
-            except ValueError:
-                self._state.last_error = f"replay ignored: since {since!r} is not an ISO time"
-                workflow.logger.warning(self._state.last_error)
-                self._publish()
-                return
-        self._state.pending_replay = ReplaySignal(from_id=from_id, since=since)
+    def replay(self, signal: Any = None) -> None:
+        """Re-read: nothing = lagged route; ``from_id`` or ``since`` = from there.
+
+        The payload arrives raw and is validated here: a bad one is refused with its
+        reason in ``last_error``, never dropped unseen by the data converter.
+        """
+        try:
+            request = parse_replay_signal(signal, stream=self._spec.name)
+        except ConfigError as error:
+            self._state.last_error = f"replay ignored: {error}"
+            workflow.logger.warning(self._state.last_error)
+            self._publish()
+            return
+        self._state.pending_replay = request
         workflow.logger.info("replay requested: %s", self._state.pending_replay)
         self._publish()
 
@@ -447,21 +448,26 @@ class StreamWorkflow:
         workflow.set_current_details("\n\n".join(lines))
 
 
-def _coerce_spec(spec: StreamSpec | dict) -> tuple[StreamSpec, ConfigError | None]:
-    """The spec, also when it arrives as a plain JSON object.
+STRICT_SPEC_PATCH = "strict-spec"
 
-    Temporal only applies the parameter types when the argument count matches, so a start
-    with just the spec (``temporal workflow start --input '{"name": …, "url": …}'``)
-    delivers a dict. It is read like a TOML table (unknown keys and ``"5m"`` durations
-    included); an unusable one parks the stream with the ConfigError.
+
+def _coerce_spec(spec: object) -> tuple[StreamSpec, ConfigError | None]:
+    """The validated spec, or a placeholder and the one-line reason to park with.
+
+    The input arrives raw (``spec`` is typed ``Any``): a dict from the plain Temporal
+    CLI, from a client or from continue-as-new. ``parse_spec`` is its only validator and
+    runs here, in workflow code, because a data converter that raised on a bad input
+    would fail the workflow task forever instead of parking the stream.
     """
-    if isinstance(spec, StreamSpec):
-        return spec, None
-    if not isinstance(spec, dict):
-        placeholder = StreamSpec(name="?", url="")
-        return placeholder, ConfigError(f"workflow input must be a stream spec, got {spec!r}")
     try:
-        return spec_from_mapping(spec, source="workflow input"), None
+        return parse_spec(spec, source="workflow input"), None
     except ConfigError as error:
-        placeholder = StreamSpec(name=str(spec.get("name", "?")), url=str(spec.get("url", "")))
+        if not workflow.patched(STRICT_SPEC_PATCH):
+            # Replaying a run started before strict validation: decide as it did.
+            try:
+                return pre_strict_spec(spec), None
+            except ConfigError:
+                pass
+        name = spec.get("name") if isinstance(spec, dict) else None
+        placeholder = StreamSpec(name=name if isinstance(name, str) else "?", url="")
         return placeholder, error
