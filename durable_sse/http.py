@@ -11,9 +11,13 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from durable_sse.errors import ConfigError
+
+if TYPE_CHECKING:
+    from durable_sse.secrets import DeclaredSecrets
 
 MAX_RETRY_AFTER = 300.0
 """A server cannot make us wait longer than this per Retry-After (seconds)."""
@@ -85,31 +89,11 @@ def with_query(url: str, values: Mapping[str, str]) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-def secrets_from_env(
-    names: Mapping[str, str], environ: Mapping[str, str], *, stream: str, setting: str
-) -> dict[str, str]:
-    """Resolve ``name -> variable`` to ``name -> value`` inside the worker.
-
-    A missing variable is a ConfigError naming the stream, the setting and the variable,
-    never a value.
-    """
-    values = {}
-    for name, variable in names.items():
-        value = environ.get(variable)
-        if value is None:
-            raise ConfigError(
-                f"stream {stream!r}: setting {setting!r} needs environment variable "
-                f"{variable} for {name}, and it is not set on this worker"
-            )
-        values[name] = value
-    return values
-
-
 def query_secrets(
-    query_from_env: Mapping[str, str], environ: Mapping[str, str], *, stream: str
+    query_from_env: Mapping[str, str], secrets: DeclaredSecrets, *, url: str, stream: str
 ) -> dict[str, str]:
-    """Query parameters whose values are secrets, read from the worker's environment."""
-    return secrets_from_env(query_from_env, environ, stream=stream, setting="query_from_env")
+    """Query parameters whose values are secrets the worker declares for ``url``'s host."""
+    return secrets.resolve(query_from_env, url=url, stream=stream, setting="query_from_env")
 
 
 def parse_allowed_hosts(value: str | None) -> tuple[str, ...] | None:
@@ -142,15 +126,17 @@ def request_headers(
     cursor: str | None,
     cursor_param: str | None,
     headers_from_env: Mapping[str, str],
-    environ: Mapping[str, str],
+    secrets: DeclaredSecrets,
+    url: str,
     stream: str,
 ) -> dict[str, str]:
-    """Headers for one connection; secrets are read here, inside the worker."""
+    """Headers for one connection to ``url``; secrets are resolved here, inside the worker,
+    for that URL's host only."""
     headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
     if cursor is not None and cursor_param is None:
         headers["Last-Event-ID"] = cursor
     headers.update(
-        secrets_from_env(headers_from_env, environ, stream=stream, setting="headers_from_env")
+        secrets.resolve(headers_from_env, url=url, stream=stream, setting="headers_from_env")
     )
     return headers
 

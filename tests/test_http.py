@@ -24,6 +24,13 @@ from durable_sse.http import (
     with_query,
 )
 from durable_sse.logs import install_redaction
+from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
+
+NONE_DECLARED = DeclaredSecrets()
+
+
+def declared(value: str, environ: dict[str, str]) -> DeclaredSecrets:
+    return DeclaredSecrets(parse_secret_bindings(value), environ=environ)
 
 
 @pytest.mark.parametrize(
@@ -60,14 +67,11 @@ def test_retry_after_seconds_date_and_cap() -> None:
 
 
 def test_cursor_goes_to_header_or_query() -> None:
-    headers = request_headers(
-        cursor="41", cursor_param=None, headers_from_env={}, environ={}, stream="s"
-    )
+    plain = {"headers_from_env": {}, "secrets": NONE_DECLARED, "url": "http://h/s", "stream": "s"}
+    headers = request_headers(cursor="41", cursor_param=None, **plain)
     assert headers["Last-Event-ID"] == "41"
     assert headers["Accept"] == "text/event-stream"
-    headers = request_headers(
-        cursor="41", cursor_param="since", headers_from_env={}, environ={}, stream="s"
-    )
+    headers = request_headers(cursor="41", cursor_param="since", **plain)
     assert "Last-Event-ID" not in headers
     assert with_cursor("http://h/s?a=1&since=3", "since", "41") == "http://h/s?a=1&since=41"
     assert with_cursor("http://h/s", "since", None) == "http://h/s"
@@ -79,7 +83,8 @@ def test_secret_header_read_from_environment_and_missing_variable_named() -> Non
         cursor=None,
         cursor_param=None,
         headers_from_env={"Authorization": "TOKEN_VAR"},
-        environ={"TOKEN_VAR": "Bearer s3cret"},
+        secrets=declared("TOKEN_VAR@h.example", {"TOKEN_VAR": "Bearer s3cret"}),
+        url="https://h.example/s",
         stream="s",
     )
     assert headers["Authorization"] == "Bearer s3cret"
@@ -88,7 +93,8 @@ def test_secret_header_read_from_environment_and_missing_variable_named() -> Non
             cursor=None,
             cursor_param=None,
             headers_from_env={"Authorization": "TOKEN_VAR"},
-            environ={},
+            secrets=declared("TOKEN_VAR@h.example", {}),
+            url="https://h.example/s",
             stream="s",
         )
     assert "TOKEN_VAR" in str(raised.value) and "'s'" in str(raised.value)
@@ -123,12 +129,13 @@ def test_allowlist_matches_hosts_and_subdomains_only() -> None:
 
 
 def test_query_secrets_come_from_the_environment_and_are_redacted() -> None:
-    secrets = query_secrets({"k": "SSE_KEY"}, {"SSE_KEY": "s3cret"}, stream="s")
+    store = declared("API_KEY@h", {"API_KEY": "s3cret"})
+    secrets = query_secrets({"k": "API_KEY"}, store, url="http://h/s", stream="s")
     url = with_query("http://h/s?cursor=5", secrets)
     assert url == "http://h/s?cursor=5&k=s3cret"
     assert "s3cret" not in redact_url(url, frozenset({"k"}))
-    with pytest.raises(ConfigError, match="SSE_KEY"):
-        query_secrets({"k": "SSE_KEY"}, {}, stream="s")
+    with pytest.raises(ConfigError, match="API_KEY"):
+        query_secrets({"k": "API_KEY"}, declared("API_KEY@h", {}), url="http://h/s", stream="s")
 
 
 def test_http_library_log_lines_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
