@@ -1,9 +1,10 @@
 """The durable-sse worker: the composition root.
 
-Builds every client once (Temporal, the event log, Redis, HTTP), waits for its
-dependencies with a bounded retry and a message naming what it waits for, runs both
-workflows and all activities on one task queue, and shuts down gracefully on
-SIGINT/SIGTERM: running connections are cancelled, flush their batch, and return.
+Builds every client once (Temporal, the event log, Redis, HTTP) and the declared secrets
+(``SSE_SECRETS``), waits for its dependencies with a bounded retry and a message naming
+what it waits for, runs both workflows and all activities on one task queue, and shuts
+down gracefully on SIGINT/SIGTERM: running connections are cancelled, flush their batch,
+and return.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from activities.checkpoint import CheckpointActivities
 from activities.read import StreamReader
 from activities.schedule import ScheduleActivities
 from durable_sse.codec import data_converter_from_env
+from durable_sse.errors import ConfigError
 from durable_sse.eventlog import EventLog
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 from durable_sse.logs import configure_logging
 from durable_sse.metrics import prometheus_runtime, redis_failures_counter
+from durable_sse.secrets import DeclaredSecrets
 from durable_sse.settings import Settings
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamWorkflow
@@ -80,13 +83,16 @@ def build_worker(
     *,
     task_queue: str,
     allowed_hosts: tuple[str, ...] | None = None,
+    secrets: DeclaredSecrets | None = None,
     **options: Any,
 ) -> Worker:
+    """The worker; without ``secrets`` no stream may name any secret."""
     reader = StreamReader(
         http=resources.http,
         event_log=resources.event_log,
         l1=resources.l1,
         l2=resources.l2,
+        secrets=secrets,
         allowed_hosts=allowed_hosts,
     )
     activities = [
@@ -131,16 +137,34 @@ async def wait_for(what: str, attempt: Callable[[], Awaitable[Any]], *, timeout:
 async def connect_client(
     settings: Settings, *, runtime: Runtime | None = None, timeout: float = DEPENDENCY_WAIT
 ) -> Client:
+    # Built once, outside the retry: a bad payload key is a configuration error, not
+    # something to wait out.
+    data_converter = data_converter_from_env()
     return await wait_for(
         f"Temporal at {settings.temporal_address}",
         lambda: Client.connect(
             settings.temporal_address,
             namespace=settings.temporal_namespace,
-            data_converter=data_converter_from_env(),
+            data_converter=data_converter,
             runtime=runtime,
         ),
         timeout=timeout,
     )
+
+
+def log_security_posture(settings: Settings, secrets: DeclaredSecrets) -> None:
+    """Say at start what streams may reach: hosts, and which secret goes where (names)."""
+    if settings.allowed_hosts is None:
+        log.warning(
+            "SSE_ALLOWED_HOSTS is unset: anyone who can start workflows on task queue %s "
+            "can make this worker connect to any host (a development default; set it in "
+            "production)",
+            settings.task_queue,
+        )
+    if secrets.bindings:
+        log.info("secrets streams may name: %s", ", ".join(map(str, secrets.bindings)))
+    for name in secrets.unset():
+        log.warning("SSE_SECRETS declares %s but it is not set on this worker", name)
 
 
 async def report_redis_failures(resources: WorkerResources, runtime: Runtime) -> None:
@@ -164,12 +188,18 @@ async def run_worker(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+    secrets = DeclaredSecrets.from_settings(settings)
+    log_security_posture(settings, secrets)
     runtime = prometheus_runtime(settings.metrics_port) if settings.metrics_port else None
     client = await connect_client(settings, runtime=runtime)
     resources = WorkerResources.from_settings(settings)
     await wait_for("the database", resources.event_log.create_schema, timeout=DEPENDENCY_WAIT)
     worker = build_worker(
-        client, resources, task_queue=settings.task_queue, allowed_hosts=settings.allowed_hosts
+        client,
+        resources,
+        task_queue=settings.task_queue,
+        allowed_hosts=settings.allowed_hosts,
+        secrets=secrets,
     )
     log.info("worker polling task queue %s at %s", settings.task_queue, settings.temporal_address)
     reporter = asyncio.create_task(report_redis_failures(resources, runtime)) if runtime else None
@@ -187,7 +217,10 @@ async def run_worker(
 
 def main(*, log_format: str = "plain") -> None:
     configure_logging(log_format)
-    asyncio.run(run_worker(Settings.from_env()))
+    try:
+        asyncio.run(run_worker(Settings.from_env()))
+    except ConfigError as error:
+        raise SystemExit(f"durable-sse worker: {error}") from None
 
 
 if __name__ == "__main__":

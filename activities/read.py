@@ -17,10 +17,9 @@ Events enter the system here, so this module is both exact and fast:
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -53,6 +52,7 @@ from durable_sse.l2 import RedisCursors
 from durable_sse.logs import install_redaction
 from durable_sse.metrics import ReaderMetrics
 from durable_sse.resolve import CursorResolver
+from durable_sse.secrets import DeclaredSecrets
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import Comment, Event, SSEDecoder
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
@@ -94,7 +94,7 @@ class StreamReader:
         event_log: EventLog,
         l1: LocalCursors,
         l2: RedisCursors,
-        environ: Mapping[str, str] | None = None,
+        secrets: DeclaredSecrets | None = None,
         allowed_hosts: tuple[str, ...] | None = None,
     ) -> None:
         install_redaction()
@@ -104,7 +104,7 @@ class StreamReader:
         self.l1 = l1
         self.l2 = l2
         self.resolver = CursorResolver(l1, l2, event_log)
-        self.environ = os.environ if environ is None else environ
+        self.secrets = DeclaredSecrets() if secrets is None else secrets
         self.open_connections = 0
 
     @activity.defn(name="read_stream")
@@ -188,11 +188,12 @@ class _Connection:
                 cursor=self.cursor,
                 cursor_param=self.spec.cursor_param,
                 headers_from_env=self.spec.headers_from_env,
-                environ=self.reader.environ,
+                secrets=self.reader.secrets,
+                url=self.spec.url,
                 stream=self.stream,
             )
             secrets = query_secrets(
-                self.spec.query_from_env, self.reader.environ, stream=self.stream
+                self.spec.query_from_env, self.reader.secrets, url=self.spec.url, stream=self.stream
             )
         except ConfigError as error:
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None

@@ -3,6 +3,11 @@
 ``sse-checkpoint:<name>`` starts :class:`CheckpointAdvanceWorkflow` every replay window.
 Creating it is idempotent (create, or update when it exists) so a restarted or
 continued-as-new ``StreamWorkflow`` may ensure it any number of times.
+
+Only the stream's own workflow (``sse-stream:<name>``, see :mod:`durable_sse.ownership`)
+may create, change or delete the schedule of ``<name>``, and a delete removes only a
+schedule whose action is this stream's checkpoint run: a workflow that names another
+stream changes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from temporalio.client import (
     Schedule,
     ScheduleActionStartWorkflow,
     ScheduleAlreadyRunningError,
+    ScheduleDescription,
     ScheduleIntervalSpec,
     ScheduleOverlapPolicy,
     SchedulePolicy,
@@ -23,9 +29,11 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durable_sse.contracts import AdvanceInput, ScheduleInput, StreamRef, checkpoint_schedule_id
+from durable_sse.ownership import schedule_caller_error
 from durable_sse.spec import StreamSpec
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 
@@ -67,6 +75,7 @@ class ScheduleActivities:
     @activity.defn
     async def ensure_checkpoint_schedule(self, input: ScheduleInput) -> None:
         """Create the stream's schedule, or bring an existing one up to date."""
+        _require_owner(input.spec.name)
         schedule_id = checkpoint_schedule_id(input.spec.name)
         schedule = self.build_schedule(input.spec)
         try:
@@ -87,9 +96,17 @@ class ScheduleActivities:
     @activity.defn
     async def delete_checkpoint_schedule(self, input: StreamRef) -> None:
         """Delete the stream's schedule; a missing schedule is fine."""
+        _require_owner(input.name)
         schedule_id = checkpoint_schedule_id(input.name)
+        handle = self._client.get_schedule_handle(schedule_id)
         try:
-            await self._client.get_schedule_handle(schedule_id).delete()
+            if not _is_checkpoint_schedule(await handle.describe(), schedule_id):
+                logger.warning(
+                    "schedule %s does not start this stream's checkpoint runs: left alone",
+                    schedule_id,
+                )
+                return
+            await handle.delete()
         except RPCError as error:
             if error.status != RPCStatusCode.NOT_FOUND:
                 raise
@@ -99,3 +116,26 @@ class ScheduleActivities:
 
     def activities(self) -> list:
         return [self.ensure_checkpoint_schedule, self.delete_checkpoint_schedule]
+
+
+def _require_owner(name: str) -> None:
+    """Refuse a call from any workflow but stream ``name``'s own ``StreamWorkflow``.
+
+    Python callers outside an activity (tools, tests) are not reachable through
+    Temporal, so only activity calls are checked.
+    """
+    if not activity.in_activity():
+        return
+    info = activity.info()
+    problem = schedule_caller_error(info.workflow_id, info.workflow_type, name)
+    if problem is not None:
+        raise ApplicationError(problem, type="ConfigError", non_retryable=True)
+
+
+def _is_checkpoint_schedule(description: ScheduleDescription, schedule_id: str) -> bool:
+    action = description.schedule.action
+    return (
+        isinstance(action, ScheduleActionStartWorkflow)
+        and action.workflow == CheckpointAdvanceWorkflow.__name__
+        and action.id == schedule_id
+    )

@@ -197,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        codec = EncryptionCodec.from_env()
+        # For display: payloads written before the key (or by a client without it) are
+        # shown as they are rather than refused.
+        codec = EncryptionCodec.from_env(accept_plaintext=True)
         if codec is None:
             raise ConfigError(f"{KEY_ENV} is not set: there is nothing to decode")
     except ConfigError as exc:

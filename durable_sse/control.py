@@ -148,6 +148,9 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
             raise
         raise _needs_key(name) from None
     result = asdict(status) if not isinstance(status, dict) else status
+    # The name its workflow id owns: a workflow whose input names another stream is
+    # shown under its own name (parked, saying why), not as a second row of that stream.
+    result["name"] = name
     result["in_flight"] = None
     for pending in description.raw_description.pending_activities:
         if pending.activity_type.name == "read_stream" and pending.heartbeat_details.payloads:

@@ -1,7 +1,11 @@
 """Errors raised by durable-sse.
 
     DurableSSEError
-    ├── ConfigError            a setting or stream declaration is invalid (names the setting)
+    ├── ConfigError            a setting or stream declaration is invalid (names the setting),
+    │                          or a stream names a secret the worker does not declare for
+    │                          its host, or a workflow id does not own the stream it names
+    ├── PlaintextPayloadError  (durable_sse.codec; also a non-retryable ApplicationError)
+    │                          an unencrypted payload where a payload key is set
     ├── StoreError             a store (database, Redis) could not be reached or refused a write
     ├── EmbeddedServiceError   a throwaway PostgreSQL or redis-server could not start or stop
     └── StreamError            the SSE server or the bytes it sent cannot be consumed

@@ -20,11 +20,15 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import httpx
 
 from durable_sse.errors import ConfigError, UnsendableIdError
+
+if TYPE_CHECKING:
+    from durable_sse.secrets import DeclaredSecrets
 
 MAX_RETRY_AFTER = 300.0
 """A server cannot make us wait longer than this per Retry-After (seconds)."""
@@ -192,31 +196,11 @@ def _shown(event_id: str) -> str:
     return repr(event_id[:64]) + ("…" if len(event_id) > 64 else "")
 
 
-def secrets_from_env(
-    names: Mapping[str, str], environ: Mapping[str, str], *, stream: str, setting: str
-) -> dict[str, str]:
-    """Resolve ``name -> variable`` to ``name -> value`` inside the worker.
-
-    A missing variable is a ConfigError naming the stream, the setting and the variable,
-    never a value.
-    """
-    values = {}
-    for name, variable in names.items():
-        value = environ.get(variable)
-        if value is None:
-            raise ConfigError(
-                f"stream {stream!r}: setting {setting!r} needs environment variable "
-                f"{variable} for {name}, and it is not set on this worker"
-            )
-        values[name] = value
-    return values
-
-
 def query_secrets(
-    query_from_env: Mapping[str, str], environ: Mapping[str, str], *, stream: str
+    query_from_env: Mapping[str, str], secrets: DeclaredSecrets, *, url: str, stream: str
 ) -> dict[str, str]:
-    """Query parameters whose values are secrets, read from the worker's environment."""
-    return secrets_from_env(query_from_env, environ, stream=stream, setting="query_from_env")
+    """Query parameters whose values are secrets the worker declares for ``url``'s host."""
+    return secrets.resolve(query_from_env, url=url, stream=stream, setting="query_from_env")
 
 
 def parse_allowed_hosts(value: str | None) -> tuple[str, ...] | None:
@@ -249,24 +233,26 @@ def request_headers(
     cursor: str | None,
     cursor_param: str | None,
     headers_from_env: Mapping[str, str],
-    environ: Mapping[str, str],
+    secrets: DeclaredSecrets,
+    url: str,
     stream: str,
 ) -> dict[str, str | bytes]:
-    """Headers for one connection; secrets are read here, inside the worker.
+    """Headers for one connection to ``url``; secrets are resolved here, inside the
+    worker, for that URL's host only.
 
     ``Last-Event-ID`` is bytes (UTF-8), sent when there is a non-empty cursor and no
     ``cursor_param``; a secret header value that is not ASCII is sent as UTF-8 too.
 
     Raises:
         UnsendableIdError: the cursor cannot be carried by a header.
-        ConfigError: a ``headers_from_env`` variable is missing, or its value cannot be
-            a header value (named by variable, never shown).
+        ConfigError: a ``headers_from_env`` variable is not declared for this host or not
+            set, or its value cannot be a header value (named by variable, never shown).
     """
     headers: dict[str, str | bytes] = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
     if cursor and cursor_param is None:
         headers["Last-Event-ID"] = last_event_id_header(cursor, stream=stream)
-    secrets = secrets_from_env(headers_from_env, environ, stream=stream, setting="headers_from_env")
-    for name, value in secrets.items():
+    values = secrets.resolve(headers_from_env, url=url, stream=stream, setting="headers_from_env")
+    for name, value in values.items():
         problem = id_header_problem(value)
         if problem is not None:
             raise ConfigError(

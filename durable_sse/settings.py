@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from durable_sse.codec import KEY_ENV as PAYLOAD_KEY_ENV
 from durable_sse.errors import ConfigError
 from durable_sse.http import parse_allowed_hosts
+from durable_sse.secrets import SecretBinding, parse_secret_bindings
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"
@@ -34,6 +36,11 @@ class Settings:
     metrics_port: int | None = None
     allowed_hosts: tuple[str, ...] | None = None
     """``SSE_ALLOWED_HOSTS``: stream URLs must name one of these hosts (None = any)."""
+    secrets: tuple[SecretBinding, ...] = ()
+    """``SSE_SECRETS``: the variables streams may name as secrets, each bound to hosts.
+    Names and hosts only: values stay in the environment until a connection needs them."""
+    require_encryption: bool = False
+    """``DURABLE_SSE_REQUIRE_ENCRYPTION``: refuse to start without a payload key."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -54,7 +61,18 @@ class Settings:
             redis_timeout=_positive_float("REDIS_TIMEOUT", env.get("REDIS_TIMEOUT"), 0.5),
             metrics_port=_port("SSE_METRICS_PORT", env.get("SSE_METRICS_PORT")),
             allowed_hosts=parse_allowed_hosts(env.get("SSE_ALLOWED_HOSTS")),
+            secrets=parse_secret_bindings(env.get("SSE_SECRETS")),
+            require_encryption=_flag(
+                "DURABLE_SSE_REQUIRE_ENCRYPTION", env.get("DURABLE_SSE_REQUIRE_ENCRYPTION")
+            ),
         )
+        if settings.require_encryption and not (env.get(PAYLOAD_KEY_ENV) or "").strip():
+            # Checked here, before any client exists: a deployment that lost its key must
+            # not come up and accept (or write) plaintext payloads.
+            raise ConfigError(
+                f"DURABLE_SSE_REQUIRE_ENCRYPTION is on but {PAYLOAD_KEY_ENV} is not set: "
+                "refusing to start without payload encryption"
+            )
         return settings
 
 
@@ -120,6 +138,17 @@ def _positive_float(name: str, value: str | None, default: float) -> float:
     if not number > 0:
         raise ConfigError(f"{name} must be positive, got {value!r}")
     return number
+
+
+def _flag(name: str, value: str | None) -> bool:
+    if value is None or not value.strip():
+        return False
+    text = value.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 
 def _port(name: str, value: str | None) -> int | None:

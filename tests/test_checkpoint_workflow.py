@@ -138,7 +138,7 @@ async def test_schedule_advances_and_a_fence_holds(
         held = await env.client.execute_workflow(
             CheckpointAdvanceWorkflow.run,
             AdvanceInput(stream=ref, replay_window=2.0),
-            id=f"advance-{uuid.uuid4().hex}",
+            id=checkpoint_schedule_id(name),  # a manual run, bound to its stream
             task_queue=queue,
             result_type=AdvanceResult,
         )

@@ -33,7 +33,9 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.codec import (
         ENCODING,
         KEY_ENV,
+        REFUSED_ENCODING,
         EncryptionCodec,
+        PlaintextPayloadError,
         data_converter_from_env,
         generate_key,
         key_id,
@@ -99,8 +101,28 @@ async def test_altered_ciphertext_fails_authentication() -> None:
         await codec.decode([altered])
 
 
-async def test_plain_payloads_pass_through_decode_unchanged() -> None:
+async def test_plain_payloads_are_refused_with_a_one_line_reason() -> None:
     codec = EncryptionCodec(parse_key(KEY))
+    marker = f"marker-{uuid.uuid4().hex}"
+    plain = [_payload({"name": marker}), _payload(None), _payload(b"\x00raw")]
+
+    decoded = await codec.decode(plain)
+
+    assert [p.metadata["encoding"] for p in decoded] == [REFUSED_ENCODING] * 3
+    converter = data_converter_from_env({KEY_ENV: KEY}).payload_converter
+    for payload in decoded:
+        with pytest.raises(PlaintextPayloadError) as caught:
+            converter.from_payloads([payload])
+        error = caught.value
+        assert error.non_retryable and error.type == "PlaintextPayloadError"
+        assert KEY_ENV in error.message and "\n" not in error.message
+        assert marker not in error.message and KEY not in error.message
+        assert isinstance(error, DurableSSEError)  # the CLI prints it as one line
+    assert await codec.decode(decoded) == decoded  # a refusal stays a refusal
+
+
+async def test_the_codec_server_codec_passes_plain_payloads_through_for_display() -> None:
+    codec = EncryptionCodec(parse_key(KEY), accept_plaintext=True)
     plain = [_payload({"name": "s1"}), _payload(None), _payload(b"\x00raw")]
 
     assert await codec.decode(plain) == plain

@@ -49,7 +49,12 @@ async def worker(
 ) -> AsyncIterator[None]:
     """One in-process worker on the default task queue, like a user's."""
     settings = Settings.from_env(
-        {"TEMPORAL_ADDRESS": address, "DATABASE_URL": pg_url, "REDIS_URL": redis_url}
+        {
+            "TEMPORAL_ADDRESS": address,
+            "DATABASE_URL": pg_url,
+            "REDIS_URL": redis_url,
+            "SSE_SECRETS": "E2E_HEADER@127.0.0.1,E2E_QUERY@127.0.0.1",
+        }
     )
     stop = asyncio.Event()
     task = asyncio.create_task(worker_module.run_worker(settings, stop=stop, handle_signals=False))
@@ -434,16 +439,16 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     header_secret, query_secret = "hdr-" + uuid.uuid4().hex, "qry-" + uuid.uuid4().hex
-    os.environ["E2E_HEADER_TOKEN"] = f"Bearer {header_secret}"
-    os.environ["E2E_QUERY_TOKEN"] = query_secret
+    os.environ["E2E_HEADER"] = f"Bearer {header_secret}"
+    os.environ["E2E_QUERY"] = query_secret
     caplog.set_level(logging.DEBUG)
     name = "secret-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=100, keepalive=1, retry_ms=None))
     spec = StreamSpec(
         name=name,
         url=source.url(name),
-        headers_from_env={"Authorization": "E2E_HEADER_TOKEN"},
-        query_from_env={"access_token": "E2E_QUERY_TOKEN"},
+        headers_from_env={"Authorization": "E2E_HEADER"},
+        query_from_env={"access_token": "E2E_QUERY"},
         connect_timeout=2,
     )
     handle = await start(temporal.client, spec)

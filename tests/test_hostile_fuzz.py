@@ -32,6 +32,7 @@ from durable_sse.http import (
     with_cursor,
 )
 from durable_sse.ids import MAX_CONTIGUOUS_DIGITS, IdOrder, contiguous_number, is_newer, sort_key
+from durable_sse.secrets import DeclaredSecrets
 from durable_sse.sse.decoder import Comment, Event, SSEDecoder
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
 
@@ -114,7 +115,12 @@ def next_request(cursor: str) -> None:
     """What the reader builds to reconnect from ``cursor``: both ways of sending it."""
     try:
         headers = request_headers(
-            cursor=cursor, cursor_param=None, headers_from_env={}, environ={}, stream="fuzz"
+            cursor=cursor,
+            cursor_param=None,
+            headers_from_env={},
+            secrets=DeclaredSecrets(),
+            url="http://h/s",
+            stream="fuzz",
         )
         assert headers.get("Last-Event-ID", b"") == cursor.encode("utf-8")
         assert id_header_problem(cursor) is None or cursor == ""

@@ -32,10 +32,16 @@ from durable_sse.http import (
     with_query,
 )
 from durable_sse.logs import install_redaction
+from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.sse.decoder import Event, SSEDecoder
 
 GUARD = 20.0  # seconds: only to turn a hang into a failure, never asserted on
+NONE_DECLARED = DeclaredSecrets()
+
+
+def declared(value: str, environ: dict[str, str]) -> DeclaredSecrets:
+    return DeclaredSecrets(parse_secret_bindings(value), environ=environ)
 
 
 @pytest.mark.parametrize(
@@ -72,14 +78,11 @@ def test_retry_after_seconds_date_and_cap() -> None:
 
 
 def test_cursor_goes_to_header_or_query() -> None:
-    headers = request_headers(
-        cursor="41", cursor_param=None, headers_from_env={}, environ={}, stream="s"
-    )
+    plain = {"headers_from_env": {}, "secrets": NONE_DECLARED, "url": "http://h/s", "stream": "s"}
+    headers = request_headers(cursor="41", cursor_param=None, **plain)
     assert headers["Last-Event-ID"] == b"41"
     assert headers["Accept"] == "text/event-stream"
-    headers = request_headers(
-        cursor="41", cursor_param="since", headers_from_env={}, environ={}, stream="s"
-    )
+    headers = request_headers(cursor="41", cursor_param="since", **plain)
     assert "Last-Event-ID" not in headers
     assert with_cursor("http://h/s?a=1&since=3", "since", "41") == "http://h/s?a=1&since=41"
     assert with_cursor("http://h/s", "since", None) == "http://h/s"
@@ -91,7 +94,8 @@ def test_secret_header_read_from_environment_and_missing_variable_named() -> Non
         cursor=None,
         cursor_param=None,
         headers_from_env={"Authorization": "TOKEN_VAR"},
-        environ={"TOKEN_VAR": "Bearer s3cret"},
+        secrets=declared("TOKEN_VAR@h.example", {"TOKEN_VAR": "Bearer s3cret"}),
+        url="https://h.example/s",
         stream="s",
     )
     assert headers["Authorization"] == "Bearer s3cret"
@@ -100,7 +104,8 @@ def test_secret_header_read_from_environment_and_missing_variable_named() -> Non
             cursor=None,
             cursor_param=None,
             headers_from_env={"Authorization": "TOKEN_VAR"},
-            environ={},
+            secrets=declared("TOKEN_VAR@h.example", {}),
+            url="https://h.example/s",
             stream="s",
         )
     assert "TOKEN_VAR" in str(raised.value) and "'s'" in str(raised.value)
@@ -135,12 +140,13 @@ def test_allowlist_matches_hosts_and_subdomains_only() -> None:
 
 
 def test_query_secrets_come_from_the_environment_and_are_redacted() -> None:
-    secrets = query_secrets({"k": "SSE_KEY"}, {"SSE_KEY": "s3cret"}, stream="s")
+    store = declared("API_KEY@h", {"API_KEY": "s3cret"})
+    secrets = query_secrets({"k": "API_KEY"}, store, url="http://h/s", stream="s")
     url = with_query("http://h/s?cursor=5", secrets)
     assert url == "http://h/s?cursor=5&k=s3cret"
     assert "s3cret" not in redact_url(url, frozenset({"k"}))
-    with pytest.raises(ConfigError, match="SSE_KEY"):
-        query_secrets({"k": "SSE_KEY"}, {}, stream="s")
+    with pytest.raises(ConfigError, match="API_KEY"):
+        query_secrets({"k": "API_KEY"}, declared("API_KEY@h", {}), url="http://h/s", stream="s")
 
 
 def test_http_library_log_lines_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
@@ -171,7 +177,12 @@ NON_ASCII_IDS = ["café", "日本-7", "😀", "ü\u0085x", "a\x01b\x7f", "in bet
 @pytest.mark.parametrize("event_id", NON_ASCII_IDS)
 def test_last_event_id_is_the_ids_utf8_bytes(event_id: str) -> None:
     headers = request_headers(
-        cursor=event_id, cursor_param=None, headers_from_env={}, environ={}, stream="s"
+        cursor=event_id,
+        cursor_param=None,
+        headers_from_env={},
+        secrets=NONE_DECLARED,
+        url="http://h/s",
+        stream="s",
     )
     assert headers["Last-Event-ID"] == event_id.encode("utf-8")
     assert last_event_id_header(event_id) == event_id.encode("utf-8")
@@ -186,7 +197,12 @@ def test_mock_transport_sees_the_utf8_header_and_percent_encoded_query() -> None
 
     with httpx.Client(transport=httpx.MockTransport(handler)) as client:
         headers = request_headers(
-            cursor="café", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+            cursor="café",
+            cursor_param=None,
+            headers_from_env={},
+            secrets=NONE_DECLARED,
+            url="http://h/s",
+            stream="s",
         )
         client.get("http://sse.test/s", headers=headers)
         url = with_cursor("http://sse.test/s?tok=%FF%2F", "since", "café +&=", stream="s")
@@ -212,7 +228,12 @@ async def test_the_bytes_on_the_wire_are_utf8() -> None:
     try:
         async with httpx.AsyncClient() as client:
             headers = request_headers(
-                cursor="café-😀", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+                cursor="café-😀",
+                cursor_param=None,
+                headers_from_env={},
+                secrets=NONE_DECLARED,
+                url="http://h/s",
+                stream="s",
             )
             await client.get(f"http://127.0.0.1:{port}/s", headers=headers)
             await client.get(with_cursor(f"http://127.0.0.1:{port}/s", "c", "café"))
@@ -232,7 +253,12 @@ async def test_resume_by_a_non_ascii_id_end_to_end_with_the_demo_source() -> Non
             while source.describe("cafe")["newest"] < 10:
                 await asyncio.sleep(0.01)
         by_header = request_headers(
-            cursor="café-5", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+            cursor="café-5",
+            cursor_param=None,
+            headers_from_env={},
+            secrets=NONE_DECLARED,
+            url="http://h/s",
+            stream="s",
         )
         by_query = with_cursor(source.url("cafe"), "cursor", "café-5", stream="s")
         for url, headers in ((source.url("cafe"), by_header), (by_query, {})):
@@ -267,7 +293,12 @@ def test_ids_a_header_cannot_carry_are_refused_clearly(event_id: str, problem: s
     assert problem in (id_header_problem(event_id) or "")
     with pytest.raises(UnsendableIdError) as caught:
         request_headers(
-            cursor=event_id, cursor_param=None, headers_from_env={}, environ={}, stream="orders"
+            cursor=event_id,
+            cursor_param=None,
+            headers_from_env={},
+            secrets=NONE_DECLARED,
+            url="http://h/s",
+            stream="orders",
         )
     message = str(caught.value)
     assert "stream 'orders'" in message and problem in message and "'cursor_param'" in message
@@ -300,7 +331,12 @@ def test_id_header_problem_is_exactly_what_h11_refuses(event_id: str) -> None:
 
 def test_empty_cursor_sends_nothing() -> None:
     headers = request_headers(
-        cursor="", cursor_param=None, headers_from_env={}, environ={}, stream="s"
+        cursor="",
+        cursor_param=None,
+        headers_from_env={},
+        secrets=NONE_DECLARED,
+        url="http://h/s",
+        stream="s",
     )
     assert "Last-Event-ID" not in headers
     assert with_cursor("http://h/s", "c", "") == "http://h/s"
@@ -316,7 +352,8 @@ def test_secret_header_values_are_utf8_or_refused_by_variable_name() -> None:
         cursor=None,
         cursor_param=None,
         headers_from_env={"X-Name": "NAME_VAR"},
-        environ={"NAME_VAR": "zoë"},
+        secrets=declared("NAME_VAR@h", {"NAME_VAR": "zoë"}),
+        url="http://h/s",
         stream="s",
     )
     assert headers["X-Name"] == "zoë".encode()
@@ -325,7 +362,8 @@ def test_secret_header_values_are_utf8_or_refused_by_variable_name() -> None:
             cursor=None,
             cursor_param=None,
             headers_from_env={"Authorization": "TOKEN_VAR"},
-            environ={"TOKEN_VAR": "Bearer s3cret\n"},
+            secrets=declared("TOKEN_VAR@h", {"TOKEN_VAR": "Bearer s3cret\n"}),
+            url="http://h/s",
             stream="s",
         )
     assert "TOKEN_VAR" in str(caught.value) and "LF" in str(caught.value)

@@ -19,6 +19,7 @@ from durable_sse.contracts import DropKind, Outcome, ReadInput, ReadResult, Rout
 from durable_sse.eventlog import EventLog
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
+from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
 
@@ -40,7 +41,9 @@ async def reader(pg_event_log: EventLog, redis_url: str) -> AsyncIterator[Stream
             event_log=pg_event_log,
             l1=LocalCursors(),
             l2=l2,
-            environ={"SSE_TEST_TOKEN": SECRET},
+            secrets=DeclaredSecrets(
+                parse_secret_bindings("TEST_TOKEN@127.0.0.1"), environ={"TEST_TOKEN": SECRET}
+            ),
         )
     await l2.close()
 
@@ -228,7 +231,7 @@ async def test_refusals_are_non_retryable_and_never_leak_the_secret(
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     source.inject(stream_name, action="status", **fault)
-    spec = make_spec(source, stream_name, headers_from_env={"Authorization": "SSE_TEST_TOKEN"})
+    spec = make_spec(source, stream_name, headers_from_env={"Authorization": "TEST_TOKEN"})
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ApplicationError) as raised:
         await read(reader, spec)
@@ -254,7 +257,7 @@ async def test_secret_header_is_sent_but_never_returned(
     source: SSESource, reader: StreamReader, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=3))
-    spec = make_spec(source, stream_name, headers_from_env={"Authorization": "SSE_TEST_TOKEN"})
+    spec = make_spec(source, stream_name, headers_from_env={"Authorization": "TEST_TOKEN"})
     caplog.set_level(logging.DEBUG)
     result, heartbeats = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
     assert result.events_read == 3
@@ -326,7 +329,7 @@ async def test_query_secret_is_sent_from_the_environment_and_never_returned(
     source: SSESource, reader: StreamReader, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=3))
-    spec = make_spec(source, stream_name, query_from_env={"access": "SSE_TEST_TOKEN"})
+    spec = make_spec(source, stream_name, query_from_env={"access": "TEST_TOKEN"})
     caplog.set_level(logging.DEBUG)
     result, heartbeats = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
     assert result.events_read == 3

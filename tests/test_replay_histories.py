@@ -8,6 +8,7 @@ when a change is *meant* to be incompatible (and then version the workflow).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,10 @@ def test_histories_are_stored() -> None:
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])
 async def test_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(f"sse-stream:{path.stem}", TEXTS[path.stem])
+    # The recorded workflow id: the workflow checks that its id owns the stream it reads.
+    started = json.loads(TEXTS[path.stem])["events"][0]
+    workflow_id = started["workflowExecutionStartedEventAttributes"]["workflowId"]
+    history = WorkflowHistory.from_json(workflow_id, TEXTS[path.stem])
     replayer = Replayer(workflows=[StreamWorkflow, CheckpointAdvanceWorkflow])
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None

@@ -89,3 +89,56 @@ def test_sqlite_path() -> None:
     assert sqlite_path("sqlite:////abs/events.db") == Path("/abs/events.db")
     assert sqlite_path("sqlite:///:memory:") is None
     assert sqlite_path("postgresql+psycopg://u@h/db") is None
+
+
+def test_secrets_are_declared_by_name_and_host() -> None:
+    settings = Settings.from_env(
+        {"SSE_SECRETS": " API_TOKEN@Events.Example.com, OTHER@*.example.org,API_TOKEN@[::1] "}
+    )
+    assert [str(binding) for binding in settings.secrets] == [
+        "API_TOKEN@events.example.com",
+        "OTHER@*.example.org",
+        "API_TOKEN@::1",
+    ]
+    assert Settings.from_env({}).secrets == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("API_TOKEN", "is not NAME@host"),
+        ("API_TOKEN@", "is not NAME@host"),
+        ("API_TOKEN@*", "is not NAME@host"),
+        ("API_TOKEN@*.*.example.org", "is not NAME@host"),
+        ("API TOKEN@h.example", "is not NAME@host"),
+        ("API_TOKEN@h.example/path", "is not NAME@host"),
+        ("DATABASE_URL@h.example", "worker's own configuration"),
+        ("DURABLE_SSE_PAYLOAD_KEY@h.example", "worker's own configuration"),
+        ("TEMPORAL_TLS_KEY@h.example", "worker's own configuration"),
+        ("REDIS_URL@h.example", "worker's own configuration"),
+        ("SSE_SECRETS@h.example", "worker's own configuration"),
+        ("PGPASSWORD@h.example", "worker's own configuration"),
+    ],
+)
+def test_bad_or_forbidden_secret_declarations_are_refused(value: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"SSE_SECRETS": value})
+    assert "SSE_SECRETS" in str(caught.value) and fragment in str(caught.value)
+
+
+def test_required_encryption_refuses_to_start_without_a_key() -> None:
+    for on in ("1", "true", "yes"):
+        with pytest.raises(ConfigError) as caught:
+            Settings.from_env({"DURABLE_SSE_REQUIRE_ENCRYPTION": on})
+        assert "DURABLE_SSE_PAYLOAD_KEY" in str(caught.value)
+        with pytest.raises(ConfigError):
+            Settings.from_env(
+                {"DURABLE_SSE_REQUIRE_ENCRYPTION": on, "DURABLE_SSE_PAYLOAD_KEY": " "}
+            )
+        settings = Settings.from_env(
+            {"DURABLE_SSE_REQUIRE_ENCRYPTION": on, "DURABLE_SSE_PAYLOAD_KEY": "k" * 64}
+        )
+        assert settings.require_encryption
+    assert not Settings.from_env({"DURABLE_SSE_REQUIRE_ENCRYPTION": "0"}).require_encryption
+    with pytest.raises(ConfigError, match="DURABLE_SSE_REQUIRE_ENCRYPTION must be"):
+        Settings.from_env({"DURABLE_SSE_REQUIRE_ENCRYPTION": "maybe"})

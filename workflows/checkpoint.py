@@ -3,7 +3,9 @@
 Started every replay window by the Temporal Schedule ``sse-checkpoint:<name>``. The
 window is measured from the workflow's own start time (``workflow.now()``), so a late
 or retried run still advances to where the schedule meant it to. The event log refuses
-to move past a gap fence; this workflow only asks.
+to move past a gap fence; this workflow only asks, and only for the stream its id is
+bound to (``sse-checkpoint:<name>``, see :mod:`durable_sse.ownership`): a run whose id
+names another stream fails at once without touching anything.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from durable_sse.contracts import AdvanceInput, AdvanceResult
+    from durable_sse.ownership import checkpoint_owner_error
 
 ADVANCE_TIMEOUT = timedelta(seconds=60)
 
@@ -24,6 +28,9 @@ ADVANCE_TIMEOUT = timedelta(seconds=60)
 class CheckpointAdvanceWorkflow:
     @workflow.run
     async def run(self, input: AdvanceInput) -> AdvanceResult:
+        problem = checkpoint_owner_error(workflow.info().workflow_id, input.stream.name)
+        if problem is not None:
+            raise ApplicationError(problem, type="ConfigError", non_retryable=True)
         if input.now is None:
             input = dataclasses.replace(input, now=workflow.now().isoformat())
         result = await workflow.execute_activity(

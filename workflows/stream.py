@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.errors import ConfigError
     from durable_sse.legacy_spec import pre_strict_spec
     from durable_sse.metrics import WorkflowMetrics
+    from durable_sse.ownership import require_stream_owner
     from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
     from workflows.routes import (
         HOLD_PARKED,
@@ -91,6 +92,7 @@ class StreamWorkflow:
         try:
             if self._spec_error is not None:
                 raise self._spec_error
+            require_stream_owner(workflow.info().workflow_id, spec.name)
         except ConfigError as error:
             self._invalid = True
             s.hold = HOLD_PARKED
