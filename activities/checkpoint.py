@@ -1,4 +1,4 @@
-"""Small store activities the workflows call: the lagging id, the gap fence, ``since``.
+"""Small store activities the workflows call: the lagging id, the gaps, ``since``.
 
 Each is one short call on the :class:`~durable_sse.eventlog.EventLog` built once in the
 worker (the composition root). Store failures surface as retryable activity failures;
@@ -17,8 +17,8 @@ from durable_sse.contracts import (
     AdvanceInput,
     AdvanceResult,
     CheckpointState,
-    FenceInput,
     SinceInput,
+    StreamGaps,
     StreamRef,
 )
 from durable_sse.eventlog import EventLog
@@ -34,7 +34,8 @@ class CheckpointActivities:
 
     @activity.defn
     async def advance_checkpoint(self, input: AdvanceInput) -> AdvanceResult:
-        """Move the lagging id to the newest id persisted a replay window ago (fence-capped)."""
+        """Move the lagging id to the newest id persisted a replay window ago, never past
+        an open gap."""
         now = _parse_time(input.now) if input.now else datetime.now(UTC)
         result = await self._log.advance_lagging(
             input.stream.name,
@@ -43,28 +44,20 @@ class CheckpointActivities:
             now=now,
         )
         logger.info(
-            "checkpoint %s: lagging id %r (moved=%s, held by fence=%s)",
+            "checkpoint %s: lagging id %r (moved=%s, held by a gap=%s)",
             input.stream.name,
             result.lagging_id,
             result.moved,
-            result.held_by_fence,
+            result.held_by_gap,
         )
         return result
 
     @activity.defn
-    async def set_fence(self, input: FenceInput) -> str | None:
-        """Persist the gap fence (forward only); returns the fence now in force."""
-        if input.fence_id is None:
-            state = await self._log.get_checkpoint(input.stream.name)
-            return state.fence_id if state else None
-        return await self._log.set_fence(input.stream.name, input.stream.id_order, input.fence_id)
-
-    @activity.defn
-    async def clear_fence(self, input: FenceInput) -> bool:
-        """Clear the fence if it is at or before ``fence_id`` (the gap was repaired)."""
-        if input.fence_id is None:
-            return False
-        return await self._log.clear_fence(input.stream.name, input.stream.id_order, input.fence_id)
+    async def stream_gaps(self, input: StreamRef) -> StreamGaps:
+        """The stream's gaps and lagging id (when a connection's result did not say)."""
+        gaps = await self._log.gap_summary(input.name, input.id_order)
+        checkpoint = await self._log.get_checkpoint(input.name)
+        return StreamGaps(gaps=gaps, lagging_id=checkpoint.lagging_id if checkpoint else None)
 
     @activity.defn
     async def resolve_since(self, input: SinceInput) -> str | None:
@@ -78,8 +71,7 @@ class CheckpointActivities:
     def activities(self) -> list:
         return [
             self.advance_checkpoint,
-            self.set_fence,
-            self.clear_fence,
+            self.stream_gaps,
             self.resolve_since,
             self.get_checkpoint,
         ]

@@ -1,15 +1,19 @@
 """The read activity: one execution is one SSE connection.
 
-Events enter the system here, so this module is both exact and fast:
+This module is the I/O around :class:`~durable_sse.intake.Intake`, which makes every
+decision about what a connection read (batches, drop signals, gaps, when to end):
 
-* bytes are read ahead by a pump task into a bounded queue, and up to
-  ``MAX_BATCHES_IN_FLIGHT`` batches are being committed while the next is parsed, so
-  parsing and the database overlap and memory stays bounded;
-* per batch: commit -> L1 -> L2 (coalesced, non-blocking) -> heartbeat, batches
-  committing in the order they were read (group commit, ``durable_sse.commits``); a
-  cursor never points past an uncommitted event (invariant 1);
-* the connection ends with an :class:`Outcome` the workflow routes on; only refusals
-  that retrying cannot fix are raised (non-retryable ``ApplicationError``);
+* the start cursor comes from :class:`~durable_sse.resolve.CursorResolver` together with
+  what the store knows of the stream (lagging id, floor, open gaps) in one read;
+* bytes are read ahead by a pump task into a bounded queue, decoded, and handed to the
+  intake; up to ``MAX_BATCHES_IN_FLIGHT`` batches commit while the next is parsed, in the
+  order they were read (group commit, ``durable_sse.commits``), each with its gap changes
+  in its own transaction;
+* per committed batch: L1 -> L2 (coalesced, non-blocking) -> heartbeat; a cursor never
+  points past an uncommitted event or a drop signal not yet recorded (invariants 1, 5);
+* the connection ends with an :class:`Outcome` the workflow routes on, and the stream's
+  gap summary read at the end; only refusals that retrying cannot fix are raised
+  (non-retryable ``ApplicationError``);
 * cancellation (replay/pause/stop signals, worker shutdown) flushes what was read, then
   returns ``CANCELLED``.
 """
@@ -22,6 +26,7 @@ from collections import deque
 from collections.abc import Awaitable
 from dataclasses import asdict
 from datetime import UTC, datetime
+from secrets import token_hex
 from typing import Any, TypeVar
 
 import httpx
@@ -29,9 +34,23 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from durable_sse.commits import CommitJob
-from durable_sse.contracts import DropKind, Outcome, ReadInput, ReadProgress, ReadResult, Route
-from durable_sse.errors import ConfigError, LineTooLongError, StreamRefusedError
-from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.contracts import (
+    Outcome,
+    ReadCounts,
+    ReadInput,
+    ReadProgress,
+    ReadResult,
+    Route,
+)
+from durable_sse.errors import (
+    ConfigError,
+    LineTooLongError,
+    StoreError,
+    StreamError,
+    StreamRefusedError,
+    UnsendableIdError,
+)
+from durable_sse.eventlog import ConnectionStart, EventLog
 from durable_sse.http import (
     REFUSAL_HINTS,
     StatusPolicy,
@@ -43,10 +62,11 @@ from durable_sse.http import (
     request_headers,
     same_origin,
     status_policy,
+    truncation_header,
     with_cursor,
     with_query,
 )
-from durable_sse.ids import compare_ids, is_newer
+from durable_sse.intake import Batch, Intake
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 from durable_sse.logs import install_redaction
@@ -54,8 +74,7 @@ from durable_sse.metrics import ReaderMetrics
 from durable_sse.resolve import CursorResolver
 from durable_sse.secrets import DeclaredSecrets
 from durable_sse.sse.content_type import is_event_stream
-from durable_sse.sse.decoder import Comment, Event, SSEDecoder
-from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
+from durable_sse.sse.decoder import SSEDecoder
 
 HEARTBEAT_INTERVAL = 0.8
 """Seconds between heartbeats, busy or quiet: cancellation arrives on heartbeats, so a
@@ -66,19 +85,12 @@ HEARTBEAT_BUDGET = 500.0
 ``HEARTBEAT_BUDGET * HEARTBEAT_INTERVAL`` connections (400) the interval stretches, so a
 thousand quiet streams cost 500 calls a second (signals act within ~2 s) instead of
 flooding the Temporal server."""
-LAGGING_FRESH_FOR = 1.0
-"""Seconds the lagging id read when a connection starts stays fresh enough for the
-status it is returned for (it moves once per replay window)."""
 MAX_BATCHES_IN_FLIGHT = 3
 """Batches of one connection committing at once (they commit in order): the next batch
 is written while the previous one commits."""
 MAX_REDIRECTS = 5
 READ_AHEAD_CHUNKS = 64
 """Chunks (up to 64 KiB each) read ahead while a batch commits: bounds memory."""
-MAX_DETAIL = 200
-DROP_GRACE = 0.25
-"""After a drop notice, seconds to wait for the next event: it bounds the hole from above
-(servers announce after the skipped range), so the fence lies past the gap."""
 
 _EOF = object()
 T = TypeVar("T")
@@ -132,12 +144,26 @@ def _last_progress() -> ReadProgress | None:
     if isinstance(value, ReadProgress):
         return value
     if isinstance(value, dict):
-        return ReadProgress(**{k: v for k, v in value.items() if k in ReadProgress.__annotations__})
+        counts = value.get("counts")
+        return ReadProgress(
+            cursor=value.get("cursor"),
+            start_cursor=value.get("start_cursor"),
+            first_id=value.get("first_id"),
+            counts=ReadCounts(**counts) if isinstance(counts, dict) else ReadCounts(),
+        )
     return None
 
 
+def _gap_id() -> str:
+    return token_hex(8)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
 class _Connection:
-    """State of one connection: the pending batch, the cursor, and the counts."""
+    """One connection: the HTTP exchange, the intake, the commits in flight."""
 
     def __init__(self, reader: StreamReader, input: ReadInput) -> None:
         self.reader = reader
@@ -145,37 +171,30 @@ class _Connection:
         self.spec = input.spec
         self.stream = input.spec.name
         self.order = input.spec.id_order
-        self.matcher = DropNoticeMatcher(self.spec.drop_notice)
-        self.drop_types = frozenset(self.spec.drop_event_types)
-        self.decoder = SSEDecoder(max_line_bytes=self.spec.max_line_bytes)
+        self.route = Route(input.route)
+        self.decoder = SSEDecoder(
+            max_line_bytes=self.spec.max_line_bytes,
+            max_event_bytes=self.spec.max_event_bytes,
+            max_id_bytes=self.spec.max_id_bytes,
+        )
         self.secret_params = frozenset(self.spec.query_from_env)
-
-        self.cursor: str | None = None
-        self.pending: list[EventRecord] = []
-        self.pending_last_id: str | None = None
-        self.pending_since = 0.0
-        self.pending_before_fence: bool | None = None
+        self.metrics = ReaderMetrics(activity.metric_meter(), self.stream)
+        self.result = ReadResult(outcome=Outcome.DROPPED)
+        self.intake: Intake | None = None
+        self.start_cursor: str | None = None
+        self.first_id: str | None = None
         self.inflight: deque[asyncio.Task[None]] = deque()
         self.last_job: CommitJob | None = None
-        self.ordinal = 0
-        self.last_number: int | None = None
-
-        self.metrics = ReaderMetrics(activity.metric_meter(), self.stream)
-        self.fence = input.fence_id
-        self.drop_deadline: float | None = None
-        self.result = ReadResult(outcome=Outcome.DROPPED)
         self.last_heartbeat = 0.0
+        self.carried = ReadCounts()
+        """Counts of earlier attempts (a retried attempt keeps counting)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
     async def run(self) -> ReadResult:
         progress = _last_progress()
-        await self._resolve_start(progress)
         if progress is not None:
-            # A retried attempt keeps counting from where the last one heartbeated.
-            self.result.events_read = progress.events_read
-            self.result.new_rows = progress.new_rows
-            self.result.duplicates = progress.duplicates
+            self.carried = progress.counts
         if not host_allowed(self.spec.url, self.reader.allowed_hosts):
             raise ApplicationError(
                 f"stream {self.stream!r}: setting 'url' names a host that is not in "
@@ -183,81 +202,107 @@ class _Connection:
                 type="ConfigError",
                 non_retryable=True,
             )
+        start = await self.reader.resolver.resolve(
+            self.stream,
+            self.order,
+            self.route,
+            explicit=self.input.start_id,
+            retry_of=progress,
+            retried=activity.info().attempt > 1,
+        )
+        self._begin(start)
+        intake = self.intake
+        assert intake is not None
         try:
             headers = request_headers(
-                cursor=self.cursor,
+                cursor=self.start_cursor,
                 cursor_param=self.spec.cursor_param,
                 headers_from_env=self.spec.headers_from_env,
                 secrets=self.reader.secrets,
                 url=self.spec.url,
                 stream=self.stream,
             )
-            secrets = query_secrets(
+            secrets_ = query_secrets(
                 self.spec.query_from_env, self.reader.secrets, url=self.spec.url, stream=self.stream
+            )
+            url = with_query(
+                with_cursor(
+                    self.spec.url, self.spec.cursor_param, self.start_cursor, stream=self.stream
+                ),
+                secrets_,
             )
         except ConfigError as error:
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
-        url = with_query(with_cursor(self.spec.url, self.spec.cursor_param, self.cursor), secrets)
-        # The lagging id (for the workflow's status only) is read while connecting, off
-        # the reconnect path; a connection that outlives LAGGING_FRESH_FOR reads it again
-        # while its last batch commits.
-        lagging = asyncio.ensure_future(self.reader.event_log.get_checkpoint(self.stream))
-        lagging_read_at = time.monotonic()
+        except UnsendableIdError as error:
+            raise ApplicationError(
+                f"{error}; the stream is parked until resumed",
+                type="StreamRefusedError",
+                non_retryable=True,
+            ) from None
+        if intake.outcome is not None:
+            # Open gaps the workflow did not know of: end now so the repair can start.
+            return await self._finish(intake.outcome)
         try:
-            try:
-                outcome = await self._connect(url, headers)
-            except asyncio.CancelledError:
-                await self._flush()
-                activity.logger.info(
-                    "stream %s: connection cancelled (%s) after flushing",
-                    self.stream,
-                    _cancel_reason(),
-                )
-                return self._finish(Outcome.CANCELLED)
-            except StreamRefusedError as error:
-                raise ApplicationError(
-                    str(error), type="StreamRefusedError", non_retryable=True
-                ) from None
-            if time.monotonic() - lagging_read_at > LAGGING_FRESH_FOR:
-                _discard(lagging)
-                lagging = asyncio.ensure_future(self.reader.event_log.get_checkpoint(self.stream))
+            outcome = await self._connect(url, headers)
+        except asyncio.CancelledError:
             await self._flush()
-            state = await lagging
-        finally:
-            _discard(lagging)
-        self.result.lagging_id = state.lagging_id if state else None
-        return self._finish(outcome)
-
-    async def _resolve_start(self, progress: ReadProgress | None) -> None:
-        heartbeat = progress.cursor if progress else None
-        route = Route(self.input.route)
-        if route is Route.EXPLICIT:
-            self.cursor, source = self.input.start_id, "explicit"
-            if is_newer(heartbeat, self.cursor, self.order):
-                self.cursor, source = heartbeat, "heartbeat"
-        else:
-            resolve = (
-                self.reader.resolver.resolve_lagged_cursor
-                if route is Route.LAGGED
-                else self.reader.resolver.resolve_cursor
+            activity.logger.info(
+                "stream %s: connection cancelled (%s) after flushing",
+                self.stream,
+                _cancel_reason(),
             )
-            resolved = await resolve(self.stream, self.order, heartbeat=heartbeat)
-            self.cursor, source = resolved.cursor, resolved.source
-        self.result.start_cursor = self.cursor
-        self.result.cursor_source = source
-        if self.cursor:
-            self.decoder.last_event_id = self.cursor
-            if self.spec.contiguous_ids and self.cursor.isdigit():
-                self.last_number = int(self.cursor)
+            return await self._finish(Outcome.CANCELLED)
+        except StreamRefusedError as error:
+            await self._flush()
+            raise ApplicationError(
+                str(error), type="StreamRefusedError", non_retryable=True
+            ) from None
+        await self._flush()
+        return await self._finish(outcome)
+
+    def _begin(self, start: ConnectionStart) -> None:
+        self.start_cursor = start.cursor
+        self.result.start_cursor = start.cursor
+        self.result.cursor_source = start.source
+        try:
+            self.intake = Intake(
+                self.spec,
+                route=self.route,
+                cursor=start.cursor,
+                context=start.context,
+                known_gaps=self.input.known_gaps,
+                new_gap_id=_gap_id,
+                now_iso=_now_iso,
+            )
+        except ConfigError as error:  # a drop_notice pattern RE2 refuses
+            raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
+        if start.cursor:
+            self.decoder.last_event_id = start.cursor
+        self._heartbeat(force=True)
 
     def _redact(self, url: str) -> str:
         return redact_url(url, self.secret_params)
 
-    def _finish(self, outcome: Outcome) -> ReadResult:
-        self.result.outcome = outcome
-        self.result.last_cursor = self.cursor
-        self.result.retry_ms = self.decoder.retry
-        return self.result
+    async def _finish(self, outcome: Outcome) -> ReadResult:
+        """The result, with the stream's gaps as they are now (read after the flush)."""
+        intake = self.intake
+        assert intake is not None
+        result = self.result
+        result.outcome = outcome
+        result.last_cursor = intake.cursor
+        result.retry_ms = self.decoder.retry
+        result.drop = intake.drop
+        if intake.drop is not None:
+            self.metrics.drop_signal(intake.drop.kind)
+        result.counts = _added(self.carried, intake.counts)
+        try:
+            result.gaps = await self.reader.event_log.gap_summary(self.stream, self.order)
+            checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
+            result.lagging_id = checkpoint.lagging_id if checkpoint else None
+        except StoreError as error:
+            # The gaps are durable; the workflow reads them itself when a result has none.
+            activity.logger.warning("stream %s: cannot read its gaps: %s", self.stream, error)
+        return result
 
     # -- HTTP ----------------------------------------------------------------------
 
@@ -333,29 +378,15 @@ class _Connection:
                 f"stream {self.stream!r}: {self._redact(url)} answered with content type "
                 f"{content_type!r}, not text/event-stream; the stream is parked until resumed"
             )
-        mercure = response.headers.get("mercure-last-event-id")
-        if (
-            self.spec.mercure_last_event_id
-            and mercure is not None
-            and self.cursor is not None
-            and mercure != self.cursor
-        ):
-            if Route(self.input.route) is Route.LIVE:
-                self.result.drop_kind = DropKind.MERCURE_HEADER
-                self.result.drop_detail = "Mercure-Last-Event-ID differs from the cursor sent"
-                self.result.drop_position = self.cursor
-                return Outcome.DROP_SIGNAL
-            self.result.history_truncated = True
-            activity.logger.warning(
-                "stream %s: the server's history no longer reaches cursor %s",
-                self.stream,
-                self.cursor,
-            )
+        assert self.intake is not None
+        self.intake.head(truncation_header=truncation_header(response.headers))
         return await self._read(response)
 
     # -- reading -------------------------------------------------------------------
 
     async def _read(self, response: httpx.Response) -> Outcome:
+        intake = self.intake
+        assert intake is not None
         queue: asyncio.Queue[object] = asyncio.Queue(READ_AHEAD_CHUNKS)
         pump = asyncio.create_task(_pump(response, queue))
         rotate_at = time.monotonic() + self.spec.max_connection_age
@@ -373,21 +404,18 @@ class _Connection:
                             item = await queue.get()
                     except TimeoutError:
                         item = None
-                if self.drop_deadline is not None and time.monotonic() >= self.drop_deadline:
-                    return Outcome.DROP_SIGNAL
+                now = time.monotonic()
                 if item is None:
-                    if self.pending and time.monotonic() - self.pending_since >= (
-                        self.spec.batch_max_delay
-                    ):
-                        await self._submit()
+                    intake.poll(now)
+                    await self._submit_ready()
                     self._heartbeat()
-                    if time.monotonic() >= rotate_at or self.result.passed_fence:
+                    if intake.outcome is not None:
+                        return intake.outcome
+                    if now >= rotate_at:
                         return Outcome.ROTATED
                     continue
                 if item is _EOF:
-                    outcome = self._take(self.decoder.close())
-                    if outcome is not None:
-                        return outcome
+                    intake.take(self.decoder.close(), received_at=datetime.now(UTC), now=now)
                     self.result.error = "the server ended the stream"
                     return self._ended()
                 if isinstance(item, BaseException):
@@ -398,160 +426,79 @@ class _Connection:
                 except LineTooLongError as error:
                     self.result.error = str(error)
                     activity.logger.warning("stream %s: %s", self.stream, error)
-                    return Outcome.DROPPED
-                outcome = self._take(items)
-                if outcome is not None:
-                    return outcome
-                if len(self.pending) >= self.spec.batch_max_events:
-                    await self._submit()
-                if self.result.passed_fence:
-                    # The replay re-read past the gap: end here so the workflow clears the
-                    # fence now (it only learns outcomes when a connection ends).
-                    return Outcome.ROTATED
+                    return self._ended()
+                except StreamError as error:
+                    # An event or id over its limit: keep what came before it (the cursor
+                    # stays before the bad event), then park with the setting named.
+                    before = getattr(error, "items", None) or []
+                    intake.take(before, received_at=datetime.now(UTC), now=now)
+                    activity.logger.warning("stream %s: %s", self.stream, error)
+                    raise StreamRefusedError(
+                        f"{error}; the stream is parked until resumed"
+                    ) from None
+                intake.take(items, received_at=datetime.now(UTC), now=now)
+                intake.poll(now)
+                await self._submit_ready()
+                if intake.outcome is not None:
+                    return intake.outcome
         finally:
             pump.cancel()
 
     def _ended(self) -> Outcome:
         """The connection ended by itself: a drop notice seen before still counts."""
-        return Outcome.DROP_SIGNAL if self.drop_deadline is not None else Outcome.DROPPED
+        assert self.intake is not None
+        self.intake.end()
+        return self.intake.outcome or Outcome.DROPPED
 
     def _wait_budget(self, rotate_at: float) -> float:
         now = time.monotonic()
         budget = min(self.reader.heartbeat_interval(), rotate_at - now)
-        if self.drop_deadline is not None:
-            budget = min(budget, self.drop_deadline - now)
-        if self.pending:
-            budget = min(budget, self.pending_since + self.spec.batch_max_delay - now)
+        assert self.intake is not None
+        deadline = self.intake.next_deadline(now)
+        if deadline is not None:
+            budget = min(budget, deadline)
         return max(budget, 0.0)
-
-    def _take(self, items: list[Event | Comment]) -> Outcome | None:
-        """Add decoded items to the pending batch; an Outcome when a drop signal ends it."""
-        if not items:
-            return None
-        received_at = datetime.now(UTC)
-        for item in items:
-            if isinstance(item, Comment):
-                if self.drop_deadline is None and item.text and self.matcher.matches(item.text):
-                    self._drop(DropKind.COMMENT, item.text, dropped_count(item.text))
-                    self.drop_deadline = time.monotonic() + DROP_GRACE
-                continue
-            signal = self._add(item, received_at)
-            if signal is not None:
-                return signal
-        return None
-
-    def _add(self, event: Event, received_at: datetime) -> Outcome | None:
-        event_id = event.id
-        if not event_id:
-            ordinal = None
-        elif event.id_field:
-            ordinal = self.ordinal = 0
-        else:
-            self.ordinal += 1
-            ordinal = self.ordinal
-        if event_id and self.fence is not None and not self.result.passed_fence:
-            before = compare_ids(event_id, self.fence, self.order) <= 0
-            if (
-                self.pending
-                and self.pending_before_fence is not None
-                and (before != self.pending_before_fence)
-            ):
-                # Split the batch at the fence so recovered rows are counted exactly.
-                self._submit_nowait()
-            self.pending_before_fence = before
-        if not self.pending:
-            self.pending_since = time.monotonic()
-        self.pending.append(
-            EventRecord(
-                event_id=event_id,
-                event_ord=ordinal,
-                event_type=event.event,
-                data=event.data,
-                received_at=received_at,
-            )
-        )
-        if event_id:
-            self.pending_last_id = event_id
-            if self.result.first_id is None:
-                self.result.first_id = event_id
-        self.result.events_read += 1
-        if self.drop_deadline is not None and event_id:
-            return Outcome.DROP_SIGNAL  # the first event after the notice bounds the hole
-        if event.event in self.drop_types:
-            self._drop(DropKind.EVENT_TYPE, f"event type {event.event!r}", None)
-            return Outcome.DROP_SIGNAL
-        if self.spec.contiguous_ids and event.id_field and event_id.isdigit():
-            number = int(event_id)
-            if self.last_number is not None and number > self.last_number + 1:
-                missing = number - self.last_number - 1
-                self.last_number = number
-                if Route(self.input.route) is Route.LIVE:
-                    self._drop(DropKind.ID_GAP, f"{missing} ids missing", missing)
-                    return Outcome.DROP_SIGNAL
-                self._truncated(missing)
-            elif self.last_number is None or number > self.last_number:
-                self.last_number = number
-        return None
-
-    def _truncated(self, missing: int) -> None:
-        self.result.history_truncated = True
-        self.result.dropped_estimate = (self.result.dropped_estimate or 0) + missing
-        activity.logger.warning(
-            "stream %s: %d ids are missing from the server's replay: unrecoverable",
-            self.stream,
-            missing,
-        )
-
-    def _drop(self, kind: DropKind, detail: str, estimate: int | None) -> None:
-        self.result.drop_kind = kind
-        self.result.drop_detail = detail[:MAX_DETAIL]
-        self.result.dropped_estimate = estimate
-        self.metrics.drop_signal(kind.value)
-        activity.logger.info("stream %s: drop signal (%s): %s", self.stream, kind, detail[:80])
 
     # -- persisting ----------------------------------------------------------------
 
-    def _submit_nowait(self) -> None:
-        """Queue the pending batch for commit now; it commits after the ones before it."""
-        batch, last_id, before = self.pending, self.pending_last_id, self.pending_before_fence
-        self.pending, self.pending_last_id = [], None
+    async def _submit_ready(self) -> None:
+        """Submit the batches the intake cut, first waiting while too many commit."""
+        assert self.intake is not None
+        while self.intake.ready:
+            while self.inflight and self.inflight[0].done():
+                self.inflight.popleft().result()  # raises if that batch failed
+            if len(self.inflight) >= MAX_BATCHES_IN_FLIGHT:
+                await asyncio.shield(self.inflight.popleft())
+            self._submit_nowait(self.intake.ready.popleft())
+
+    def _submit_nowait(self, batch: Batch) -> None:
+        """Queue a batch for commit now; it commits after the ones before it."""
         job = self.reader.event_log.submit_batch(
-            self.stream, self.order, batch, after=self.last_job
+            self.stream,
+            self.order,
+            batch.records,
+            after=self.last_job,
+            gap_changes=batch.gap_changes,
         )
         self.last_job = job
         previous = self.inflight[-1] if self.inflight else None
-        self.inflight.append(
-            asyncio.create_task(self._persist(previous, job, batch, last_id, before))
-        )
-
-    async def _submit(self) -> None:
-        """Queue the pending batch, first waiting while too many batches are committing."""
-        while self.inflight and self.inflight[0].done():
-            self.inflight.popleft().result()  # raises if that batch failed
-        if len(self.inflight) >= MAX_BATCHES_IN_FLIGHT:
-            await asyncio.shield(self.inflight.popleft())
-        self._submit_nowait()
+        self.inflight.append(asyncio.create_task(self._persist(previous, job, batch)))
 
     async def _flush(self) -> None:
         """Commit everything read so far; called before any outcome is returned."""
-        if self.pending:
-            self._submit_nowait()
+        assert self.intake is not None
+        self.intake.end()
+        while self.intake.ready:
+            self._submit_nowait(self.intake.ready.popleft())
         if self.inflight:
             last = self.inflight[-1]
             self.inflight.clear()
             await last  # each batch's task waits for the one before it
-        if self.result.drop_kind is not None and self.result.drop_position is None:
-            self.result.drop_position = self.cursor
         # No closing heartbeat: the result carries the cursor, and a heartbeat in flight
         # would hold the completion back by one more call to the server.
 
     async def _persist(
-        self,
-        previous: asyncio.Task[None] | None,
-        job: CommitJob,
-        batch: list[EventRecord],
-        last_id: str | None,
-        before_fence: bool | None,
+        self, previous: asyncio.Task[None] | None, job: CommitJob, batch: Batch
     ) -> None:
         started = time.monotonic()
         try:
@@ -559,40 +506,48 @@ class _Connection:
         finally:
             if previous is not None:
                 await previous  # cursors move in commit order, so only ever forward
+        assert self.intake is not None
         self.metrics.batch_persist.record(time.monotonic() - started)
         self.metrics.events_persisted.add(inserted.new_rows)
         self.metrics.duplicates.add(inserted.duplicates)
-        self.metrics.cursor_lag.set((datetime.now(UTC) - batch[-1].received_at).total_seconds())
-        self.result.new_rows += inserted.new_rows
-        self.result.duplicates += inserted.duplicates
-        if before_fence:
-            self.result.recovered_rows += inserted.new_rows
+        if batch.recovered:
             self.metrics.events_recovered.add(inserted.new_rows)
-        if last_id is not None and is_newer(last_id, self.cursor, self.order):
-            self.cursor = last_id
-            self.reader.l1.advance(self.stream, last_id, self.order)
-            self.reader.l2.submit(self.stream, last_id, self.order)
-        if (
-            self.fence is not None
-            and not self.result.passed_fence
-            and self.cursor is not None
-            and compare_ids(self.cursor, self.fence, self.order) >= 0
-        ):
-            self.result.passed_fence = True
-        self._heartbeat()
+        if batch.records:
+            lag = (datetime.now(UTC) - batch.records[-1].received_at).total_seconds()
+            self.metrics.cursor_lag.set(lag)
+        first = self.first_id is None and self.start_cursor is None
+        if self.intake.committed(batch, new_rows=inserted.new_rows):
+            cursor = self.intake.cursor
+            assert cursor is not None
+            self.reader.l1.advance(self.stream, cursor, self.order)
+            self.reader.l2.submit(self.stream, cursor, self.order)
+            if first:
+                # A retry of a connection with no cursor starts from its first id.
+                self.first_id = batch.records[0].event_id or cursor
+        self._heartbeat(force=first and self.first_id is not None)
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self.last_heartbeat < self.reader.heartbeat_interval():
+        if not force and now - self.last_heartbeat < self.reader.heartbeat_interval():
             return
         self.last_heartbeat = now
+        intake = self.intake
         progress = ReadProgress(
-            cursor=self.cursor,
-            events_read=self.result.events_read,
-            new_rows=self.result.new_rows,
-            duplicates=self.result.duplicates,
+            cursor=intake.cursor if intake else None,
+            start_cursor=self.start_cursor,
+            first_id=self.first_id,
+            counts=_added(self.carried, intake.counts) if intake else self.carried,
         )
         activity.heartbeat(asdict(progress))
+
+
+def _added(a: ReadCounts, b: ReadCounts) -> ReadCounts:
+    return ReadCounts(
+        events_read=a.events_read + b.events_read,
+        new_rows=a.new_rows + b.new_rows,
+        duplicates=a.duplicates + b.duplicates,
+        recovered=a.recovered + b.recovered,
+    )
 
 
 async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:
@@ -605,13 +560,6 @@ async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:
         raise
     except Exception as error:  # noqa: BLE001 - every read error ends the connection
         await queue.put(error)
-
-
-def _discard(task: asyncio.Future[Any]) -> None:
-    """Drop a side task: cancel it if it still runs, and never leave its error unread."""
-    if not task.done():
-        task.cancel()
-    task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def _cancel_reason() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from durable_sse.gaps import GapSummary, GapView
 from durable_sse.spec import StreamSpec
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
@@ -30,9 +31,11 @@ class Route(StrEnum):
     LIVE = "live"
     """Newest persisted id (L1 -> L2 -> lagging id -> floor -> none)."""
     LAGGED = "lagged"
-    """The lagging id, so the replay window re-delivers a hole (falls back to live)."""
+    """The repair: one stored id before the oldest open gap, so the replay window
+    re-delivers it; with no gap open, the lagging id (falls back to live)."""
     EXPLICIT = "explicit"
-    """``ReadInput.start_id`` exactly (replay ``from_id``/``since``, resuming a replay)."""
+    """``ReadInput.start_id`` exactly: a requested replay (``from_id``/``since``), or its
+    continuation after a disconnect."""
 
 
 class Outcome(StrEnum):
@@ -41,7 +44,7 @@ class Outcome(StrEnum):
     DROPPED = "dropped"
     """Network error, idle timeout, or a clean end of body: nothing was skipped."""
     DROP_SIGNAL = "drop_signal"
-    """The server announced (or the ids show) that events were skipped."""
+    """A gap was recorded (or found open) that the workflow must have repaired."""
     NO_CONTENT = "no_content"
     """HTTP 204: the server asks us to stop until resumed."""
     ROTATED = "rotated"
@@ -52,11 +55,9 @@ class Outcome(StrEnum):
     """429/5xx or a network error before the stream opened; ``retry_after`` says when."""
 
 
-class DropKind(StrEnum):
-    COMMENT = "comment"
-    EVENT_TYPE = "event_type"
-    MERCURE_HEADER = "mercure_header"
-    ID_GAP = "id_gap"
+RECORDED_GAP = "recorded"
+"""``DropReport.kind`` when a connection found open gaps the workflow did not know of
+(a result lost to a crash or a cancel): it ends at once so the repair can start."""
 
 
 @dataclass
@@ -65,20 +66,42 @@ class ReadInput:
     route: Route = Route.LIVE
     start_id: str | None = None
     """Cursor to send when ``route`` is EXPLICIT."""
-    fence_id: str | None = None
-    """Set while a gap is being repaired: the reader reports when it persists past it."""
+    known_gaps: list[str] = field(default_factory=list)
+    """Open gaps the workflow knows of; any other open gap ends a live connection."""
     connection: int = 0
     """Connection number within the workflow, for logs."""
 
 
 @dataclass
-class ReadProgress:
-    """Heartbeat details: the newest committed cursor of this attempt, plus counts."""
-
-    cursor: str | None = None
+class ReadCounts:
     events_read: int = 0
     new_rows: int = 0
     duplicates: int = 0
+    recovered: int = 0
+    """New rows that filled part of an open gap."""
+
+
+@dataclass
+class ReadProgress:
+    """Heartbeat details: a hint for a retried attempt (the stores are the truth)."""
+
+    cursor: str | None = None
+    """Newest committed cursor of this attempt."""
+    start_cursor: str | None = None
+    """The cursor the attempt started from. A retried attempt starts there again: the
+    one that died may have read a drop notice it could not record."""
+    first_id: str | None = None
+    """The first id the attempt committed, when it started with no cursor: a retry starts
+    from it instead."""
+    counts: ReadCounts = field(default_factory=ReadCounts)
+
+
+@dataclass
+class DropReport:
+    """The drop signal that ended a connection (short, sanitised: never event data)."""
+
+    kind: str
+    detail: str = ""
 
 
 @dataclass
@@ -86,38 +109,21 @@ class ReadResult:
     outcome: Outcome
     start_cursor: str | None = None
     """The cursor this connection sent (None = live only)."""
+    cursor_source: str | None = None
+    """Which store answered it: l1, l2, gap, lagging, floor, explicit, heartbeat, none."""
     last_cursor: str | None = None
     """Newest persisted id at the end (the start cursor when nothing new came)."""
-    first_id: str | None = None
-    """First id read on this connection."""
-    events_read: int = 0
-    new_rows: int = 0
-    duplicates: int = 0
+    counts: ReadCounts = field(default_factory=ReadCounts)
+    drop: DropReport | None = None
+    gaps: GapSummary | None = None
+    """The stream's gaps as the connection ended (read from the store)."""
+    lagging_id: str | None = None
+    """The checkpoint's lagging id when the connection ended (for the status query)."""
     retry_ms: int | None = None
     """The server's last ``retry:`` value, if it sent one."""
     retry_after: float | None = None
     """Seconds to wait before reconnecting (Retry-After, capped), RETRY_LATER only."""
     status_code: int | None = None
-    drop_kind: DropKind | None = None
-    drop_detail: str | None = None
-    """Short, sanitised description of the drop signal (never event data)."""
-    drop_position: str | None = None
-    """Newest persisted id when the drop signal arrived: the gap fence."""
-    dropped_estimate: int | None = None
-    """Number of skipped events when the signal says (``discarded 37 events``) or the id
-    gap shows it; None when unknown."""
-    passed_fence: bool = False
-    """This connection persisted an id at or past ``ReadInput.fence_id``."""
-    recovered_rows: int = 0
-    """New rows whose ids are at or before ``ReadInput.fence_id``: events a replay recovered
-    (batches are split at the fence so this is exact)."""
-    history_truncated: bool = False
-    """The server said its history no longer reaches the cursor we sent (replay cannot
-    repair what lies before it)."""
-    lagging_id: str | None = None
-    """The checkpoint's lagging id when the connection ended (for the status query)."""
-    cursor_source: str | None = None
-    """Which store answered the start cursor: l1, l2, lagging, floor, heartbeat, explicit, none."""
     error: str | None = None
     """Why the connection ended, for DROPPED/RETRY_LATER (sanitised, no secrets)."""
 
@@ -128,7 +134,6 @@ class CheckpointState:
     lagging_id: str | None = None
     lagging_at: str | None = None
     """ISO time the lagging id was persisted (received)."""
-    fence_id: str | None = None
     updated_at: str | None = None
 
 
@@ -138,13 +143,6 @@ class StreamRef:
 
     name: str
     id_order: str = "natural"
-
-
-@dataclass
-class FenceInput:
-    stream: StreamRef
-    fence_id: str | None
-    """None clears the fence."""
 
 
 @dataclass
@@ -159,8 +157,17 @@ class AdvanceInput:
 class AdvanceResult:
     lagging_id: str | None
     moved: bool = False
-    held_by_fence: bool = False
-    fence_id: str | None = None
+    held_by_gap: bool = False
+    """An open gap keeps the lagging id at or before its resume point."""
+    cap_id: str | None = None
+
+
+@dataclass
+class StreamGaps:
+    """The stream's gaps and lagging id, read by the workflow when a result had none."""
+
+    gaps: GapSummary
+    lagging_id: str | None = None
 
 
 @dataclass
@@ -188,12 +195,21 @@ class StreamCounters:
     connections: int = 0
     drop_signals: int = 0
     lagged_replays: int = 0
+    """New lagged reconnects: repairs of gaps, and ``replay`` signals with no payload."""
+    explicit_replays: int = 0
+    """``replay`` signals with ``from_id`` or ``since``."""
     events_read: int = 0
     events_persisted: int = 0
     events_recovered: int = 0
+    """Rows stored inside gaps after they were recorded (from the gap records)."""
     duplicates: int = 0
     events_unrecoverable: int = 0
+    """Exact counts of unrecoverable gaps (from the gap records)."""
+    gaps_open: int = 0
+    gaps_repaired: int = 0
     gaps_unrecoverable: int = 0
+    gaps_unknown_size: int = 0
+    """Unrecoverable gaps whose size nobody can know: not in ``events_unrecoverable``."""
     failures: int = 0
 
 
@@ -206,9 +222,11 @@ class StreamStatus:
     route: str | None = None
     live_cursor: str | None = None
     lagging_id: str | None = None
-    fence_id: str | None = None
+    open_gaps: list[GapView] = field(default_factory=list)
+    """Open gaps (oldest first, at most 20 by name; ``counters.gaps_open`` counts all)."""
     counters: StreamCounters = field(default_factory=StreamCounters)
     last_outcome: str | None = None
     last_error: str | None = None
     next_reconnect_at: str | None = None
-    pending_lagged: bool = False
+    repair_pending: bool = False
+    """A gap is open and its repair waits for the lagged-reconnect throttle."""

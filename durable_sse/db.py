@@ -1,4 +1,5 @@
-"""Tables, engines and schema creation for the event log and the checkpoint row.
+"""Tables, engines, schema creation and migrations for the event log, the checkpoint row
+and the gap records.
 
 PostgreSQL (psycopg 3) in production, SQLite as the embedded default. Both compare
 ``bytea``/``BLOB`` bytewise, so the ``*_key`` columns (``durable_sse.ids.sort_key``)
@@ -6,6 +7,10 @@ order ids the same way in SQL as in Python and in the Redis script.
 
 Nothing here performs I/O at import or when an engine is built; only
 :func:`create_schema` and the queries that use the engine touch the database.
+
+The schema carries a version (table ``sse_schema``); :func:`create_schema` creates a new
+database at :data:`SCHEMA_VERSION` and migrates an older one step by step, under an
+advisory lock on PostgreSQL (SQLite has one writer at a time anyway).
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ logger = logging.getLogger(__name__)
 
 EVENTS_TABLE = "sse_events"
 CHECKPOINTS_TABLE = "sse_checkpoints"
+GAPS_TABLE = "sse_gaps"
+SCHEMA_TABLE = "sse_schema"
+SCHEMA_VERSION = 2
+"""1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
+replace the fence."""
 STAGING_TABLE = "sse_events_staging"
 """Per-connection temporary table that PostgreSQL batches are COPYed into."""
 
@@ -71,7 +81,7 @@ class SSEEvent(SQLModel, table=True):
 
 
 class SSECheckpoint(SQLModel, table=True):
-    """A stream's lagging id (trails the newest by a replay window) and its gap fence."""
+    """A stream's lagging id: trails the newest by a replay window, never passes a gap."""
 
     __tablename__ = CHECKPOINTS_TABLE
 
@@ -83,16 +93,53 @@ class SSECheckpoint(SQLModel, table=True):
     lagging_at: datetime | None = Field(
         default=None, sa_column=sa.Column(sa.DateTime(timezone=True), nullable=True)
     )
-    fence_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
-    fence_key: bytes | None = Field(
-        default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True)
-    )
     id_order: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     updated_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
 
 
+class SSEGap(SQLModel, table=True):
+    """One gap: where a stream's server skipped events, and what became of them.
+
+    Rows are written only by :func:`durable_sse.gaps.apply_change` (see that module for
+    the meaning of each column). ``ix_sse_gaps_stream_state`` serves the two queries on
+    the reconnect path: a stream's open gaps, and its totals by state.
+    """
+
+    __tablename__ = GAPS_TABLE
+    __table_args__ = (sa.Index("ix_sse_gaps_stream_state", "stream", "state"),)
+
+    gap_id: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
+    stream: str = Field(sa_column=sa.Column(sa.String, nullable=False))
+    kind: str = Field(sa_column=sa.Column(sa.String, nullable=False))
+    state: str = Field(sa_column=sa.Column(sa.String, nullable=False))
+    start_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    end_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    notice_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    reread_to: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    announced: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    truncated: bool = Field(default=False, sa_column=sa.Column(sa.Boolean, nullable=False))
+    short_reads: int = Field(default=0, sa_column=sa.Column(sa.Integer, nullable=False))
+    recovered: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
+    missing: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    seen_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    closed_at: datetime | None = Field(
+        default=None, sa_column=sa.Column(sa.DateTime(timezone=True), nullable=True)
+    )
+    detail: str = Field(default="", sa_column=sa.Column(sa.String, nullable=False))
+
+
+class SSESchema(SQLModel, table=True):
+    """The schema version of this database (one row)."""
+
+    __tablename__ = SCHEMA_TABLE
+
+    version: int = Field(sa_column=sa.Column(sa.Integer, primary_key=True))
+
+
 events_table: sa.Table = SSEEvent.__table__  # type: ignore[attr-defined]
 checkpoints_table: sa.Table = SSECheckpoint.__table__  # type: ignore[attr-defined]
+gaps_table: sa.Table = SSEGap.__table__  # type: ignore[attr-defined]
+schema_table: sa.Table = SSESchema.__table__  # type: ignore[attr-defined]
 
 STAGING_COLUMNS = (
     "pos",
@@ -177,10 +224,11 @@ def describe_database(url: URL | str) -> str:
 
 
 def create_schema(engine: Engine) -> None:
-    """Create the tables and indexes if missing; safe on every start and concurrently.
+    """Create the schema, or migrate an older one, to :data:`SCHEMA_VERSION`.
 
-    On PostgreSQL the DDL runs under a transaction-scoped advisory lock, and a lost
-    ``CREATE TABLE`` race (two processes that both saw no table) is retried once.
+    Safe on every start and concurrently: on PostgreSQL the work runs under a
+    transaction-scoped advisory lock, and a lost ``CREATE TABLE`` race (two processes
+    that both saw no table) is retried once.
     """
     if engine.dialect.name == "sqlite":
         path = sqlite_path(str(engine.url))
@@ -189,18 +237,89 @@ def create_schema(engine: Engine) -> None:
     for attempt in (1, 2):
         try:
             with engine.begin() as connection:
-                _create_tables(connection)
+                _migrate(connection)
             return
-        except (sa.exc.IntegrityError, sa.exc.ProgrammingError) as error:
+        except (sa.exc.IntegrityError, sa.exc.ProgrammingError, sa.exc.OperationalError) as error:
             if attempt == 2:
                 raise
             logger.info("schema creation raced another process, retrying: %s", error_summary(error))
 
 
-def _create_tables(connection: Connection) -> None:
+def schema_version(connection: Connection) -> int | None:
+    """The database's schema version (None: no durable-sse tables at all)."""
+    inspector = sa.inspect(connection)
+    if inspector.has_table(SCHEMA_TABLE):
+        return connection.execute(sa.select(sa.func.max(schema_table.c.version))).scalar()
+    if inspector.has_table(EVENTS_TABLE):
+        return 1
+    return None
+
+
+def _migrate(connection: Connection) -> None:
     if connection.dialect.name == "postgresql":
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _SCHEMA_LOCK_ID})
-    SQLModel.metadata.create_all(connection, tables=[events_table, checkpoints_table])
+    version = schema_version(connection)
+    if version is None:
+        SQLModel.metadata.create_all(
+            connection, tables=[events_table, checkpoints_table, gaps_table, schema_table]
+        )
+        _set_version(connection, SCHEMA_VERSION)
+        return
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database has schema version {version}, newer than this durable-sse "
+            f"({SCHEMA_VERSION}): upgrade durable-sse before running it on this database"
+        )
+    for step in range(version, SCHEMA_VERSION):
+        logger.info("migrating the schema from version %d to %d", step, step + 1)
+        MIGRATIONS[step](connection)
+        _set_version(connection, step + 1)
+
+
+def _set_version(connection: Connection, version: int) -> None:
+    schema_table.create(connection, checkfirst=True)
+    connection.execute(sa.delete(schema_table))
+    connection.execute(sa.insert(schema_table).values(version=version))
+
+
+def _migrate_1_to_2(connection: Connection) -> None:
+    """Gap records replace the checkpoint's gap fence: an unrepaired fence becomes an
+    open gap from the lagging id to the fence, so the repair it stood for still happens."""
+    gaps_table.create(connection, checkfirst=True)
+    columns = {column["name"] for column in sa.inspect(connection).get_columns(CHECKPOINTS_TABLE)}
+    if "fence_id" not in columns:
+        return
+    rows = connection.execute(
+        sa.text(
+            f"SELECT stream, lagging_id, fence_id FROM {CHECKPOINTS_TABLE} "
+            "WHERE fence_id IS NOT NULL"
+        )
+    ).all()
+    now = datetime.now(UTC)
+    for row in rows:
+        connection.execute(
+            sa.insert(gaps_table).values(
+                gap_id=f"migrated-{row.stream}",
+                stream=row.stream,
+                kind="migrated",
+                state="open",
+                start_id=row.lagging_id,
+                end_id=row.fence_id,
+                notice_id=row.fence_id,
+                truncated=False,
+                short_reads=0,
+                recovered=0,
+                seen_at=now,
+                detail="gap fence of schema version 1",
+            )
+        )
+    for column in ("fence_id", "fence_key"):
+        if column in columns:
+            connection.exec_driver_sql(f"ALTER TABLE {CHECKPOINTS_TABLE} DROP COLUMN {column}")
+
+
+MIGRATIONS = {1: _migrate_1_to_2}
+"""``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction."""
 
 
 def to_utc(moment: datetime) -> datetime:

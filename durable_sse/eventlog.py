@@ -1,8 +1,12 @@
-"""The event log (``sse_events``) and the checkpoint row (``sse_checkpoints``).
+"""The event log (``sse_events``), the checkpoint row (``sse_checkpoints``) and the gap
+records (``sse_gaps``).
 
 The log is the system of record: a batch is committed before any cursor moves past
 it (invariant 1), and every event is keyed ``(stream, event_id, event_ord)`` so that
-replays are absorbed by ``ON CONFLICT DO NOTHING`` (invariant 2).
+replays are absorbed by ``ON CONFLICT DO NOTHING`` (invariant 2). A batch carries the
+gap changes the reader derived from it (:mod:`durable_sse.gaps`); they are applied in
+the batch's own transaction, so no cursor passes a drop signal before its gap record is
+durable (invariant 5).
 
 Blocking SQLAlchemy/driver calls run in a small dedicated thread pool, never on the
 event loop. Batches are group-committed (``durable_sse.commits``): one transaction takes
@@ -45,11 +49,25 @@ from durable_sse.db import (
     error_summary,
     events_table,
     from_db_time,
+    gaps_table,
     make_engine,
     to_utc,
 )
 from durable_sse.errors import StoreError
-from durable_sse.ids import IdOrder, sort_key
+from durable_sse.gaps import (
+    Gap,
+    GapChange,
+    GapState,
+    GapSummary,
+    GapTotals,
+    StreamContext,
+    apply_change,
+    choose_start,
+    lagging_target,
+    numeric_span,
+    summarize,
+)
+from durable_sse.ids import IdOrder, contiguous_number, sort_key
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +110,25 @@ class EventRecord:
     data: str
     received_at: datetime
     """Tz-aware; stored as UTC."""
+
+
+@dataclass(frozen=True)
+class BatchPayload:
+    """What the writer needs for one batch: its rows and the gap changes it carries."""
+
+    order: IdOrder
+    events: Sequence[EventRecord]
+    gap_changes: Sequence[GapChange] = ()
+
+
+@dataclass(frozen=True)
+class ConnectionStart:
+    """Where a connection resumes, and what it knows of its stream as it connects."""
+
+    cursor: str | None
+    source: str
+    """Which store answered: l1, l2, gap, lagging, floor, explicit, heartbeat, none."""
+    context: StreamContext
 
 
 @dataclass(frozen=True)
@@ -151,15 +188,17 @@ class EventLog:
         events: Sequence[EventRecord],
         *,
         after: CommitJob | None = None,
+        gap_changes: Sequence[GapChange] = (),
     ) -> CommitJob:
-        """Queue a batch for the next group commit and return at once.
+        """Queue a batch (and the gap changes it carries) for the next group commit.
 
         Batches commit in the order they are submitted; one submitted ``after`` another
         is left out (its future fails) if that one was not committed. Await the result
-        with :meth:`committed`.
+        with :meth:`committed`. A batch may hold gap changes and no events.
         """
         self._refuse_if_closed("insert events")
-        return self._commits.submit(stream, (IdOrder(id_order), events), len(events), after=after)
+        payload = BatchPayload(IdOrder(id_order), events, tuple(gap_changes))
+        return self._commits.submit(stream, payload, len(events), after=after)
 
     async def committed(self, job: CommitJob) -> InsertResult:
         """Wait for a submitted batch to commit; cancelling the wait leaves the batch be."""
@@ -198,7 +237,7 @@ class EventLog:
         """Move the lagging id to the newest id received at least ``window`` s before ``now``.
 
         One transaction: creates the row if missing, then a conditional UPDATE that only
-        moves forward under the id order and never while a gap fence is set.
+        moves forward under the id order and never past an open gap's resume point.
         """
         cutoff = to_utc(now) - timedelta(seconds=window)
         return await self._run(
@@ -209,26 +248,41 @@ class EventLog:
             cutoff,
         )
 
-    async def set_fence(self, stream: str, id_order: str, fence_id: str) -> str:
-        """Fence the lagging id at ``fence_id`` (only ever moves forward); returns the fence."""
-        if not fence_id:
-            raise ValueError("a gap fence needs a non-empty event id")
+    async def connection_context(
+        self,
+        stream: str,
+        id_order: str,
+        *,
+        cursor: str | None,
+        source: str,
+        repair: bool = False,
+    ) -> ConnectionStart:
+        """One read as a connection starts: its cursor when the caches had none, and the
+        lagging id, floor, open gaps and witness of the cursor (see ``StreamContext``).
+
+        ``repair``: the lagged route. Start one stored id before the oldest open gap's
+        resume point, so the first event re-delivered shows whether the server's history
+        still reaches the gap; with no gap open, start from the lagging id.
+        """
         return await self._run(
-            f"set the gap fence of stream {stream!r}",
-            self._set_fence_sync,
+            f"read the state of stream {stream!r}",
+            self._context_sync,
             stream,
             IdOrder(id_order),
-            fence_id,
+            cursor,
+            source,
+            repair,
         )
 
-    async def clear_fence(self, stream: str, id_order: str, upto_id: str) -> bool:
-        """Clear the fence if the replay reached it (``fence <= upto_id``); True if cleared."""
+    async def gap_summary(self, stream: str, id_order: str) -> GapSummary:
+        """The stream's open gaps by name and all its gaps by count."""
         return await self._run(
-            f"clear the gap fence of stream {stream!r}",
-            self._clear_fence_sync,
-            stream,
-            sort_key(upto_id, IdOrder(id_order)),
+            f"read the gaps of stream {stream!r}", self._summary_sync, stream, IdOrder(id_order)
         )
+
+    async def gaps(self, stream: str) -> list[Gap]:
+        """Every gap record of the stream, oldest first (tests and the status tools)."""
+        return await self._run(f"read the gaps of stream {stream!r}", self._gaps_sync, stream)
 
     async def close(self) -> None:
         if self._closed:
@@ -293,6 +347,9 @@ class EventLog:
                     insert = self._stage(connection, jobs, clean=clean)
                     group.wait_for_previous_rows()
                     counts = insert()
+                    for job, count in zip(jobs, counts, strict=True):
+                        if job.payload.gap_changes:
+                            self._apply_gap_changes(connection, job.stream, job.payload, count)
                     if group.wait_turn():
                         raise _Rewrite  # roll back: some batches must not commit
                     group.rows_written.set()
@@ -326,7 +383,7 @@ class EventLog:
         rows: list[tuple[Any, ...]] = []
         spans: list[tuple[int, int]] = []
         for job in jobs:
-            order, events = job.payload
+            order, events = job.payload.order, job.payload.events
             if clean:
                 cleaned = [_clean_record(record) for record in events]
                 if cleaned != list(events):
@@ -337,6 +394,8 @@ class EventLog:
             spans.append((start, len(rows)))
         if self.dialect != "postgresql":
             return lambda: [self._insert_sqlite(connection, rows[a:b]) for a, b in spans]
+        if not rows:
+            return lambda: [0] * len(spans)  # gap changes only
         several = len(spans) > 1  # then count each batch's rows from what was inserted
         if len(rows) <= SMALL_BATCH:
             insert = functools.partial(self._insert_values, connection, rows, several)
@@ -351,6 +410,8 @@ class EventLog:
         # Plain driver executemany: SQLAlchemy's per-row bind processing would halve the
         # rate; the one conversion needed (datetime -> text) uses SQLAlchemy's own
         # processor, so stored times compare with those bound by SQLAlchemy queries.
+        if not rows:
+            return 0
         to_text = self._sqlite_time
         params = [(*row[1:-1], to_text(row[-1])) for row in rows]
         result = connection.exec_driver_sql(_SQLITE_INSERT_SQL, params)
@@ -417,7 +478,6 @@ class EventLog:
             stream=row.stream,
             lagging_id=row.lagging_id,
             lagging_at=_iso(row.lagging_at),
-            fence_id=row.fence_id,
             updated_at=_iso(row.updated_at),
         )
 
@@ -427,7 +487,7 @@ class EventLog:
             # A write first: on SQLite this takes the write lock before anything is read.
             self._ensure_checkpoint(connection, stream, order)
             candidate = connection.execute(
-                sa.select(events.c.event_id, events.c.id_key, events.c.received_at)
+                sa.select(events.c.event_id, events.c.received_at)
                 .where(
                     events.c.stream == stream,
                     events.c.id_key.is_not(None),
@@ -436,66 +496,292 @@ class EventLog:
                 .order_by(events.c.id_key.desc(), events.c.received_at.desc())
                 .limit(1)
             ).first()
+            target, held, cap = lagging_target(
+                candidate.event_id if candidate is not None else None,
+                self._open_gaps(connection, stream, lock=True),
+                order,
+            )
+            target_at = None
+            if target is not None:
+                if candidate is not None and target == candidate.event_id:
+                    target_at = candidate.received_at
+                else:
+                    target_at = self._received_at(connection, stream, target)
             moved = False
-            if candidate is not None:
+            if target is not None:
+                key = sort_key(target, order)
                 result = connection.execute(
                     sa.update(table)
                     .where(
                         table.c.stream == stream,
-                        table.c.fence_key.is_(None),
-                        sa.or_(
-                            table.c.lagging_key.is_(None), table.c.lagging_key < candidate.id_key
-                        ),
+                        sa.or_(table.c.lagging_key.is_(None), table.c.lagging_key < key),
                     )
                     .values(
-                        lagging_id=candidate.event_id,
-                        lagging_key=candidate.id_key,
-                        lagging_at=from_db_time(candidate.received_at),
+                        lagging_id=target,
+                        lagging_key=key,
+                        lagging_at=from_db_time(target_at),
                         id_order=order.value,
                         updated_at=datetime.now(UTC),
                     )
                 )
                 moved = result.rowcount == 1
-            state = connection.execute(
-                sa.select(table.c.lagging_id, table.c.fence_id).where(table.c.stream == stream)
-            ).one()
-        return AdvanceResult(
-            lagging_id=state.lagging_id,
-            moved=moved,
-            held_by_fence=state.fence_id is not None,
-            fence_id=state.fence_id,
-        )
-
-    def _set_fence_sync(self, stream: str, order: IdOrder, fence_id: str) -> str:
-        table = checkpoints_table
-        key = sort_key(fence_id, order)
-        with self._begin() as connection:
-            self._ensure_checkpoint(connection, stream, order)
-            connection.execute(
-                sa.update(table)
-                .where(
-                    table.c.stream == stream,
-                    sa.or_(table.c.fence_key.is_(None), table.c.fence_key < key),
-                )
-                .values(fence_id=fence_id, fence_key=key, updated_at=datetime.now(UTC))
-            )
-            return connection.execute(
-                sa.select(table.c.fence_id).where(table.c.stream == stream)
+            lagging = connection.execute(
+                sa.select(table.c.lagging_id).where(table.c.stream == stream)
             ).scalar_one()
+        return AdvanceResult(lagging_id=lagging, moved=moved, held_by_gap=held, cap_id=cap)
 
-    def _clear_fence_sync(self, stream: str, upto_key: bytes) -> bool:
-        table = checkpoints_table
-        with self._begin() as connection:
-            result = connection.execute(
-                sa.update(table)
-                .where(
-                    table.c.stream == stream,
-                    table.c.fence_key.is_not(None),
-                    table.c.fence_key <= upto_key,
-                )
-                .values(fence_id=None, fence_key=None, updated_at=datetime.now(UTC))
+    def _received_at(self, connection: Connection, stream: str, event_id: str) -> Any:
+        events = events_table
+        return connection.execute(
+            sa.select(events.c.received_at)
+            .where(events.c.stream == stream, events.c.event_id == event_id)
+            .order_by(events.c.event_ord)
+            .limit(1)
+        ).scalar_one_or_none()
+
+    # -- gaps -----------------------------------------------------------------------
+
+    def _open_gaps(self, connection: Connection, stream: str, *, lock: bool = False) -> list[Gap]:
+        query = sa.select(gaps_table).where(
+            gaps_table.c.stream == stream, gaps_table.c.state == GapState.OPEN.value
+        )
+        if lock and self.dialect == "postgresql":
+            query = query.with_for_update()
+        return [_gap_from_row(row) for row in connection.execute(query)]
+
+    def _apply_gap_changes(
+        self, connection: Connection, stream: str, payload: BatchPayload, new_rows: int
+    ) -> None:
+        """Apply a batch's gap changes inside its transaction (see ``gaps.apply_change``)."""
+        order = payload.order
+        ids = sorted({change.gap_id for change in payload.gap_changes})
+        query = sa.select(gaps_table).where(gaps_table.c.gap_id.in_(ids))
+        if self.dialect == "postgresql":
+            query = query.with_for_update()
+        records = {row.gap_id: _gap_from_row(row) for row in connection.execute(query)}
+        existing = set(records)
+        lagging = connection.execute(
+            sa.select(checkpoints_table.c.lagging_id).where(checkpoints_table.c.stream == stream)
+        ).scalar_one_or_none()
+        stored = _SqlStoredIds(connection, stream, order)
+        now = datetime.now(UTC).isoformat()
+        for change in payload.gap_changes:
+            record = apply_change(
+                records.get(change.gap_id),
+                change,
+                order=order,
+                lagging_id=lagging,
+                new_rows=new_rows,
+                now=now,
+                stored=stored,
             )
-            return result.rowcount == 1
+            if record is None:
+                continue
+            records[change.gap_id] = record
+            if record.state != GapState.OPEN:
+                logger.log(
+                    logging.WARNING if record.state == GapState.UNRECOVERABLE else logging.INFO,
+                    "stream %s: gap %s after %r before %r is %s (missing %s, recovered %d)",
+                    stream,
+                    record.gap_id,
+                    record.start_id,
+                    record.end_id,
+                    record.state,
+                    "unknown" if record.missing is None else record.missing,
+                    record.recovered,
+                )
+        for gap_id in ids:
+            record = records.get(gap_id)
+            if record is None:
+                continue
+            values = _gap_values(record)
+            if gap_id in existing:
+                connection.execute(
+                    sa.update(gaps_table).where(gaps_table.c.gap_id == gap_id).values(**values)
+                )
+            else:
+                connection.execute(sa.insert(gaps_table).values(gap_id=gap_id, **values))
+
+    def _context_sync(
+        self, stream: str, order: IdOrder, cursor: str | None, source: str, repair: bool
+    ) -> ConnectionStart:
+        events = events_table
+        with self._begin() as connection:
+            lagging = connection.execute(
+                sa.select(checkpoints_table.c.lagging_id).where(
+                    checkpoints_table.c.stream == stream
+                )
+            ).scalar_one_or_none()
+            open_gaps = self._open_gaps(connection, stream)
+            floor = connection.execute(
+                sa.select(events.c.event_id)
+                .where(events.c.stream == stream, events.c.id_key.is_not(None))
+                .order_by(events.c.id_key.desc())
+                .limit(1)
+            ).scalar_one_or_none()
+            cursor, source, witness = choose_start(
+                cursor=cursor,
+                source=source,
+                repair=repair,
+                lagging_id=lagging,
+                floor=floor,
+                open_gaps=open_gaps,
+                order=order,
+                neighbour=lambda event_id, older: self._neighbour(
+                    connection, stream, order, event_id, older=older
+                ),
+            )
+        context = StreamContext(
+            lagging_id=lagging, floor=floor, witness=witness, open_gaps=open_gaps
+        )
+        return ConnectionStart(cursor=cursor, source=source, context=context)
+
+    def _neighbour(
+        self, connection: Connection, stream: str, order: IdOrder, event_id: str, *, older: bool
+    ) -> str | None:
+        """The stored id just before (``older``) or just after ``event_id``."""
+        events, key = events_table, sort_key(event_id, order)
+        condition = events.c.id_key < key if older else events.c.id_key > key
+        ordering = events.c.id_key.desc() if older else events.c.id_key.asc()
+        return connection.execute(
+            sa.select(events.c.event_id)
+            .where(events.c.stream == stream, events.c.id_key.is_not(None), condition)
+            .order_by(ordering)
+            .limit(1)
+        ).scalar_one_or_none()
+
+    def _summary_sync(self, stream: str, order: IdOrder) -> GapSummary:
+        table = gaps_table
+        with self._begin() as connection:
+            open_gaps = self._open_gaps(connection, stream)
+            rows = connection.execute(
+                sa.select(
+                    table.c.state,
+                    sa.func.count(),
+                    sa.func.coalesce(sa.func.sum(table.c.missing), 0),
+                    sa.func.sum(sa.case((table.c.missing.is_(None), 1), else_=0)),
+                    sa.func.coalesce(sa.func.sum(table.c.recovered), 0),
+                )
+                .where(table.c.stream == stream)
+                .group_by(table.c.state)
+            ).all()
+        summary = summarize(open_gaps, order)
+        totals = GapTotals()
+        for state, count, missing, unknown, recovered in rows:
+            totals.events_recovered += int(recovered or 0)
+            if state == GapState.OPEN:
+                totals.open = int(count)
+            elif state == GapState.REPAIRED:
+                totals.repaired = int(count)
+            else:
+                totals.unrecoverable = int(count)
+                totals.events_unrecoverable = int(missing or 0)
+                totals.unknown_size = int(unknown or 0)
+        summary.totals = totals
+        return summary
+
+    def _gaps_sync(self, stream: str) -> list[Gap]:
+        with self._begin() as connection:
+            rows = connection.execute(
+                sa.select(gaps_table)
+                .where(gaps_table.c.stream == stream)
+                .order_by(gaps_table.c.seen_at, gaps_table.c.gap_id)
+            )
+            return [_gap_from_row(row) for row in rows]
+
+
+class _SqlStoredIds:
+    """``gaps.StoredIds`` over one transaction: what a closing gap counts exactly."""
+
+    def __init__(self, connection: Connection, stream: str, order: IdOrder) -> None:
+        self._connection = connection
+        self._stream = stream
+        self._order = order
+
+    def stored_numbers_between(self, low: int, high: int) -> int:
+        events = events_table
+        if high - low <= 1:
+            return 0
+        if self._order is IdOrder.LEXICOGRAPHIC:
+            # Byte order is not numeric order here: ask for the ids themselves.
+            found: set[int] = set()
+            for chunk_start in range(low + 1, high, 1000):
+                names = [str(n) for n in range(chunk_start, min(chunk_start + 1000, high))]
+                rows = self._connection.execute(
+                    sa.select(events.c.event_id).where(
+                        events.c.stream == self._stream,
+                        events.c.event_ord == 0,
+                        events.c.event_id.in_(names),
+                    )
+                )
+                found.update(int(row.event_id) for row in rows)
+            return len(found)
+        rows = self._connection.execute(
+            sa.select(events.c.event_id).where(
+                events.c.stream == self._stream,
+                events.c.event_ord == 0,
+                events.c.id_key > sort_key(str(low), self._order),
+                events.c.id_key < sort_key(str(high), self._order),
+            )
+        )
+        numbers = {contiguous_number(row.event_id) for row in rows}
+        return sum(1 for n in numbers if n is not None and low < n < high)
+
+    def counted_ranges(self, *, except_gap: str) -> list[tuple[int, int]]:
+        rows = self._connection.execute(
+            sa.select(gaps_table).where(
+                gaps_table.c.stream == self._stream,
+                gaps_table.c.state == GapState.UNRECOVERABLE.value,
+                gaps_table.c.gap_id != except_gap,
+            )
+        )
+        spans = (numeric_span(_gap_from_row(row)) for row in rows)
+        return [span for span in spans if span is not None]
+
+
+def _gap_from_row(row: Any) -> Gap:
+    return Gap(
+        gap_id=row.gap_id,
+        stream=row.stream,
+        kind=row.kind,
+        start_id=row.start_id,
+        end_id=row.end_id,
+        notice_id=row.notice_id,
+        announced=row.announced,
+        state=row.state,
+        reread_to=row.reread_to,
+        truncated=bool(row.truncated),
+        short_reads=int(row.short_reads),
+        recovered=int(row.recovered),
+        missing=row.missing,
+        seen_at=_iso(row.seen_at) or "",
+        closed_at=_iso(row.closed_at),
+        detail=row.detail,
+    )
+
+
+def _gap_values(gap: Gap) -> dict[str, Any]:
+    return {
+        "stream": gap.stream,
+        "kind": gap.kind,
+        "state": gap.state,
+        "start_id": gap.start_id,
+        "end_id": gap.end_id,
+        "notice_id": gap.notice_id,
+        "reread_to": gap.reread_to,
+        "announced": gap.announced,
+        "truncated": gap.truncated,
+        "short_reads": gap.short_reads,
+        "recovered": gap.recovered,
+        "missing": gap.missing,
+        "seen_at": _parse_iso(gap.seen_at),
+        "closed_at": _parse_iso(gap.closed_at) if gap.closed_at else None,
+        "detail": gap.detail,
+    }
+
+
+def _parse_iso(value: str) -> datetime:
+    return to_utc(datetime.fromisoformat(value))
 
 
 def _new_rows_per_batch(

@@ -83,7 +83,19 @@ def sort_key(event_id: str, order: IdOrder | str) -> bytes:
 
 
 def compare_ids(a: str, b: str, order: IdOrder | str) -> int:
-    """-1, 0 or 1 as ``a`` is older than, level with or newer than ``b``."""
+    """-1, 0 or 1 as ``a`` is older than, level with or newer than ``b``.
+
+    Counters (ASCII digits) compare without building keys: every event passes through
+    here, and under every order two counters compare by their significant digits'
+    length, then their digits (under ``lexicographic`` as text), as their keys do.
+    """
+    if a.isdigit() and b.isdigit() and a.isascii() and b.isascii():
+        if order == "lexicographic":
+            return (a > b) - (a < b)
+        sig_a, sig_b = a.lstrip("0"), b.lstrip("0")
+        if len(sig_a) <= MAX_DIGIT_RUN and len(sig_b) <= MAX_DIGIT_RUN:
+            left, right = (len(sig_a), sig_a), (len(sig_b), sig_b)
+            return (left > right) - (left < right)
     key_a, key_b = sort_key(a, order), sort_key(b, order)
     return (key_a > key_b) - (key_a < key_b)
 

@@ -6,9 +6,9 @@ serves both the SDK's metrics and these. Labels are the stream name and small en
 
 Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
 ``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
-``events_unrecoverable``, ``redis_write_failures``, ``batch_persist_seconds``
-(histogram), ``cursor_lag_seconds`` (gauge: now - receive time of the newest
-persisted event).
+``events_unrecoverable``, ``gaps_unrecoverable``, ``redis_write_failures``,
+``batch_persist_seconds`` (histogram), ``cursor_lag_seconds`` (gauge: now - receive time
+of the newest persisted event).
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class WorkflowMetrics:
         )
         self.events_unrecoverable = meter.create_counter(
             PREFIX + "events_unrecoverable", "Events lost for good (outside the replay window)"
+        )
+        self.gaps_unrecoverable = meter.create_counter(
+            PREFIX + "gaps_unrecoverable",
+            "Gaps closed with events lost for good (exact count or unknown size)",
         )
 
     def reconnect(self, route: str) -> None:

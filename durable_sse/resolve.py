@@ -1,35 +1,35 @@
-"""Where a connection resumes: the cursor chains of the live and the lagged route.
+"""Where a connection resumes: the cursor chains of the three routes.
 
 * live: L1 -> L2 (fills L1) -> lagging id -> floor -> none (connect live only).
-  When both caches are gone we cannot know whether a gap was pending, so the
-  deliberately stale lagging id (a replay, absorbed by dedupe) comes before the floor.
-* lagged: lagging id -> the live chain (a fresh stream has no lagging id yet).
+  When both caches are gone the deliberately stale lagging id (a replay, absorbed by
+  dedupe) comes before the floor.
+* lagged (the repair): one stored id before the oldest open gap's resume point, so the
+  first event re-delivered shows whether the server's history still reaches the gap; with
+  no gap open, the lagging id; with no lagging id yet, the live chain.
+* explicit: the id the workflow names (a requested replay, or its continuation).
 
-A retried attempt also passes its heartbeat (the newest cursor it committed); the
-heartbeat can only move the answer forward, never behind what the stores say.
+A *retried* attempt (Temporal re-ran the activity after a crash or a heartbeat timeout)
+starts where the attempt that died started, not where it got to: that attempt may have
+read a drop notice and died before recording it, and only re-reading what it read brings
+such a hole back. The lagging id bounds how far back that goes.
+
+The read of the store that answers the chain also tells the connection what it needs to
+know about its stream (:class:`~durable_sse.gaps.StreamContext`): one round trip.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from durable_sse.eventlog import EventLog
+from durable_sse.contracts import ReadProgress, Route
+from durable_sse.eventlog import ConnectionStart, EventLog
 from durable_sse.ids import IdOrder, is_newer
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("l1", "l2", "lagging", "floor", "heartbeat", "none")
-
-
-@dataclass
-class ResolvedCursor:
-    cursor: str | None
-    """The id to send (None = connect live, without a cursor)."""
-    source: str
-    """Which store answered: one of :data:`SOURCES`."""
+SOURCES = ("l1", "l2", "gap", "lagging", "floor", "explicit", "retry", "none")
 
 
 class CursorResolver:
@@ -44,61 +44,74 @@ class CursorResolver:
         self._l2 = l2
         self._event_log = event_log
 
-    async def resolve_cursor(
-        self, stream: str, id_order: IdOrder | str, *, heartbeat: str | None = None
-    ) -> ResolvedCursor:
-        """The live route: resume from the newest persisted id."""
-        found = await self._live_chain(stream, id_order)
-        return self._with_heartbeat(stream, found, heartbeat, id_order)
+    async def resolve(
+        self,
+        stream: str,
+        id_order: IdOrder | str,
+        route: Route,
+        *,
+        explicit: str | None = None,
+        retry_of: ReadProgress | None = None,
+        retried: bool = False,
+    ) -> ConnectionStart:
+        """The cursor to send and the stream's context.
 
-    async def resolve_lagged_cursor(
-        self, stream: str, id_order: IdOrder | str, *, heartbeat: str | None = None
-    ) -> ResolvedCursor:
-        """The lagged route: resume from the lagging id so the replay window re-delivers a hole.
-
-        A retried attempt of a replay passes its heartbeat and resumes from its own
-        progress when that is newer.
+        Args:
+            explicit: the cursor of an EXPLICIT route.
+            retry_of: heartbeat details of the attempt that died (when ``retried``).
+            retried: this is not the first attempt of the activity.
         """
-        lagging = await self._lagging_id(stream)
-        if lagging is not None:
-            found = ResolvedCursor(lagging, "lagging")
-        else:
-            found = await self._live_chain(stream, id_order)
-        return self._with_heartbeat(stream, found, heartbeat, id_order)
+        order = IdOrder(id_order)
+        if retried:
+            return await self._retry(stream, order, route, explicit, retry_of)
+        if route is Route.EXPLICIT:
+            return await self._context(stream, order, explicit, "explicit")
+        if route is Route.LAGGED:
+            start = await self._event_log.connection_context(
+                stream, order, cursor=None, source="none", repair=True
+            )
+            if start.cursor is not None:
+                return start
+            cursor, source = await self._caches(stream, order)
+            if cursor is None:
+                return start
+            return ConnectionStart(cursor=cursor, source=source, context=start.context)
+        cursor, source = await self._caches(stream, order)
+        return await self._context(stream, order, cursor, source)
 
-    async def _live_chain(self, stream: str, id_order: IdOrder | str) -> ResolvedCursor:
+    async def _retry(
+        self,
+        stream: str,
+        order: IdOrder,
+        route: Route,
+        explicit: str | None,
+        progress: ReadProgress | None,
+    ) -> ConnectionStart:
+        begun = None
+        if progress is not None:
+            begun = progress.start_cursor or progress.first_id
+        if begun is None and route is Route.EXPLICIT:
+            begun = explicit
+        if begun is None:
+            # Nothing says where the dead attempt began: lagging id, else floor.
+            return await self._context(stream, order, None, "none")
+        start = await self._context(stream, order, begun, "retry")
+        lagging = start.context.lagging_id
+        if is_newer(lagging, begun, order):
+            return await self._context(stream, order, lagging, "lagging")
+        return start
+
+    async def _caches(self, stream: str, order: IdOrder) -> tuple[str | None, str]:
         cursor = self._l1.get(stream)
         if cursor:
-            return ResolvedCursor(cursor, "l1")
+            return cursor, "l1"
         cursor = await self._l2.get(stream)
         if cursor:
-            self._l1.advance(stream, cursor, id_order)
-            return ResolvedCursor(cursor, "l2")
-        cursor = await self._lagging_id(stream)
-        if cursor is not None:
-            return ResolvedCursor(cursor, "lagging")
-        cursor = await self._event_log.floor(stream)
-        if cursor:
-            return ResolvedCursor(cursor, "floor")
-        return ResolvedCursor(None, "none")
+            self._l1.advance(stream, cursor, order)
+            return cursor, "l2"
+        return None, "none"
 
-    async def _lagging_id(self, stream: str) -> str | None:
-        checkpoint = await self._event_log.get_checkpoint(stream)
-        if checkpoint is None or not checkpoint.lagging_id:
-            return None
-        return checkpoint.lagging_id
-
-    @staticmethod
-    def _with_heartbeat(
-        stream: str, found: ResolvedCursor, heartbeat: str | None, id_order: IdOrder | str
-    ) -> ResolvedCursor:
-        if is_newer(heartbeat, found.cursor, id_order):
-            logger.debug(
-                "stream %s resumes from its heartbeat %r (stores said %r from %s)",
-                stream,
-                heartbeat,
-                found.cursor,
-                found.source,
-            )
-            return ResolvedCursor(heartbeat, "heartbeat")
-        return found
+    async def _context(
+        self, stream: str, order: IdOrder, cursor: str | None, source: str
+    ) -> ConnectionStart:
+        return await self._event_log.connection_context(stream, order, cursor=cursor, source=source)

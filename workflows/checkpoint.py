@@ -3,7 +3,7 @@
 Started every replay window by the Temporal Schedule ``sse-checkpoint:<name>``. The
 window is measured from the workflow's own start time (``workflow.now()``), so a late
 or retried run still advances to where the schedule meant it to. The event log refuses
-to move past a gap fence; this workflow only asks, and only for the stream its id is
+to move it past an open gap; this workflow only asks, and only for the stream its id is
 bound to (``sse-checkpoint:<name>``, see :mod:`durable_sse.ownership`): a run whose id
 names another stream fails at once without touching anything.
 """
@@ -45,10 +45,10 @@ class CheckpointAdvanceWorkflow:
             ),
         )
         workflow.logger.info(
-            "checkpoint %s: lagging id %r moved=%s held_by_fence=%s",
+            "checkpoint %s: lagging id %r moved=%s held_by_gap=%s",
             input.stream.name,
             result.lagging_id,
             result.moved,
-            result.held_by_fence,
+            result.held_by_gap,
         )
         return result

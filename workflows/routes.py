@@ -1,21 +1,23 @@
 """Where the next connection resumes from: pure decisions, no Temporal, no I/O.
 
 ``StreamWorkflow`` keeps everything it knows in one :class:`StreamState`. After every
-connection it calls :func:`record_result` (why did it end, what does that mean for the
-fence, the replay and the delay), and before every connection :func:`plan_connection`
-(which route, which cursor). Side effects the decisions need (persisting or clearing the
-gap fence) come back as instructions the workflow carries out with activities.
+connection it calls :func:`record_result` (what the connection did, what the stream's
+gaps are now, how long to wait), and before every connection :func:`plan_connection`
+(which route, which cursor). While a connection runs, :func:`should_interrupt` says when
+to cancel it.
 
-The rules (DESIGN.md invariant 5):
+The workflow does not own the gaps: they are durable records the reader writes with its
+batches (:mod:`durable_sse.gaps`). It mirrors their summary, read back from the store
+after each connection, and routes on it:
 
-* a plain drop, a rotation or a cancellation skipped nothing: reconnect live;
-* a drop signal fences the gap and asks for a lagged reconnect, at most one per
-  ``lagged_reconnect_interval``; a signal inside the interval is deferred (``pending_lagged``),
-  never dropped;
-* a replay that has not yet re-read past the fence resumes from its own progress
-  (``Route.EXPLICIT``), not from the live cursor; once past, the fence is cleared;
-* a lagged route that cannot reach back before the fence is an unrecoverable gap: counted,
-  reported, and the fence cleared so the checkpoint is not frozen forever.
+* no gap open: live;
+* a gap open: the lagged route repairs it, at most one *new* lagged reconnect per
+  ``lagged_reconnect_interval`` (a second drop signal inside the interval keeps reading
+  live until the interval allows), but a repair cut short by a disconnect resumes at
+  once, from where it got to (the gap's ``reread_to``);
+* a requested replay (``replay`` signal) reads from its ``from_id`` (or the lagging id)
+  up to the live cursor of the time it was asked for, resuming from its own progress
+  after a disconnect; it closes the gaps it re-reads and no other.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from durable_sse.contracts import Outcome, ReadResult, ReplaySignal, Route, StreamCounters
+from durable_sse.contracts import (
+    RECORDED_GAP,
+    Outcome,
+    ReadResult,
+    ReplaySignal,
+    Route,
+    StreamCounters,
+)
+from durable_sse.gaps import GapSummary
 from durable_sse.ids import compare_ids, newest
 
 MAX_CONNECTIONS_PER_RUN = 200
@@ -40,31 +50,35 @@ HOLD_STOPPED_BY_SERVER = "stopped-by-server"
 
 
 @dataclass
+class ReplayRequest:
+    """A requested replay being carried out."""
+
+    from_id: str | None
+    """Where it started (None: the lagging id, the lagged route)."""
+    target: str | None
+    """The live cursor when it was asked for: it is done once it re-read that far."""
+    progress: str | None = None
+    """Newest id it committed: where it resumes after a disconnect."""
+
+
+@dataclass
 class StreamState:
     """Everything ``StreamWorkflow`` knows; carried whole across continue-as-new."""
 
     live_cursor: str | None = None
     lagging_id: str | None = None
-    """Last lagging id the workflow learned of (checkpoint reads); display only."""
-    fence_id: str | None = None
-    """The gap fence while a gap is being repaired (also persisted on the checkpoint row)."""
-    gap_estimate: int | None = None
-    """Sum of ``dropped_estimate`` of the drop signals behind the current fence."""
-
-    replay_active: bool = False
-    replay_from: str | None = None
-    """Cursor the replay started from (the lagged start cursor or the explicit id)."""
-    replay_cursor: str | None = None
-    """Newest id the replay has re-read: where an interrupted replay resumes."""
-    replay_checked: bool = False
-    """The replay's reach-back was verified (or does not need to be)."""
-    replay_for_gap: bool = False
-    """The replay repairs a signalled gap (not a requested replay): failing to reach
-    back is an unrecoverable gap."""
-
-    pending_lagged: bool = False
+    """Last lagging id the workflow learned of (display only)."""
+    gaps: GapSummary = field(default_factory=GapSummary)
+    """The stream's gaps as last read from the store."""
+    gaps_stale: bool = True
+    """A connection ended without telling what the gaps are now: read them first."""
+    repair_resume: bool = False
+    """The last repair was cut short without a drop signal of its own: resume it now,
+    outside the throttle."""
     last_lagged_at: str | None = None
-    """ISO time of the last lagged reconnect (the throttle)."""
+    """ISO time of the last new lagged reconnect (the throttle)."""
+
+    replay: ReplayRequest | None = None
     pending_replay: ReplaySignal | None = None
     """A ``replay`` signal not yet acted on (``since`` already resolved into ``from_id``)."""
 
@@ -84,20 +98,27 @@ class StreamState:
     schedule_ensured: bool = False
     max_connections_per_run: int = MAX_CONNECTIONS_PER_RUN
 
+    @property
+    def repair_wanted(self) -> bool:
+        return bool(self.gaps.open) or self.gaps.totals.open > 0
+
 
 @dataclass
 class ConnectionPlan:
-    """What the next connection does, and the fence to persist before it starts."""
+    """What the next connection does."""
 
     route: Route
     start_id: str | None = None
-    fence_id: str | None = None
-    """Passed to the reader as ``ReadInput.fence_id`` (only while replaying)."""
+    """The cursor of an EXPLICIT route."""
+    repairs: bool = False
+    """The connection sets out to re-read the open gaps (no need to interrupt it for a
+    repair)."""
     replay: bool = False
-    """The connection is part of a replay."""
-    persist_fence: str | None = None
-    """Fence to persist (activity ``set_fence``) before connecting."""
+    """The connection carries out a requested replay."""
+    lagged_started: bool = False
+    """A new lagged reconnect (counted, and throttled)."""
     replay_started: bool = False
+    known_gaps: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -106,16 +127,15 @@ class Decision:
 
     delay: float = 0.0
     """Seconds before the next connection."""
-    persist_fence: str | None = None
-    """Fence to persist (activity ``set_fence``)."""
-    clear_fence: str | None = None
-    """Fence to clear (activity ``clear_fence`` up to this id)."""
-    unrecoverable: bool = False
+    refresh_gaps: bool = False
+    """Read the stream's gaps from the store before planning (the result had none)."""
+    new_unrecoverable_events: int = 0
+    new_unrecoverable_gaps: int = 0
     replay_finished: bool = False
 
 
 def lagged_due_at(state: StreamState, interval: float) -> datetime | None:
-    """When a lagged reconnect is next allowed (None = now)."""
+    """When a new lagged reconnect is next allowed (None = now)."""
     if state.last_lagged_at is None:
         return None
     return datetime.fromisoformat(state.last_lagged_at) + timedelta(seconds=interval)
@@ -126,9 +146,9 @@ def lagged_allowed(state: StreamState, now: datetime, interval: float) -> bool:
     return due is None or now >= due
 
 
-def seconds_until_lagged(state: StreamState, now: datetime, interval: float) -> float | None:
-    """Seconds until a pending lagged reconnect may be taken (None = none pending)."""
-    if not state.pending_lagged:
+def seconds_until_repair(state: StreamState, now: datetime, interval: float) -> float | None:
+    """Seconds until a pending repair may interrupt a connection (None = none pending)."""
+    if not state.repair_wanted:
         return None
     due = lagged_due_at(state, interval)
     if due is None:
@@ -155,74 +175,78 @@ def backoff_delay(failures: int, *, jitter: float, retry_after: float | None = N
 def plan_connection(
     state: StreamState, *, now: datetime, interval: float, id_order: str
 ) -> ConnectionPlan:
-    """Choose the next connection's route; updates ``state`` (replay bookkeeping)."""
+    """Choose the next connection's route; updates ``state`` (throttle, replay, counts)."""
+    known = state.gaps.open_ids
     if state.pending_replay is not None:
         signal = state.pending_replay
         state.pending_replay = None
-        return _begin_replay(state, now=now, id_order=id_order, from_id=signal.from_id)
-    if state.pending_lagged and lagged_allowed(state, now, interval):
-        state.pending_lagged = False
-        if state.replay_active and state.replay_from is not None:
-            # A drop during a replay: re-read the whole replay, it covers both gaps.
+        state.replay = ReplayRequest(from_id=signal.from_id, target=state.live_cursor)
+        if signal.from_id is None:
+            state.counters.lagged_replays += 1
+            state.last_lagged_at = now.isoformat()
+            return ConnectionPlan(
+                route=Route.LAGGED,
+                repairs=True,
+                replay=True,
+                lagged_started=True,
+                replay_started=True,
+                known_gaps=known,
+            )
+        state.counters.explicit_replays += 1
+        return ConnectionPlan(
+            route=Route.EXPLICIT,
+            start_id=signal.from_id,
+            repairs=_covers(state, signal.from_id, id_order),
+            replay=True,
+            replay_started=True,
+            known_gaps=known,
+        )
+    if state.repair_wanted and (state.repair_resume or lagged_allowed(state, now, interval)):
+        started = not state.repair_resume
+        state.repair_resume = False
+        if started:
             state.last_lagged_at = now.isoformat()
             state.counters.lagged_replays += 1
-            state.replay_cursor = None
-            state.replay_for_gap = True
-            return _replay_plan(state, Route.EXPLICIT, state.replay_from, started=True)
-        plan = _begin_replay(state, now=now, id_order=id_order, from_id=None, fence_live=False)
-        state.replay_for_gap = True
-        return plan
-    if state.replay_active:
-        if state.replay_cursor is not None:
-            return _replay_plan(state, Route.EXPLICIT, state.replay_cursor)
-        if state.replay_from is not None:
-            return _replay_plan(state, Route.EXPLICIT, state.replay_from)
-        return _replay_plan(state, Route.LAGGED, None)
-    return ConnectionPlan(route=Route.LIVE)
+        return ConnectionPlan(
+            route=Route.LAGGED,
+            repairs=True,
+            replay=state.replay is not None and state.replay.from_id is None,
+            lagged_started=started,
+            known_gaps=known,
+        )
+    if state.replay is not None:
+        resume = state.replay.progress or state.replay.from_id
+        if resume is None:
+            return ConnectionPlan(route=Route.LAGGED, repairs=True, replay=True, known_gaps=known)
+        return ConnectionPlan(
+            route=Route.EXPLICIT,
+            start_id=resume,
+            repairs=_covers(state, resume, id_order),
+            replay=True,
+            known_gaps=known,
+        )
+    return ConnectionPlan(route=Route.LIVE, known_gaps=known)
 
 
-def _begin_replay(
-    state: StreamState,
-    *,
-    now: datetime,
-    id_order: str,
-    from_id: str | None,
-    fence_live: bool = True,
-) -> ConnectionPlan:
-    persist: str | None = None
-    if fence_live and state.live_cursor is not None:
-        # A requested replay repairs up to where we are now.
-        fence = newest([state.fence_id, state.live_cursor], id_order)
-        if fence != state.fence_id:
-            persist = fence
-        state.fence_id = fence
-    state.replay_active = True
-    state.replay_cursor = None
-    state.replay_for_gap = False
-    state.counters.lagged_replays += 1
-    if from_id is None:
-        state.last_lagged_at = now.isoformat()
-        state.replay_from = None
-        state.replay_checked = False
-        plan = _replay_plan(state, Route.LAGGED, None, started=True)
-    else:
-        state.replay_from = from_id
-        state.replay_checked = True
-        plan = _replay_plan(state, Route.EXPLICIT, from_id, started=True)
-    plan.persist_fence = persist
-    return plan
+def _covers(state: StreamState, start_id: str, id_order: str) -> bool:
+    """Whether a connection from ``start_id`` re-reads every open gap the workflow knows."""
+    if not state.gaps.open:
+        return False
+    for gap in state.gaps.open:
+        if gap.resume_from is None or compare_ids(start_id, gap.resume_from, id_order) > 0:
+            return False
+    return True
 
 
-def _replay_plan(
-    state: StreamState, route: Route, start_id: str | None, *, started: bool = False
-) -> ConnectionPlan:
-    return ConnectionPlan(
-        route=route,
-        start_id=start_id,
-        fence_id=state.fence_id,
-        replay=True,
-        replay_started=started,
-    )
+def should_interrupt(
+    state: StreamState, plan: ConnectionPlan, *, now: datetime, interval: float
+) -> bool:
+    """Whether the running connection must be cancelled (a signal, or a repair is due)."""
+    if state.stop_requested or state.paused or state.pending_replay is not None:
+        return True
+    if plan.repairs or not state.repair_wanted:
+        return False
+    return lagged_allowed(state, now, interval)
 
 
 def record_result(
@@ -240,7 +264,7 @@ def record_result(
     Args:
         plan: the plan the connection ran with.
         result: what the reader returned; None when it was cancelled without a result
-            (or refused).
+            (or refused): its gaps are then read from the store.
         jitter: a number in [0, 1) for backoff jitter.
         duration: how long the connection ran (seconds, workflow time).
         refused: the message of a non-retryable refusal (StreamRefusedError/ConfigError).
@@ -252,22 +276,41 @@ def record_result(
         state.hold = HOLD_PARKED
         state.last_outcome = "refused"
         state.last_error = refused
+        state.gaps_stale = decision.refresh_gaps = True
         return decision
-    reported = result is not None
     if result is None:
         result = ReadResult(outcome=Outcome.CANCELLED)
     outcome = Outcome(result.outcome)
     counters = state.counters
-    counters.events_read += result.events_read
-    counters.events_persisted += result.new_rows
-    counters.duplicates += result.duplicates
-    counters.events_recovered += result.recovered_rows
+    counters.events_read += result.counts.events_read
+    counters.events_persisted += result.counts.new_rows
+    counters.duplicates += result.counts.duplicates
     state.live_cursor = newest([state.live_cursor, result.last_cursor], id_order)
     if result.lagging_id is not None:
         state.lagging_id = result.lagging_id
     state.last_outcome = outcome.value
     if result.error is not None:
         state.last_error = result.error  # the last error seen stays visible until a new one
+    if result.gaps is not None:
+        fold_gaps(state, result.gaps, decision)
+    else:
+        state.gaps_stale = decision.refresh_gaps = True
+
+    if plan.replay and state.replay is not None:
+        replay = state.replay
+        replay.progress = newest([replay.progress, result.last_cursor], id_order)
+        reached = replay.target is None or (
+            replay.progress is not None
+            and compare_ids(replay.progress, replay.target, id_order) >= 0
+        )
+        if reached and outcome is not Outcome.RETRY_LATER:
+            state.replay = None
+            decision.replay_finished = True
+
+    drop_signal = outcome is Outcome.DROP_SIGNAL
+    state.repair_resume = plan.route is Route.LAGGED and plan.repairs and not drop_signal
+    if drop_signal and (result.drop is None or result.drop.kind != RECORDED_GAP):
+        counters.drop_signals += 1
 
     if outcome is Outcome.RETRY_LATER:
         state.failures += 1
@@ -276,11 +319,7 @@ def record_result(
             state.failures, jitter=jitter, retry_after=result.retry_after
         )
         return decision
-
-    if plan.replay and state.replay_active and reported:
-        _fold_replay(state, plan, result, decision, id_order=id_order)
-
-    healthy = result.events_read > 0 or duration >= HEALTHY_CONNECTION_SECONDS
+    healthy = result.counts.events_read > 0 or duration >= HEALTHY_CONNECTION_SECONDS
     retry = result.retry_ms / 1000.0 if result.retry_ms is not None else 0.0
     if outcome is Outcome.DROPPED and not healthy:
         state.failures += 1
@@ -290,69 +329,30 @@ def record_result(
         state.failures = 0
         if outcome is Outcome.DROPPED:
             decision.delay = retry
-
-    if outcome is Outcome.DROP_SIGNAL:
-        counters.drop_signals += 1
-        if result.drop_position is not None:
-            fence = newest([state.fence_id, result.drop_position], id_order)
-            if fence != state.fence_id:
-                decision.persist_fence = fence
-            state.fence_id = fence
-        if result.dropped_estimate is not None:
-            state.gap_estimate = (state.gap_estimate or 0) + result.dropped_estimate
-        state.pending_lagged = True
-    elif outcome is Outcome.NO_CONTENT:
+    if outcome is Outcome.NO_CONTENT:
         state.hold = HOLD_STOPPED_BY_SERVER
     return decision
 
 
-def _fold_replay(
-    state: StreamState,
-    plan: ConnectionPlan,
-    result: ReadResult,
-    decision: Decision,
-    *,
-    id_order: str,
-) -> None:
-    """Replay bookkeeping: reach-back check, progress, end when past the fence."""
-    fence = state.fence_id
-    if state.replay_from is None and result.start_cursor is not None:
-        state.replay_from = result.start_cursor
-    unreachable = result.history_truncated
-    # A connection cancelled before it resolved its cursor says nothing about reach.
-    resolved = result.outcome != Outcome.CANCELLED or result.cursor_source is not None
-    if not state.replay_checked and plan.route is Route.LAGGED and resolved:
-        start = result.start_cursor
-        if start is None or (fence is not None and compare_ids(start, fence, id_order) >= 0):
-            unreachable = True
-        state.replay_checked = True
-    if unreachable:
-        if state.replay_for_gap:
-            state.counters.gaps_unrecoverable += 1
-            state.counters.events_unrecoverable += state.gap_estimate or 0
-            decision.unrecoverable = True
-        _end_replay(state, decision)
-        return
-    state.replay_cursor = newest([state.replay_cursor, result.last_cursor], id_order)
-    passed = result.passed_fence or (fence is None and resolved)
-    if not passed and state.replay_cursor is not None and fence is not None:
-        passed = compare_ids(state.replay_cursor, fence, id_order) >= 0
-    if passed:
-        _end_replay(state, decision)
-
-
-def _end_replay(state: StreamState, decision: Decision) -> None:
-    if state.fence_id is not None:
-        decision.clear_fence = state.fence_id
-    decision.persist_fence = None
-    decision.replay_finished = True
-    state.fence_id = None
-    state.gap_estimate = None
-    state.replay_active = False
-    state.replay_from = None
-    state.replay_cursor = None
-    state.replay_checked = False
-    state.replay_for_gap = False
+def fold_gaps(state: StreamState, gaps: GapSummary, decision: Decision | None = None) -> None:
+    """Adopt the store's view of the stream's gaps, and count what became unrecoverable."""
+    counters = state.counters
+    totals = gaps.totals
+    if decision is not None:
+        decision.new_unrecoverable_events = max(
+            totals.events_unrecoverable - counters.events_unrecoverable, 0
+        )
+        decision.new_unrecoverable_gaps = max(totals.unrecoverable - counters.gaps_unrecoverable, 0)
+    state.gaps = gaps
+    state.gaps_stale = False
+    counters.gaps_open = totals.open
+    counters.gaps_repaired = totals.repaired
+    counters.gaps_unrecoverable = totals.unrecoverable
+    counters.gaps_unknown_size = totals.unknown_size
+    counters.events_unrecoverable = totals.events_unrecoverable
+    counters.events_recovered = totals.events_recovered
+    if not state.repair_wanted:
+        state.repair_resume = False
 
 
 def display_state(state: StreamState, *, connected: bool, waiting: bool) -> str:

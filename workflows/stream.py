@@ -1,11 +1,12 @@
 """``StreamWorkflow``: one long-lived workflow per SSE stream.
 
 Each connection is a *new* ``read_stream`` activity execution; when it ends, the pure
-decisions in :mod:`workflows.routes` say where the next one resumes (live, lagged, or
-an explicit replay cursor) and how long to wait. The activity's retry policy is only for
-crashes and infrastructure, never for an ordinary reconnect. Signals (``replay``,
-``pause``, ``resume``, ``stop``) cancel the running connection; the reader flushes its
-batch and returns, and the workflow acts once it has.
+decisions in :mod:`workflows.routes` say where the next one resumes (live, the lagged
+repair of an open gap, or an explicit replay cursor) and how long to wait. The gaps are
+durable records the reader writes; this workflow only routes on their summary. The
+activity's retry policy is only for crashes and infrastructure, never for an ordinary
+reconnect. Signals (``replay``, ``pause``, ``resume``, ``stop``) cancel the running
+connection; the reader flushes its batch and returns, and the workflow acts once it has.
 
 The server can never fail this workflow: refusals park it, ``204`` stops it until
 resumed, everything else backs off and reconnects.
@@ -24,19 +25,17 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from durable_sse.contracts import (
-        CheckpointState,
-        FenceInput,
         Outcome,
         ReadInput,
         ReadResult,
         ReplaySignal,
         ScheduleInput,
         SinceInput,
+        StreamGaps,
         StreamRef,
         StreamStatus,
     )
     from durable_sse.errors import ConfigError
-    from durable_sse.legacy_spec import pre_strict_spec
     from durable_sse.metrics import WorkflowMetrics
     from durable_sse.ownership import require_stream_owner
     from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
@@ -45,10 +44,11 @@ with workflow.unsafe.imports_passed_through():
         ConnectionPlan,
         StreamState,
         display_state,
-        lagged_allowed,
+        fold_gaps,
         plan_connection,
         record_result,
-        seconds_until_lagged,
+        seconds_until_repair,
+        should_interrupt,
     )
 
 __all__ = ["StreamState", "StreamWorkflow"]
@@ -84,6 +84,7 @@ class StreamWorkflow:
         self._connected = False
         self._waiting = False
         self._invalid = False
+        self._repairing = False
 
     @workflow.run
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
@@ -102,16 +103,26 @@ class StreamWorkflow:
             await workflow.wait_condition(lambda: s.stop_requested)
             return await self._finish(delete_schedule=False)
 
-        if not s.schedule_ensured:
-            await self._store("ensure_checkpoint_schedule", ScheduleInput(spec=spec))
-            s.schedule_ensured = True
-        await self._refresh_checkpoint(adopt_fence=self._fresh)
+        try:
+            if not s.schedule_ensured:
+                await self._store("ensure_checkpoint_schedule", ScheduleInput(spec=spec))
+                s.schedule_ensured = True
+            if self._fresh:
+                s.gaps_stale = True
+            await self._loop(spec)
+        except _StopRequested:
+            pass
+        return await self._finish(delete_schedule=True)
 
+    async def _loop(self, spec: StreamSpec) -> None:
+        s = self._state
         run_connections = 0
         while True:
+            if s.gaps_stale:
+                await self._refresh_gaps()
             self._publish()
             if s.stop_requested:
-                break
+                return
             if s.paused or s.hold is not None:
                 await workflow.wait_condition(
                     lambda: s.stop_requested or not (s.paused or s.hold is not None)
@@ -135,19 +146,16 @@ class StreamWorkflow:
                 interval=spec.lagged_reconnect_interval,
                 id_order=spec.id_order,
             )
-            if plan.replay_started:
+            if plan.lagged_started or plan.replay_started:
                 workflow.logger.info(
-                    "replay started: route %s from %r, fence %r",
+                    "%s started: route %s from %r, %d gap(s) open",
+                    "replay" if plan.replay_started else "repair",
                     plan.route.value,
                     plan.start_id,
-                    s.fence_id,
+                    s.counters.gaps_open,
                 )
-            if plan.persist_fence is not None:
-                await self._set_fence(plan.persist_fence)
             run_connections += 1
             await self._connection(plan)
-
-        return await self._finish(delete_schedule=True)
 
     # --- signals and query -------------------------------------------------------------
 
@@ -200,12 +208,12 @@ class StreamWorkflow:
             route=s.route,
             live_cursor=s.live_cursor,
             lagging_id=s.lagging_id,
-            fence_id=s.fence_id,
+            open_gaps=s.gaps.open,
             counters=s.counters,
             last_outcome=s.last_outcome,
             last_error=s.last_error,
             next_reconnect_at=s.next_reconnect_at,
-            pending_lagged=s.pending_lagged,
+            repair_pending=s.repair_wanted and not self._repairing,
         )
 
     # --- one connection ----------------------------------------------------------------
@@ -217,18 +225,21 @@ class StreamWorkflow:
         s.counters.connections += 1
         metrics = WorkflowMetrics(workflow.metric_meter(), spec.name)
         metrics.reconnect(plan.route.value)
-        if plan.replay_started:
+        if plan.lagged_started:
             metrics.lagged_replays.add(1)
-        unrecoverable_before = s.counters.events_unrecoverable
         read_input = ReadInput(
             spec=spec,
             route=plan.route,
             start_id=plan.start_id,
-            fence_id=plan.fence_id if plan.replay else None,
+            known_gaps=plan.known_gaps,
             connection=s.counters.connections,
         )
         started = workflow.now()
-        result, refused = await self._read(read_input)
+        self._repairing = plan.repairs
+        try:
+            result, refused = await self._read(read_input, plan)
+        finally:
+            self._repairing = False
         duration = (workflow.now() - started).total_seconds()
         decision = record_result(
             s,
@@ -243,37 +254,39 @@ class StreamWorkflow:
             workflow.logger.warning("stream refused, parked until resumed: %s", refused)
         elif result is not None and result.outcome == Outcome.NO_CONTENT:
             workflow.logger.info("server answered 204: stopped until resumed")
-        if s.counters.events_unrecoverable > unrecoverable_before:
-            metrics.events_unrecoverable.add(s.counters.events_unrecoverable - unrecoverable_before)
-        if decision.unrecoverable:
-            workflow.logger.warning(
-                "UNRECOVERABLE GAP on stream %s: the replay cannot reach back before the "
-                "fence %r (start cursor %r); about %s events lost (%d gaps so far)",
-                spec.name,
-                decision.clear_fence,
-                result.start_cursor if result else None,
-                s.counters.events_unrecoverable,
-                s.counters.gaps_unrecoverable,
-            )
-        if decision.clear_fence is not None:
-            await self._store(
-                "clear_fence",
-                FenceInput(stream=self._ref(), fence_id=decision.clear_fence),
-                result_type=bool,
-            )
-            if decision.replay_finished and not decision.unrecoverable:
-                workflow.logger.info(
-                    "replay passed the fence %r: gap repaired", decision.clear_fence
-                )
-        if decision.persist_fence is not None:
-            await self._set_fence(decision.persist_fence)
-        if decision.clear_fence is not None:
-            await self._refresh_checkpoint(adopt_fence=False)
+        if decision.refresh_gaps:
+            await self._refresh_gaps(decision)
+        self._report_unrecoverable(
+            decision.new_unrecoverable_events, decision.new_unrecoverable_gaps
+        )
+        if decision.replay_finished:
+            workflow.logger.info("requested replay finished")
         if decision.delay > 0:
             s.next_reconnect_at = (workflow.now() + timedelta(seconds=decision.delay)).isoformat()
 
-    async def _read(self, read_input: ReadInput) -> tuple[ReadResult | None, str | None]:
-        """Run the reader until it ends or a signal/throttle timer needs it cancelled.
+    def _report_unrecoverable(self, events: int, gaps: int) -> None:
+        if gaps <= 0 and events <= 0:
+            return
+        metrics = WorkflowMetrics(workflow.metric_meter(), self._spec.name)
+        if events > 0:
+            metrics.events_unrecoverable.add(events)
+        if gaps > 0:
+            metrics.gaps_unrecoverable.add(gaps)
+        c = self._state.counters
+        workflow.logger.warning(
+            "UNRECOVERABLE GAP on stream %s: %d more events lost for good beyond the "
+            "server's history (%d gaps so far, %d events counted, %d of unknown size)",
+            self._spec.name,
+            events,
+            c.gaps_unrecoverable,
+            c.events_unrecoverable,
+            c.gaps_unknown_size,
+        )
+
+    async def _read(
+        self, read_input: ReadInput, plan: ConnectionPlan
+    ) -> tuple[ReadResult | None, str | None]:
+        """Run the reader until it ends or a signal/repair timer needs it cancelled.
 
         A cancelled reader flushes and *returns* a CANCELLED result (the handle resolves
         with it); one that re-raises the cancellation surfaces as an ActivityError whose
@@ -296,16 +309,24 @@ class StreamWorkflow:
         self._connected = True
         self._publish()
         cancelled = False
+
+        def interrupt() -> bool:
+            return should_interrupt(
+                s, plan, now=workflow.now(), interval=spec.lagged_reconnect_interval
+            )
+
         try:
             while not handle.done():
-                if self._should_interrupt():
+                if interrupt():
                     handle.cancel()
                     cancelled = True
                     break
-                wait = seconds_until_lagged(s, workflow.now(), spec.lagged_reconnect_interval)
+                wait = None
+                if not plan.repairs:
+                    wait = seconds_until_repair(s, workflow.now(), spec.lagged_reconnect_interval)
                 try:
                     await workflow.wait_condition(
-                        lambda: handle.done() or self._should_interrupt(), timeout=wait
+                        lambda: handle.done() or interrupt(), timeout=wait
                     )
                 except TimeoutError:
                     pass
@@ -326,20 +347,12 @@ class StreamWorkflow:
                 if not cancelled:
                     raise
                 # Cancelled in the same activation the result arrived: the result is lost
-                # to us, but it was committed; the stores know the cursor.
+                # to us, but what it did is in the stores (its gaps included): read them.
                 return None, None
         finally:
             self._connected = False
 
-    def _should_interrupt(self) -> bool:
-        s = self._state
-        if s.stop_requested or s.paused or s.pending_replay is not None:
-            return True
-        return s.pending_lagged and lagged_allowed(
-            s, workflow.now(), self._spec.lagged_reconnect_interval
-        )
-
-    # --- waiting, fences, checkpoint ---------------------------------------------------
+    # --- waiting, gaps, checkpoint -----------------------------------------------------
 
     async def _wait_for_reconnect(self) -> bool:
         """Wait out ``next_reconnect_at``; True when the loop must re-check (a signal)."""
@@ -386,45 +399,60 @@ class StreamWorkflow:
             )
         s.pending_replay = ReplaySignal(from_id=from_id)
 
-    async def _set_fence(self, fence_id: str) -> None:
-        fence = await self._store(
-            "set_fence", FenceInput(stream=self._ref(), fence_id=fence_id), result_type=str
-        )
-        if fence is not None:
-            self._state.fence_id = fence
-        workflow.logger.info("gap fence set at %r", self._state.fence_id)
-
-    async def _refresh_checkpoint(self, *, adopt_fence: bool) -> None:
-        """Learn the lagging id; on a fresh start, adopt a fence left by an earlier run."""
+    async def _refresh_gaps(self, decision: object | None = None) -> None:
+        """Read the stream's gaps and lagging id from the store (a result did not say)."""
         s = self._state
-        checkpoint = await self._store("get_checkpoint", self._ref(), result_type=CheckpointState)
-        if checkpoint is None:
+        found = await self._store("stream_gaps", self._ref(), result_type=StreamGaps)
+        before_events = s.counters.events_unrecoverable
+        before_gaps = s.counters.gaps_unrecoverable
+        fold_gaps(s, found.gaps)
+        s.lagging_id = found.lagging_id
+        if decision is None:
             return
-        s.lagging_id = checkpoint.lagging_id
-        if adopt_fence and checkpoint.fence_id is not None and s.fence_id is None:
-            workflow.logger.warning(
-                "an unrepaired gap fence %r was left by an earlier run: replaying",
-                checkpoint.fence_id,
-            )
-            s.fence_id = checkpoint.fence_id
-            s.pending_lagged = True
+        self._report_unrecoverable(
+            s.counters.events_unrecoverable - before_events,
+            s.counters.gaps_unrecoverable - before_gaps,
+        )
 
     async def _finish(self, *, delete_schedule: bool) -> StreamStatus:
-        if delete_schedule:
-            await self._store("delete_checkpoint_schedule", self._ref())
+        if delete_schedule and self._state.schedule_ensured:
+            try:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                await asyncio.wait_for(
+                    self._store("delete_checkpoint_schedule", self._ref(), stoppable=False),
+                    timeout=STORE_TIMEOUT.total_seconds(),
+                )
+            except (ActivityError, TimeoutError) as error:
+                workflow.logger.warning("could not delete the checkpoint schedule: %s", error)
         await workflow.wait_condition(workflow.all_handlers_finished)
         self._publish()
         workflow.logger.info("stream stopped")
         return self.status()
 
-    async def _store(self, activity: str, arg: object, *, result_type: type | None = None) -> Any:
-        return await workflow.execute_activity(
+    async def _store(
+        self,
+        activity: str,
+        arg: object,
+        *,
+        result_type: type | None = None,
+        stoppable: bool = True,
+    ) -> Any:
+        """A store activity, retried until it succeeds, but never past a ``stop``: a store
+        that fails for good (or a setting it refuses) must not keep the stream alive."""
+        s = self._state
+        task = workflow.start_activity(
             activity,
             arg,
             result_type=result_type,
             start_to_close_timeout=STORE_TIMEOUT,
             retry_policy=STORE_RETRY,
         )
+        if stoppable:
+            await workflow.wait_condition(lambda: task.done() or s.stop_requested)
+            if not task.done():
+                task.cancel()
+                raise _StopRequested()
+        return await task
 
     def _ref(self) -> StreamRef:
         return StreamRef(name=self._spec.name, id_order=self._spec.id_order)
@@ -435,14 +463,24 @@ class StreamWorkflow:
         c = status.counters
         lines = [
             f"**{status.name}**: {status.state}",
-            f"route: {status.route or '-'} · live: `{status.live_cursor}` · "
-            f"lagging: `{status.lagging_id}` · fence: `{status.fence_id}`",
+            f"route: {status.route or '-'} · live: `{_shown(status.live_cursor)}` · "
+            f"lagging: `{_shown(status.lagging_id)}`",
             f"connections {c.connections} · persisted {c.events_persisted} · "
-            f"drop signals {c.drop_signals} · replays {c.lagged_replays} · "
-            f"recovered {c.events_recovered} · unrecoverable gaps {c.gaps_unrecoverable}",
+            f"drop signals {c.drop_signals} · lagged replays {c.lagged_replays} · "
+            f"explicit replays {c.explicit_replays} · recovered {c.events_recovered}",
+            f"gaps: open {c.gaps_open} · repaired {c.gaps_repaired} · unrecoverable "
+            f"{c.gaps_unrecoverable} ({c.events_unrecoverable} events"
+            + (f", {c.gaps_unknown_size} of unknown size" if c.gaps_unknown_size else "")
+            + ")",
         ]
-        if status.pending_lagged:
-            lines.append("lagged reconnect pending (throttled)")
+        for gap in status.open_gaps[:5]:
+            lines.append(
+                f"open gap after `{_shown(gap.start_id)}` before `{_shown(gap.end_id)}` "
+                f"({gap.kind}, seen {gap.seen_at}, repair resumes after "
+                f"`{_shown(gap.resume_from)}`)"
+            )
+        if status.repair_pending:
+            lines.append("repair pending (lagged reconnects are throttled)")
         if status.next_reconnect_at:
             lines.append(f"next reconnect: {status.next_reconnect_at}")
         if status.last_error:
@@ -450,7 +488,12 @@ class StreamWorkflow:
         workflow.set_current_details("\n\n".join(lines))
 
 
-STRICT_SPEC_PATCH = "strict-spec"
+class _StopRequested(Exception):
+    """``stop`` arrived while the workflow waited on a store: end now."""
+
+
+def _shown(value: str | None) -> str:
+    return "-" if value is None else value
 
 
 def _coerce_spec(spec: object) -> tuple[StreamSpec, ConfigError | None]:
@@ -464,12 +507,6 @@ def _coerce_spec(spec: object) -> tuple[StreamSpec, ConfigError | None]:
     try:
         return parse_spec(spec, source="workflow input"), None
     except ConfigError as error:
-        if not workflow.patched(STRICT_SPEC_PATCH):
-            # Replaying a run started before strict validation: decide as it did.
-            try:
-                return pre_strict_spec(spec), None
-            except ConfigError:
-                pass
         name = spec.get("name") if isinstance(spec, dict) else None
         placeholder = StreamSpec(name=name if isinstance(name, str) else "?", url="")
         return placeholder, error

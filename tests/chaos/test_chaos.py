@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from durable_sse.binaries import redis_server as redis_binary
 from durable_sse.contracts import StreamStatus
 from durable_sse.eventlog import EventLog
 from durable_sse.source import SourceStreamConfig, SSESource
@@ -440,10 +441,10 @@ async def test_7_redis_down_then_back_empty(
     port = free_port()
     redis_url = f"redis://127.0.0.1:{port}/0"
 
-    def redis_server() -> subprocess.Popen[bytes]:
+    def start_redis() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
-                redis_server(),
+                redis_binary(),
                 "--port",
                 str(port),
                 "--bind",
@@ -458,7 +459,7 @@ async def test_7_redis_down_then_back_empty(
             stdout=subprocess.DEVNULL,
         )
 
-    server = redis_server()
+    server = start_redis()
     name = new_stream(source, "redis", sizes)
     task_queue = unique("redis")
     try:
@@ -475,7 +476,7 @@ async def test_7_redis_down_then_back_empty(
                 await asyncio.sleep(sizes.redis_down)
                 during = (await stored(chaos_log, name)).rows - before
             # The first worker is gone (its L1 with it); Redis comes back empty.
-            server = redis_server()
+            server = start_redis()
             await asyncio.sleep(0.5)
             async with in_process_worker(address, pg_url, redis_url, task_queue):
                 at_restart = (await stored(chaos_log, name)).rows

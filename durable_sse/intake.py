@@ -1,0 +1,330 @@
+"""One connection's reading, without I/O: decoded items in, batches and an outcome out.
+
+The read activity (:mod:`activities.read`) owns the HTTP connection, the clocks, the
+event log and the heartbeats; the simulation suite (``tests/sim``) drives this same class
+with a simulated server, a virtual clock and an in-memory store. So every decision about
+what to persist, what is a drop signal, which gap a batch proves or fills, and when a
+connection must end is made here, once.
+
+Batches are cut by count, by bytes, by age (``poll``), before a drop notice (what was
+read before it is clean evidence), and where the set of open gaps an id would fill
+changes (so a batch's new rows are wholly inside or outside each gap). Each batch carries
+the gap changes that must commit with it (:mod:`durable_sse.gaps`). The cursor moves only
+when :meth:`Intake.committed` is told, in commit order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
+from durable_sse.eventlog import EventRecord
+from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
+from durable_sse.ids import contiguous_number, is_newer
+from durable_sse.spec import StreamSpec
+from durable_sse.sse.decoder import Comment, Event
+from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
+
+logger = logging.getLogger(__name__)
+
+DROP_GRACE = 0.25
+"""After a drop notice, seconds to wait for the next id: it bounds the hole from above
+(servers announce after the skipped range), then the connection ends for the repair."""
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+"""Event data one batch holds at most: with a few batches in flight per connection this
+bounds a connection's memory however large its events are."""
+MAX_DETAIL = 200
+
+
+@dataclass
+class Batch:
+    """Events to commit in one transaction, with the gap changes that go with them."""
+
+    records: list[EventRecord]
+    last_id: str | None
+    """Newest id read among the records (the cursor moves here once committed)."""
+    gap_changes: list[GapChange] = field(default_factory=list)
+    recovered: bool = False
+    """The records lie inside an open gap: their new rows are recovered rows."""
+
+
+class Intake:
+    """What one connection read, what it must write, and whether it must end.
+
+    Args:
+        spec: the stream's settings.
+        route: the connection's route (a live connection ends at once when it finds
+            open gaps the workflow did not know of).
+        cursor: the id sent to the server (None: live only).
+        context: what the store said as the connection started.
+        known_gaps: open gaps the workflow knows of.
+        new_gap_id: makes a fresh gap id (random in the activity, seeded in simulations).
+        now_iso: the wall-clock time as ISO text (gap records are stamped with it).
+    """
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        *,
+        route: Route,
+        cursor: str | None,
+        context: StreamContext,
+        known_gaps: Iterable[str] = (),
+        new_gap_id: Callable[[], str],
+        now_iso: Callable[[], str],
+    ) -> None:
+        self.spec = spec
+        self.order = spec.id_order
+        self.route = Route(route)
+        self.start_cursor = cursor
+        self.cursor = cursor
+        self.context = context
+        self.matcher = DropNoticeMatcher(spec.drop_notice)
+        self.drop_types = frozenset(spec.drop_event_types)
+        self.gaps = GapTracker(
+            stream=spec.name,
+            order=spec.id_order,
+            cursor=cursor,
+            context=context,
+            contiguous=spec.contiguous_ids,
+            new_gap_id=new_gap_id,
+            now=now_iso,
+        )
+        self.counts = ReadCounts()
+        self.ready: deque[Batch] = deque()
+        """Batches cut and waiting to be submitted, in order."""
+        self.outcome: Outcome | None = None
+        """Set when the connection must end (a drop signal): stop reading, flush."""
+        self.drop: DropReport | None = None
+        self.ids_out_of_order = 0
+        self.ids_not_counters = 0
+        self.history_short = False
+
+        self._pending: list[EventRecord] = []
+        self._pending_bytes = 0
+        self._pending_last: str | None = None
+        self._pending_segment: frozenset[str] = frozenset()
+        self._pending_since = 0.0
+        self._ordinal = 0
+        self._last_read: str | None = None
+        self._last_number: int | None = None
+        self._drop_deadline: float | None = None
+        """When the connection ends for a drop signal whose end bound has not come."""
+        self._noticed = False
+        """A drop notice or drop event came (one per connection is enough)."""
+
+        known = set(known_gaps)
+        unknown = [gap.gap_id for gap in context.open_gaps if gap.gap_id not in known]
+        if self.route is Route.LIVE and unknown:
+            self._signal(RECORDED_GAP, f"{len(unknown)} open gap(s) recorded earlier")
+            self.outcome = Outcome.DROP_SIGNAL
+
+    # -- what the server sent ----------------------------------------------------------
+
+    def head(self, *, truncation_header: str | None) -> None:
+        """The response head: a truncation header unlike the cursor means the server's
+        history does not reach it (what lies between is lost)."""
+        if (
+            self.spec.mercure_last_event_id
+            and truncation_header is not None
+            and self.cursor is not None
+            and truncation_header != self.cursor
+        ):
+            self.history_short = True
+            logger.warning(
+                "stream %s: the server's history no longer reaches cursor %r",
+                self.spec.name,
+                self.cursor,
+            )
+
+    def take(self, items: list[Event | Comment], *, received_at: datetime, now: float) -> None:
+        """Decoded items, in order; ``now`` is a monotonic clock reading."""
+        for item in items:
+            if self.outcome is not None:
+                return
+            if isinstance(item, Comment):
+                self._comment(item.text, now)
+            else:
+                self._event(item, received_at, now)
+
+    def poll(self, now: float) -> None:
+        """Time passed: cut an old pending batch; end after a notice's grace."""
+        if self._pending and now - self._pending_since >= self.spec.batch_max_delay:
+            self._cut()
+        if self._drop_deadline is not None and now >= self._drop_deadline:
+            self.outcome = Outcome.DROP_SIGNAL
+
+    def next_deadline(self, now: float) -> float | None:
+        """Seconds until :meth:`poll` has something to do (None: nothing pending)."""
+        deadlines = []
+        if self._pending:
+            deadlines.append(self._pending_since + self.spec.batch_max_delay)
+        if self._drop_deadline is not None:
+            deadlines.append(self._drop_deadline)
+        return max(min(deadlines) - now, 0.0) if deadlines else None
+
+    def end(self) -> None:
+        """The connection is over: cut what is pending, and any gap change left alone."""
+        self._cut()
+        leftover = self.gaps.pending_changes()
+        if leftover:
+            self.ready.append(Batch(records=[], last_id=None, gap_changes=leftover))
+        if self._drop_deadline is not None and self.outcome is None:
+            self.outcome = Outcome.DROP_SIGNAL  # a notice with no id after it
+
+    # -- commits -----------------------------------------------------------------------
+
+    def committed(self, batch: Batch, *, new_rows: int) -> bool:
+        """``batch`` committed (call in submission order); True when the cursor moved."""
+        self.counts.new_rows += new_rows
+        self.counts.duplicates += len(batch.records) - new_rows
+        if batch.recovered:
+            self.counts.recovered += new_rows
+        if batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order):
+            self.cursor = batch.last_id
+            return True
+        return False
+
+    @property
+    def pending_events(self) -> int:
+        return len(self._pending)
+
+    @property
+    def open_gaps_opened(self) -> list[str]:
+        """Gaps this connection opened."""
+        return list(self.gaps.opened)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _comment(self, text: str, now: float) -> None:
+        if self._noticed or not text or not self.matcher.matches(text):
+            return
+        self._noticed = True
+        self._cut()  # what was read before the notice is clean evidence
+        self.gaps.drop_signal(GapKind.COMMENT, announced=dropped_count(text), detail=text)
+        self._signal(GapKind.COMMENT.value, text)
+        self._drop_deadline = now + DROP_GRACE
+
+    def _event(self, event: Event, received_at: datetime, now: float) -> None:
+        event_id = event.id
+        if not event_id:
+            ordinal = None
+        elif event.id_field:
+            ordinal = self._ordinal = 0
+        else:
+            self._ordinal += 1
+            ordinal = self._ordinal
+        announces_drop = event.event in self.drop_types and not self._noticed
+        if announces_drop:
+            self._noticed = True
+            self._cut()
+        segment = self.gaps.segment(event_id) if event_id and self.gaps.gaps else frozenset()
+        if self._pending and segment != self._pending_segment:
+            self._cut()
+        if not self._pending:
+            self._pending_since = now
+            self._pending_segment = segment
+        record = EventRecord(
+            event_id=event_id,
+            event_ord=ordinal,
+            event_type=event.event,
+            data=event.data,
+            received_at=received_at,
+        )
+        self._pending.append(record)
+        self._pending_bytes += len(event.data)
+        self.counts.events_read += 1
+        if event_id and event.id_field:
+            self._new_id(event_id, now, announced_here=announces_drop)
+        if announces_drop:
+            self._cut()
+            self.gaps.drop_signal(GapKind.EVENT_TYPE, detail=f"event type {event.event!r}")
+            self._signal(GapKind.EVENT_TYPE.value, f"event type {event.event!r}")
+            self._drop_deadline = now + DROP_GRACE
+        elif (
+            len(self._pending) >= self.spec.batch_max_events
+            or self._pending_bytes >= MAX_BATCH_BYTES
+        ):
+            self._cut()
+
+    def _new_id(self, event_id: str, now: float, *, announced_here: bool = False) -> None:
+        """An event carrying an id field: order, contiguity, gap bookkeeping."""
+        first = self._last_read is None
+        if first:
+            self.gaps.first_event(event_id, history_short=self.history_short)
+            if self.gaps.short_history:
+                # The replay started past a gap: end after a grace (a late notice would
+                # explain it) so that another repair tries again.
+                self._signal("history_short", "the replay started past an open gap")
+                self._drop_deadline = now + DROP_GRACE
+        elif not is_newer(event_id, self._last_read, self.order):
+            self.ids_out_of_order += 1
+            if self.ids_out_of_order == 1:
+                logger.warning(
+                    "stream %s: id %r is not newer than %r under id_order %r: check the "
+                    "setting (counted as ids_out_of_order)",
+                    self.spec.name,
+                    event_id[:64],
+                    self._last_read[:64] if self._last_read else None,
+                    self.order,
+                )
+        if self.spec.contiguous_ids:
+            self._contiguity(event_id, first)
+        self.gaps.id_read(event_id)
+        self._last_read = event_id
+        if is_newer(event_id, self._pending_last, self.order):
+            self._pending_last = event_id
+        if self._noticed and not announced_here:
+            self.outcome = Outcome.DROP_SIGNAL  # the first id after the notice bounds it
+
+    def _contiguity(self, event_id: str, first: bool) -> None:
+        number = contiguous_number(event_id)
+        if number is None:
+            self.ids_not_counters += 1
+            if self.ids_not_counters == 1:
+                logger.warning(
+                    "stream %s: id %r is not a counter although contiguous_ids is set; "
+                    "such ids are not checked for holes",
+                    self.spec.name,
+                    event_id[:64],
+                )
+            return
+        last = self._last_number
+        if not first and last is not None and number > last + 1:
+            assert self._last_read is not None
+            if self.gaps.jump(self._last_read, event_id):
+                self._signal(GapKind.ID_GAP.value, f"{number - last - 1} ids missing")
+                self.outcome = Outcome.DROP_SIGNAL
+        elif first and not self.gaps.clean:
+            self._signal(GapKind.ID_GAP.value, "ids missing after the cursor")
+            self.outcome = Outcome.DROP_SIGNAL
+        if last is None or number > last:
+            self._last_number = number
+
+    def _signal(self, kind: str, detail: str) -> None:
+        if self.drop is None:
+            self.drop = DropReport(kind=kind, detail=detail[:MAX_DETAIL])
+
+    def _cut(self) -> None:
+        """Move the pending events into a batch with the gap changes they carry."""
+        if not self._pending and not self.gaps.has_queued:
+            return
+        last_id = self._pending_last
+        changes = self.gaps.batch_changes(last_id=last_id, segment=self._pending_segment)
+        recovered = bool(self._pending_segment - set(self.gaps.opened))
+        self.ready.append(
+            Batch(
+                records=self._pending,
+                last_id=last_id,
+                gap_changes=changes,
+                recovered=recovered,
+            )
+        )
+        self._pending = []
+        self._pending_bytes = 0
+        self._pending_last = None
+        self._pending_segment = frozenset()

@@ -1,0 +1,219 @@
+"""A simulated SSE server: integer ids, a history window, and per-connection faults.
+
+It keeps the ground truth the oracle compares against: every id it generated, the
+oldest id its history still holds, and, per connection, which ids it skipped and where
+it said so. Everything is driven by one seeded ``random.Random``: no clocks, no I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Profile:
+    """How one simulated stream behaves and how the consumer is configured for it."""
+
+    contiguous: bool
+    """The consumer declares ``contiguous_ids`` (holes in ids are drop signals)."""
+    counts: bool
+    """Drop notices say how many events they skipped."""
+    mercure: bool
+    """The server sends ``Mercure-Last-Event-ID`` when its history does not reach the
+    cursor, and the consumer honours it."""
+    drop_rate: float
+    """Chance, per event sent, that the connection skips a run of events."""
+    disconnect_rate: float
+    """Chance, per chunk read, that the connection is cut (at any byte)."""
+    window: int
+    """Events the history holds."""
+    late_notices: bool
+    """Notices may come a few events after the skip."""
+
+
+@dataclass
+class Notice:
+    """A skip on one connection: the ids skipped, and after which sent event it was
+    announced (``None``: silent, only contiguous ids reveal it)."""
+
+    skipped: list[int]
+    announced_after: int | None
+    """Index in the connection's ``sent`` list after which the notice was written."""
+    read: bool = False
+    """The consumer read the notice whole (a notice lost with its connection was not)."""
+
+
+@dataclass
+class ScriptedDrop:
+    """A drop a scripted schedule makes one connection take."""
+
+    connection: int
+    """Index of the connection (in connect order)."""
+    first: int
+    last: int
+    notice_after: int | None
+    """Announce after sending this id (None: before the skip)."""
+
+
+@dataclass
+class SimConnection:
+    """One connection's byte stream."""
+
+    server: SimServer
+    next_id: int
+    rng: random.Random
+    header: str | None = None
+    cursorless: bool = False
+    index: int = 0
+    """Its place in the server's connect order."""
+    sent: list[int] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    buffer: bytearray = field(default_factory=bytearray)
+    closed: bool = False
+    read_bytes: int = 0
+    written_bytes: int = 0
+    pending: deque[tuple[int, Notice]] = field(default_factory=deque)
+    """``(end offset, notice)`` written but not yet read whole."""
+    _late: list[tuple[int, Notice]] = field(default_factory=list)
+
+    def pump(self) -> None:
+        """Write what the server has generated since the last pump."""
+        server = self.server
+        # A connection that is already streaming keeps its place even when the history
+        # drops ids it has yet to send: truncation only shows to the next connection.
+        while self.next_id <= server.newest and len(self.buffer) < 4096:
+            scripted = server.scripted_drop(self) if server.script else None
+            if scripted is not None:
+                if scripted.last > server.newest:
+                    break  # skip the whole range at once, when it exists
+                self._scripted_skip(scripted)
+                continue
+            if self.rng.random() < server.profile.drop_rate:
+                self._skip()
+                continue
+            self._send(self.next_id)
+            self.next_id += 1
+        if self.rng.random() < 0.05:
+            self._write(b": ping\n\n")
+
+    def read(self, size: int) -> bytes:
+        """The next bytes; the ids of a drop notice read whole count as announced."""
+        chunk = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        self.read_bytes += len(chunk)
+        while self.pending and self.pending[0][0] <= self.read_bytes:
+            notice = self.pending.popleft()[1]
+            notice.read = True
+            self.server.delivered.update(notice.skipped)
+        return chunk
+
+    def _write(self, data: bytes, notice: Notice | None = None) -> None:
+        self.buffer += data
+        self.written_bytes += len(data)
+        if notice is not None:
+            self.pending.append((self.written_bytes, notice))
+
+    def _send(self, event_id: int) -> None:
+        self._write(b"id: %d\ndata: d%d\n\n" % (event_id, event_id))
+        self.sent.append(event_id)
+        for remaining, notice in list(self._late):
+            if remaining <= 1:
+                self._late.remove((remaining, notice))
+                self._announce(notice)
+            else:
+                self._late[self._late.index((remaining, notice))] = (remaining - 1, notice)
+
+    def _scripted_skip(self, drop: ScriptedDrop) -> None:
+        skipped = list(range(drop.first, min(drop.last, self.server.newest) + 1))
+        self.next_id = skipped[-1] + 1
+        notice = Notice(skipped=skipped, announced_after=None)
+        self.notices.append(notice)
+        if drop.notice_after is None or drop.notice_after <= skipped[-1]:
+            self._announce(notice)
+        else:
+            self._late.append((drop.notice_after - skipped[-1], notice))
+
+    def _skip(self) -> None:
+        server, rng = self.server, self.rng
+        size = rng.randint(1, 6)
+        last = min(self.next_id + size - 1, server.newest)
+        skipped = list(range(self.next_id, last + 1))
+        self.next_id = last + 1
+        mode = rng.choice(["before", "after", "after", "silent"])
+        if mode == "silent" and not server.profile.contiguous:
+            mode = "after"
+        notice = Notice(skipped=skipped, announced_after=None)
+        self.notices.append(notice)
+        if mode == "silent":
+            self._write(b"", notice)  # the next id read reveals it
+        elif mode == "before":
+            self._announce(notice)
+        elif mode == "after":
+            delay = rng.randint(0, 3) if server.profile.late_notices else 0
+            if delay == 0:
+                self._announce(notice)
+            else:
+                self._late.append((delay, notice))
+
+    def _announce(self, notice: Notice) -> None:
+        notice.announced_after = len(self.sent) - 1
+        if self.server.profile.counts:
+            text = b": dropped %d events (slow consumer)\n" % len(notice.skipped)
+        else:
+            text = b": dropping events\n"
+        self._write(text, notice)
+
+
+class SimServer:
+    """The stream's history and its ground truth."""
+
+    def __init__(self, rng: random.Random, profile: Profile) -> None:
+        self.rng = rng
+        self.profile = profile
+        self.newest = 0
+        self.history_start = 1
+        self.connections: list[SimConnection] = []
+        self.script: list[ScriptedDrop] = []
+        self.delivered: set[int] = set()
+        """Ids whose drop notice some connection read whole: the consumer knows they were
+        skipped (an event read but skipped by the next connection without a word cannot
+        be told apart from one never sent, unless the ids are contiguous)."""
+
+    def scripted_drop(self, connection: SimConnection) -> ScriptedDrop | None:
+        for drop in self.script:
+            if drop.connection == connection.index and drop.first == connection.next_id:
+                return drop
+        return None
+
+    def generate(self, count: int) -> None:
+        self.newest += count
+        self.history_start = max(self.history_start, self.newest - self.profile.window + 1)
+
+    def truncate(self, count: int) -> None:
+        """The server loses the oldest ``count`` events of its history (a fault)."""
+        self.history_start = min(self.history_start + count, self.newest + 1)
+
+    def connect(self, cursor: str | None, rng: random.Random) -> SimConnection:
+        if cursor is None:
+            start = self.newest + 1
+        else:
+            start = int(cursor) + 1
+        header = None
+        if cursor is not None and start < self.history_start:
+            start = self.history_start
+            if self.profile.mercure:
+                header = "earliest"
+        elif cursor is not None and self.profile.mercure:
+            header = cursor
+        connection = SimConnection(
+            server=self,
+            next_id=start,
+            rng=rng,
+            header=header,
+            cursorless=cursor is None,
+            index=len(self.connections),
+        )
+        self.connections.append(connection)
+        return connection

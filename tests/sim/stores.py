@@ -1,0 +1,199 @@
+"""In-memory stand-ins for the event log and Redis, with the same semantics.
+
+The memory event log applies batches exactly as :class:`~durable_sse.eventlog.EventLog`
+does: rows deduplicated on ``(event_id, event_ord)``, the batch's gap changes applied in
+the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
+chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
+:func:`durable_sse.gaps.lagging_target`. Only the storage is different.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from durable_sse.contracts import CheckpointState
+from durable_sse.eventlog import ConnectionStart, EventRecord
+from durable_sse.gaps import (
+    Gap,
+    GapChange,
+    GapSummary,
+    StreamContext,
+    apply_change,
+    choose_start,
+    lagging_target,
+    numeric_span,
+    summarize,
+)
+from durable_sse.ids import IdOrder, contiguous_number, is_newer, sort_key
+
+
+@dataclass
+class Row:
+    seq: int
+    received_at: datetime
+
+
+class MemoryEventLog:
+    """One stream's event log, checkpoint row and gap records."""
+
+    def __init__(self, stream: str, order: str) -> None:
+        self.stream = stream
+        self.order = IdOrder(order)
+        self.rows: dict[tuple[str, int | None], Row] = {}
+        self._keys: list[tuple[bytes, str]] = []
+        """Sorted ``(sort key, id)`` of rows carrying an id (ord 0)."""
+        self.gaps: dict[str, Gap] = {}
+        self.lagging_id: str | None = None
+        self.seq = 0
+        self.commits = 0
+        self.counted_missing: dict[str, set[int]] = {}
+        """Per gap closed as unrecoverable, the ids it counted (the oracle's view)."""
+
+    # -- the write path ------------------------------------------------------------
+
+    def commit(self, records: list[EventRecord], changes: list[GapChange], *, now: datetime) -> int:
+        """One transaction: insert the rows (dedupe), apply the gap changes."""
+        new_rows = 0
+        for record in records:
+            key = (record.event_id, record.event_ord)
+            if record.event_id and key in self.rows:
+                continue
+            self.seq += 1
+            self.rows[key if record.event_id else ("", -self.seq)] = Row(
+                self.seq, record.received_at
+            )
+            new_rows += 1
+            if record.event_id and record.event_ord == 0:
+                bisect.insort(self._keys, (sort_key(record.event_id, self.order), record.event_id))
+        for change in changes:
+            updated = apply_change(
+                self.gaps.get(change.gap_id),
+                change,
+                order=self.order,
+                lagging_id=self.lagging_id,
+                new_rows=new_rows,
+                now=now.isoformat(),
+                stored=self,
+            )
+            if updated is not None:
+                before = self.gaps.get(change.gap_id)
+                self.gaps[change.gap_id] = updated
+                if updated.state == "unrecoverable" and (before is None or before.is_open):
+                    self._note_counted(updated)
+        self.commits += 1
+        return new_rows
+
+    def _note_counted(self, gap: Gap) -> None:
+        span = numeric_span(gap)
+        if span is None or gap.missing is None:
+            return
+        counted = set()
+        for other in self.counted_missing.values():
+            counted |= other
+        low, high = span
+        self.counted_missing[gap.gap_id] = {
+            n for n in range(low + 1, high) if (str(n), 0) not in self.rows and n not in counted
+        }
+
+    # -- gaps.StoredIds ------------------------------------------------------------
+
+    def stored_numbers_between(self, low: int, high: int) -> int:
+        return sum(1 for n in range(low + 1, high) if (str(n), 0) in self.rows)
+
+    def counted_ranges(self, *, except_gap: str) -> list[tuple[int, int]]:
+        spans = (
+            numeric_span(gap)
+            for gap in self.gaps.values()
+            if gap.state == "unrecoverable" and gap.gap_id != except_gap
+        )
+        return [span for span in spans if span is not None]
+
+    # -- what the reader and the workflow read -------------------------------------
+
+    @property
+    def floor(self) -> str | None:
+        return self._keys[-1][1] if self._keys else None
+
+    def neighbour(self, event_id: str, older: bool) -> str | None:
+        key = sort_key(event_id, self.order)
+        if older:
+            index = bisect.bisect_left(self._keys, (key, "")) - 1
+            return self._keys[index][1] if index >= 0 else None
+        index = bisect.bisect_right(self._keys, (key, "\U0010ffff"))
+        return self._keys[index][1] if index < len(self._keys) else None
+
+    def open_gaps(self) -> list[Gap]:
+        return [gap for gap in self.gaps.values() if gap.is_open]
+
+    async def connection_context(
+        self, stream: str, id_order: str, *, cursor: str | None, source: str, repair: bool = False
+    ) -> ConnectionStart:
+        open_gaps = self.open_gaps()
+        cursor, source, witness = choose_start(
+            cursor=cursor,
+            source=source,
+            repair=repair,
+            lagging_id=self.lagging_id,
+            floor=self.floor,
+            open_gaps=open_gaps,
+            order=self.order,
+            neighbour=self.neighbour,
+        )
+        context = StreamContext(
+            lagging_id=self.lagging_id,
+            floor=self.floor,
+            witness=witness,
+            open_gaps=[Gap(**vars(gap)) for gap in open_gaps],
+        )
+        return ConnectionStart(cursor=cursor, source=source, context=context)
+
+    async def gap_summary(self, stream: str, id_order: str) -> GapSummary:
+        return summarize(list(self.gaps.values()), self.order)
+
+    async def get_checkpoint(self, stream: str) -> CheckpointState | None:
+        return CheckpointState(stream=stream, lagging_id=self.lagging_id)
+
+    def advance(self, *, window: float, now: datetime) -> None:
+        """The checkpoint schedule's run: newest id received a window ago, gap-capped."""
+        cutoff = now - timedelta(seconds=window)
+        candidate = None
+        for _, event_id in reversed(self._keys):  # newest first
+            if self.rows[(event_id, 0)].received_at <= cutoff:
+                candidate = event_id
+                break
+        target, _, _ = lagging_target(candidate, self.open_gaps(), self.order)
+        if is_newer(target, self.lagging_id, self.order):
+            self.lagging_id = target
+
+    def newest_at_or_before(self, when: datetime) -> str | None:
+        best = None
+        for (event_id, ordinal), row in self.rows.items():
+            if event_id and ordinal == 0 and row.received_at <= when:
+                if is_newer(event_id, best, self.order):
+                    best = event_id
+        return best
+
+    def stored_numbers(self) -> set[int]:
+        numbers = set()
+        for event_id, ordinal in self.rows:
+            number = contiguous_number(event_id)
+            if number is not None and ordinal == 0:
+                numbers.add(number)
+        return numbers
+
+
+class MemoryRedis:
+    """L2 as the Lua script keeps it: forward-only per stream (faults may rewind it)."""
+
+    def __init__(self, order: str) -> None:
+        self.order = order
+        self.values: dict[str, str] = {}
+
+    async def get(self, stream: str) -> str | None:
+        return self.values.get(stream)
+
+    def submit(self, stream: str, event_id: str, id_order: str) -> None:
+        if is_newer(event_id, self.values.get(stream), self.order):
+            self.values[stream] = event_id

@@ -1,0 +1,641 @@
+"""One simulated schedule: the workflow's loop, the reader's attempts, faults, an oracle.
+
+The decisions are the real ones: :func:`workflows.routes.plan_connection`,
+:func:`~workflows.routes.record_result` and :func:`~workflows.routes.should_interrupt`
+for the workflow; :class:`~durable_sse.resolve.CursorResolver` and
+:class:`~durable_sse.intake.Intake` (with :mod:`durable_sse.gaps`) for the reader; the
+real SSE decoder on the simulated bytes. What is simulated: the server, the clock, the
+stores' storage, Temporal's scheduling (an attempt that dies is retried with its last
+heartbeat; a result can be lost to a cancel), and the faults.
+
+A run has a fault phase and a quiet phase (no faults, the server stops generating); at
+the end every id the server could still replay must be stored exactly once, every id it
+could not must be counted exactly (or lie in a gap reported as of unknown size), and no
+gap may be left open. During the run, no cursor may pass a drop notice before its gap is
+recorded, and the lagging id may never pass an open gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from itertools import count
+
+from durable_sse.contracts import (
+    Outcome,
+    ReadCounts,
+    ReadInput,
+    ReadProgress,
+    ReadResult,
+    ReplaySignal,
+    Route,
+)
+from durable_sse.gaps import GapChange, GapState
+from durable_sse.ids import compare_ids
+from durable_sse.intake import Batch, Intake
+from durable_sse.l1 import LocalCursors
+from durable_sse.resolve import CursorResolver
+from durable_sse.spec import StreamSpec
+from durable_sse.sse.decoder import SSEDecoder
+from tests.sim.server import Profile, SimConnection, SimServer
+from tests.sim.stores import MemoryEventLog, MemoryRedis
+from workflows.routes import (
+    ConnectionPlan,
+    StreamState,
+    fold_gaps,
+    plan_connection,
+    record_result,
+    should_interrupt,
+)
+
+STEP = 0.05
+"""Virtual seconds per step."""
+QUIET_GENERATING_STEPS = 60
+"""Steps the server keeps generating once the faults stop."""
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+STREAM = "sim"
+
+
+class Violation(AssertionError):
+    """The oracle found an anomaly; the message names it."""
+
+
+@dataclass
+class Faults:
+    """Chances per step (or per connection) of each fault."""
+
+    crash: float = 0.01
+    zombie: float = 0.3
+    """Share of crashes after which the dead attempt keeps committing a while."""
+    lose_result: float = 0.2
+    """Share of cancellations whose result the workflow never sees."""
+    signal: float = 0.01
+    truncate: float = 0.004
+    redis: float = 0.004
+    quiet: bool = False
+
+    @classmethod
+    def none(cls) -> Faults:
+        return cls(crash=0, zombie=0, lose_result=0, signal=0, truncate=0, redis=0, quiet=True)
+
+
+@dataclass
+class Tally:
+    """What a schedule injected, for the report."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def add(self, name: str) -> None:
+        self.counts[name] += 1
+
+
+def random_profile(rng: random.Random) -> Profile:
+    contiguous = rng.random() < 0.5
+    return Profile(
+        contiguous=contiguous,
+        counts=rng.random() < 0.7,
+        mercure=rng.random() < 0.3,
+        drop_rate=rng.choice([0.0, 0.01, 0.03, 0.08]),
+        disconnect_rate=rng.choice([0.0, 0.02, 0.06]),
+        window=rng.choice([40, 80, 200]),
+        late_notices=rng.random() < 0.5,
+    )
+
+
+class World:
+    """One stream, one server, the stores, the workflow state, and the clock."""
+
+    def __init__(self, seed: int, *, profile: Profile | None = None, faults: Faults | None = None):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.profile = profile or random_profile(self.rng)
+        self.faults = faults or Faults()
+        self.server = SimServer(self.rng, self.profile)
+        order = "numeric" if self.rng.random() < 0.5 else "natural"
+        events_per_second = 0.75 / STEP
+        history_seconds = self.profile.window / events_per_second
+        self.spec = StreamSpec(
+            name=STREAM,
+            url="http://sim.invalid/stream",
+            id_order=order,
+            replay_window=history_seconds * self.rng.choice([0.5, 0.8, 1.5]),
+            lagged_reconnect_interval=self.rng.choice([0.0, 0.5, 2.0]),
+            contiguous_ids=self.profile.contiguous,
+            mercure_last_event_id=self.profile.mercure,
+            batch_max_events=self.rng.choice([1, 3, 8]),
+            batch_max_delay=0.1,
+        )
+        self.log = MemoryEventLog(STREAM, order)
+        self.redis = MemoryRedis(order)
+        self.clock = 0.0
+        self.state = StreamState()
+        self.l1 = self._new_l1()
+        self.next_advance = self.spec.replay_window
+        self.tally = Tally()
+        self.generating = True
+        self._ids = count(1)
+        self.zombies: list[Attempt] = []
+        self.trace: list[str] = []
+        self._history_seen = 1
+
+    def note(self, text: str) -> None:
+        self.trace.append(f"{self.clock:7.2f} {text}")
+
+    # -- time, the server, the checkpoint ---------------------------------------------
+
+    @property
+    def now(self) -> datetime:
+        return EPOCH + timedelta(seconds=self.clock)
+
+    def _new_l1(self) -> LocalCursors:
+        return LocalCursors(ttl=30.0, timer=lambda: self.clock)
+
+    def resolver(self) -> CursorResolver:
+        return CursorResolver(self.l1, self.redis, self.log)  # type: ignore[arg-type]
+
+    def tick(self) -> None:
+        self.clock += STEP
+        if self.server.history_start > self._history_seen:
+            self._history_seen = self.server.history_start
+        if self.generating and self.rng.random() < 0.5:
+            self.server.generate(self.rng.randint(1, 2))
+        if self.clock >= self.next_advance:
+            self.next_advance = self.clock + self.spec.replay_window
+            self.log.advance(window=self.spec.replay_window, now=self.now)
+            self.check_lagging()
+        faults = self.faults
+        if self.rng.random() < faults.truncate:
+            self.server.truncate(self.rng.randint(1, self.profile.window // 2))
+            self.tally.add("history truncated")
+        if self.rng.random() < faults.redis:
+            stored = sorted(self.log.stored_numbers())
+            if stored and self.rng.random() < 0.5:
+                self.redis.values[STREAM] = str(self.rng.choice(stored))
+                self.tally.add("redis rewound")
+            else:
+                self.redis.values.clear()
+                self.tally.add("redis emptied")
+        for zombie in list(self.zombies):
+            zombie.lifetime -= 1
+            outcome = zombie.step()
+            if outcome is not None or zombie.lifetime <= 0:
+                zombie.finish(outcome or Outcome.CANCELLED)  # it flushes, unaware
+                self.zombies.remove(zombie)
+
+    def new_gap_id(self) -> str:
+        return f"g{next(self._ids)}"
+
+    # -- the oracle's running checks --------------------------------------------------
+
+    def check_lagging(self) -> None:
+        lagging = self.log.lagging_id
+        if lagging is None:
+            return
+        for gap in self.log.open_gaps():
+            resume = gap.resume_from(self.log.order)
+            if resume is None or compare_ids(lagging, resume, self.log.order) > 0:
+                raise Violation(
+                    f"lagging id {lagging} passed the open gap {gap.gap_id} (resume point {resume})"
+                )
+
+    def check_notices(self, connection: SimConnection, cursor: str) -> None:
+        """A cursor at ``cursor`` on ``connection``: every skip announced (or, with
+        contiguous ids, revealed) before that id was sent must be stored or recorded."""
+        number = int(cursor)
+        try:
+            position = len(connection.sent) - 1 - connection.sent[::-1].index(number)
+        except ValueError:
+            return
+        stored = None
+        for notice in connection.notices:
+            if notice.announced_after is None:
+                if not self.profile.contiguous or number <= max(notice.skipped):
+                    continue
+            elif notice.announced_after >= position:
+                continue
+            if stored is None:
+                stored = self.log.stored_numbers()
+            for missing in notice.skipped:
+                if missing in stored or self._recorded(missing):
+                    continue
+                if connection.cursorless and missing < connection.sent[0]:
+                    continue  # before a live-only stream's first event: see verdict()
+                raise Violation(
+                    f"cursor {cursor} passed the drop of {missing} (skipped with "
+                    f"{notice.skipped}) before any gap recorded it"
+                )
+
+    def _recorded(self, number: int) -> bool:
+        event_id = str(number)
+        return any(gap.contains(event_id, self.log.order) for gap in self.log.gaps.values())
+
+    # -- the workflow's loop ----------------------------------------------------------
+
+    async def run(self, *, steps: int = 150, quiet_steps: int = 2000) -> None:
+        deadline = steps
+        phase_steps = 0
+        while True:
+            if self.state.gaps_stale:
+                fold_gaps(self.state, await self.log.gap_summary(STREAM, self.log.order))
+                self.state.lagging_id = self.log.lagging_id
+            if self.state.paused:
+                for _ in range(self.rng.randint(1, 40)):
+                    self.tick()
+                self.state.paused = False
+            plan = plan_connection(
+                self.state,
+                now=self.now,
+                interval=self.spec.lagged_reconnect_interval,
+                id_order=self.spec.id_order,
+            )
+            used = await self.connection(plan, budget=max(deadline - phase_steps, 1))
+            phase_steps += used
+            if phase_steps >= deadline and not self.faults.quiet:
+                self.faults = Faults.none()
+                self.profile.drop_rate = self.profile.disconnect_rate = 0.0
+                self.tally.add("quiet phase")
+                deadline, phase_steps = quiet_steps, 0
+                continue
+            if self.faults.quiet:
+                if phase_steps > QUIET_GENERATING_STEPS:
+                    self.generating = False
+                if self.settled():
+                    return
+                if phase_steps >= deadline:
+                    raise Violation(f"not settled after the quiet phase: {self.describe()}")
+
+    def settled(self) -> bool:
+        state = self.state
+        return (
+            not self.generating
+            and not self.zombies
+            and not state.gaps_stale
+            and not state.repair_wanted
+            and state.replay is None
+            and state.pending_replay is None
+            and not self.log.open_gaps()
+            and state.live_cursor == str(self.server.newest)
+        )
+
+    def describe(self) -> str:
+        state = self.state
+        return (
+            f"live {state.live_cursor} newest {self.server.newest} open gaps "
+            f"{[vars(g) for g in self.log.open_gaps()]} replay {state.replay} "
+            f"lagging {self.log.lagging_id} history from {self.server.history_start}"
+        )
+
+    async def connection(self, plan: ConnectionPlan, *, budget: int) -> int:
+        """Run one read_stream execution (with its retries) and fold the result."""
+        state = self.state
+        state.counters.connections += 1
+        read_input = ReadInput(
+            spec=self.spec, route=plan.route, start_id=plan.start_id, known_gaps=plan.known_gaps
+        )
+        attempt = await Attempt.start(self, read_input, retried=False, progress=None)
+        self.note(
+            f"connect {plan.route.value} start_id={plan.start_id} -> cursor "
+            f"{attempt.start_cursor} ({attempt.source}) known={plan.known_gaps}"
+        )
+        steps = 0
+        result: ReadResult | None = None
+        lost = False
+        max_age = self.rng.randint(20, 200)
+        while True:
+            steps += 1
+            self.tick()
+            self.maybe_signal()
+            if should_interrupt(
+                state, plan, now=self.now, interval=self.spec.lagged_reconnect_interval
+            ):
+                result = attempt.finish(Outcome.CANCELLED)
+                if self.rng.random() < self.faults.lose_result:
+                    lost = True
+                    self.tally.add("result lost to a cancel")
+                break
+            outcome = attempt.step()
+            if outcome is not None:
+                result = attempt.finish(outcome)
+                break
+            if steps >= max_age or self._caught_up(attempt):
+                result = attempt.finish(Outcome.ROTATED)
+                break
+            if self.rng.random() < self.faults.crash:
+                self.crash(attempt)
+                attempt = await Attempt.start(
+                    self, read_input, retried=True, progress=attempt.heartbeat
+                )
+                self.note(f"retry from {attempt.start_cursor} ({attempt.source})")
+            if steps >= budget * 4:
+                result = attempt.finish(Outcome.ROTATED)
+                break
+        assert result is not None
+        self.note(
+            f"end {result.outcome.value} last={result.last_cursor} drop={result.drop} "
+            f"lost={lost} gaps={[vars(g) for g in self.log.gaps.values() if g.is_open]}"
+        )
+        decision = record_result(
+            state,
+            plan,
+            None if lost else result,
+            id_order=self.spec.id_order,
+            jitter=self.rng.random(),
+            duration=steps * STEP,
+        )
+        if decision.refresh_gaps:
+            fold_gaps(state, await self.log.gap_summary(STREAM, self.log.order))
+            state.lagging_id = self.log.lagging_id
+        for _ in range(min(int(decision.delay / STEP), 40)):
+            self.tick()
+            steps += 1
+        return steps
+
+    def _caught_up(self, attempt: Attempt) -> bool:
+        """Quiet, nothing left to read or repair: end the connection to let the run end."""
+        return (
+            not self.generating
+            and not self.zombies
+            and attempt.intake.cursor == str(self.server.newest)
+            and not attempt.inflight
+            and not self.log.open_gaps()
+        )
+
+    def crash(self, attempt: Attempt) -> None:
+        """The worker running ``attempt`` dies; Temporal retries on another (L1 empty)."""
+        self.tally.add("attempt crashed")
+        if self.rng.random() >= self.faults.zombie:
+            attempt.inflight_lost()  # the process is gone with what it had not committed
+        else:
+            attempt.lifetime = self.rng.randint(1, 30)
+            attempt.zombie = True
+            self.zombies.append(attempt)
+            self.tally.add("two attempts at once")
+        self.l1 = self._new_l1()
+
+    def maybe_signal(self) -> None:
+        if self.rng.random() >= self.faults.signal:
+            return
+        state = self.state
+        kind = self.rng.choice(["replay", "from_id", "since", "pause"])
+        self.tally.add(f"signal {kind}")
+        if kind == "pause":
+            state.paused = True
+        elif kind == "replay":
+            state.pending_replay = ReplaySignal()
+        elif kind == "from_id":
+            stored = sorted(self.log.stored_numbers())
+            if stored:
+                state.pending_replay = ReplaySignal(from_id=str(self.rng.choice(stored)))
+        else:
+            moment = self.now - timedelta(seconds=self.rng.uniform(0, 10))
+            state.pending_replay = ReplaySignal(from_id=self.log.newest_at_or_before(moment))
+
+    # -- the end ----------------------------------------------------------------------
+
+    def verdict(self) -> None:
+        """The final oracle (after :meth:`run` settled)."""
+        truth = set(range(1, self.server.newest + 1))
+        stored = self.log.stored_numbers()
+        extra = stored - truth
+        if extra:
+            raise Violation(f"stored ids the server never sent: {sorted(extra)[:10]}")
+        gaps = list(self.log.gaps.values())
+        unrecoverable = [g for g in gaps if g.state == GapState.UNRECOVERABLE]
+
+        def counted_by_a_gap(number: int) -> bool:
+            event_id = str(number)
+            return any(g.contains(event_id, self.log.order) for g in unrecoverable)
+
+        # The stream starts at its first stored event: a connection with no cursor reads
+        # live, so what the server sent before that is the consumer's only if a drop
+        # notice said it was skipped (then it is counted).
+        # A drop before that event is counted as announced (a gap with no start), and is
+        # left out of the comparison of counts below.
+        first_stored = min(stored, default=self.server.newest + 1)
+        lost = {n for n in truth - stored if n > first_stored}
+        if not self.profile.contiguous:
+            # Without contiguous ids only a notice tells of a skip. Ids no notice the
+            # consumer read ever named (history dropped before anyone read them), and ids
+            # some connection skipped while its notice was lost with it (a late notice
+            # and a disconnect: the repair that skipped them looked continuous), are lost
+            # to the server's silence, not ours to count.
+            silent = {
+                n
+                for connection in self.server.connections
+                for notice in connection.notices
+                if not notice.read
+                for n in notice.skipped
+            }
+            # A gap that starts at the stream's oldest stored id has no older id to
+            # start its repair from, so nothing can show that the history no longer
+            # reaches it: its loss is unknowable too.
+            blind = [g for g in gaps if g.start_id == str(first_stored)]
+            lost = {
+                n
+                for n in lost
+                if counted_by_a_gap(n)
+                or (
+                    n in self.server.delivered
+                    and n not in silent
+                    and not any(g.contains(str(n), self.log.order) for g in blind)
+                )
+            }
+        in_history = {n for n in lost if n >= self.server.history_start and n > first_stored}
+        if in_history:
+            raise Violation(f"lost ids the server can still replay: {sorted(in_history)[:20]}")
+        for number in sorted(lost):
+            if not counted_by_a_gap(number):
+                raise Violation(f"id {number} is lost and no unrecoverable gap counts it")
+        counted = sum(g.missing or 0 for g in unrecoverable if g.start_id is not None)
+        # An id counted as lost may still be stored later by an attempt that was
+        # streaming it before the history dropped it (two attempts at once): the count
+        # was exact when the gap closed, and that late arrival is not a loss.
+        late = set()
+        for counted_ids in self.log.counted_missing.values():
+            late |= counted_ids & stored
+        if self.profile.contiguous and counted != len(lost) + len(late):
+            raise Violation(
+                f"{len(lost)} ids lost (+{len(late)} stored late) but {counted} counted as "
+                f"unrecoverable: lost {sorted(lost)[:20]}, gaps "
+                f"{[vars(g) for g in unrecoverable][:4]}"
+            )
+        # Without contiguous ids a count is the server's own announcement less what the
+        # repairs recovered: exact when the server's notices are, never checkable here.
+        totals = self.state.counters
+        everything = sum(g.missing or 0 for g in unrecoverable)
+        if totals.events_unrecoverable != everything or totals.gaps_unrecoverable != len(
+            unrecoverable
+        ):
+            raise Violation(
+                f"status says {totals.events_unrecoverable} events / "
+                f"{totals.gaps_unrecoverable} gaps unrecoverable; the records say "
+                f"{everything} / {len(unrecoverable)}"
+            )
+        self.tally.counts["ids generated"] = self.server.newest
+        self.tally.counts["ids lost for good"] = len(lost)
+        self.tally.counts["gaps"] = len(gaps)
+        self.tally.counts["gaps unrecoverable"] = len(unrecoverable)
+
+
+class Attempt:
+    """One execution attempt of ``read_stream``: the activity shell, simulated."""
+
+    def __init__(self, world: World, read_input: ReadInput) -> None:
+        self.world = world
+        self.input = read_input
+        self.rng = world.rng
+        self.inflight: list[Batch] = []
+        self.heartbeat: ReadProgress | None = None
+        self.finished = False
+        self.zombie = False
+        self.lifetime = 0
+        self.connection: SimConnection
+        self.intake: Intake
+        self.decoder: SSEDecoder
+        self.start_cursor: str | None = None
+        self.first_id: str | None = None
+        self.source = ""
+
+    @classmethod
+    async def start(
+        cls,
+        world: World,
+        read_input: ReadInput,
+        *,
+        retried: bool,
+        progress: ReadProgress | None,
+    ) -> Attempt:
+        attempt = cls(world, read_input)
+        start = await world.resolver().resolve(
+            STREAM,
+            world.spec.id_order,
+            Route(read_input.route),
+            explicit=read_input.start_id,
+            retry_of=progress,
+            retried=retried,
+        )
+        attempt.start_cursor = start.cursor
+        attempt.source = start.source
+        attempt.intake = Intake(
+            world.spec,
+            route=Route(read_input.route),
+            cursor=start.cursor,
+            context=start.context,
+            known_gaps=read_input.known_gaps,
+            new_gap_id=world.new_gap_id,
+            now_iso=lambda: world.now.isoformat(),
+        )
+        attempt.decoder = SSEDecoder(last_event_id=start.cursor or "")
+        attempt.connection = world.server.connect(start.cursor, world.rng)
+        attempt.intake.head(truncation_header=attempt.connection.header)
+        if world.rng.random() < 0.9:
+            attempt._beat()
+        return attempt
+
+    def _beat(self) -> None:
+        self.heartbeat = ReadProgress(
+            cursor=self.intake.cursor,
+            start_cursor=self.start_cursor,
+            first_id=self.first_id,
+            counts=ReadCounts(**vars(self.intake.counts)),
+        )
+
+    def step(self) -> Outcome | None:
+        """Read a little, cut, commit a little. An outcome when the connection ended."""
+        if self.finished:
+            return None
+        intake, connection = self.intake, self.connection
+        if intake.outcome is not None:
+            return intake.outcome
+        connection.pump()
+        if self.rng.random() < self.world.profile.disconnect_rate:
+            cut = self.rng.randint(0, len(connection.buffer))
+            chunk = connection.read(cut)
+            intake.take(self.decoder.feed(chunk), received_at=self.world.now, now=self.world.clock)
+            intake.end()
+            self._collect()
+            return intake.outcome or Outcome.DROPPED
+        chunk = connection.read(self.rng.randint(1, 200))
+        if chunk:
+            intake.take(self.decoder.feed(chunk), received_at=self.world.now, now=self.world.clock)
+        intake.poll(self.world.clock)
+        self._collect()
+        while self.inflight and (len(self.inflight) > 3 or self.rng.random() < 0.6):
+            self._commit_one()
+        return intake.outcome
+
+    def _collect(self) -> None:
+        while self.intake.ready:
+            self.inflight.append(self.intake.ready.popleft())
+
+    def _commit_one(self) -> None:
+        batch = self.inflight.pop(0)
+        world = self.world
+        new_rows = world.log.commit(batch.records, batch.gap_changes, now=world.now)
+        first = self.first_id is None and self.start_cursor is None
+        if batch.gap_changes:
+            world.note(
+                f"commit {[r.event_id for r in batch.records]} changes "
+                f"{[_described(change) for change in batch.gap_changes]}"
+            )
+        if self.intake.committed(batch, new_rows=new_rows):
+            cursor = self.intake.cursor
+            assert cursor is not None
+            if not self.zombie:
+                world.l1.advance(STREAM, cursor, world.spec.id_order)
+            world.redis.submit(STREAM, cursor, world.spec.id_order)
+            world.check_notices(self.connection, cursor)
+            if first:
+                self.first_id = batch.records[0].event_id or cursor
+        world.check_lagging()
+        if (first and self.first_id is not None) or self.rng.random() < 0.7:
+            self._beat()
+
+    def inflight_lost(self) -> None:
+        """The worker died: batches not yet committed never will be."""
+        self.inflight.clear()
+        self.finished = True
+
+    def finish(self, outcome: Outcome) -> ReadResult:
+        """Flush (commit everything read) and build the result, as ``_finish`` does."""
+        intake = self.intake
+        intake.end()
+        self._collect()
+        while self.inflight:
+            self._commit_one()
+        self.finished = True
+        log = self.world.log
+        return ReadResult(
+            outcome=outcome,
+            start_cursor=self.start_cursor,
+            last_cursor=intake.cursor,
+            counts=intake.counts,
+            drop=intake.drop,
+            gaps=_summary(log),
+            lagging_id=log.lagging_id,
+            retry_ms=self.decoder.retry,
+        )
+
+
+def _described(change: GapChange) -> dict[str, object]:
+    shown: dict[str, object] = {k: v for k, v in vars(change).items() if v and k != "opened"}
+    if change.opened is not None:
+        shown["opened"] = (change.opened.start_id, change.opened.notice_id)
+    return shown
+
+
+def _summary(log: MemoryEventLog):  # noqa: ANN202 - GapSummary
+    from durable_sse.gaps import summarize
+
+    return summarize(list(log.gaps.values()), log.order)
+
+
+async def run_schedule(seed: int, **options: object) -> World:
+    logging.getLogger("durable_sse").setLevel(logging.ERROR)
+    world = World(seed, **options)  # type: ignore[arg-type]
+    await world.run()
+    world.verdict()
+    return world
