@@ -101,15 +101,16 @@ class SSEGap(SQLModel, table=True):
     """One gap: where a stream's server skipped events, and what became of them.
 
     Rows are written only by :func:`durable_sse.gaps.apply_change` (see that module for
-    the meaning of each column). ``ix_sse_gaps_stream_state`` serves the two queries on
-    the reconnect path: a stream's open gaps, and its totals by state.
+    the meaning of each column); like everything stored, they are keyed by stream.
+    ``ix_sse_gaps_stream_state`` serves the two queries on the reconnect path: a
+    stream's open gaps, and its totals by state.
     """
 
     __tablename__ = GAPS_TABLE
     __table_args__ = (sa.Index("ix_sse_gaps_stream_state", "stream", "state"),)
 
+    stream: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
     gap_id: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
-    stream: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     kind: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     state: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     start_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))

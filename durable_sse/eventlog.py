@@ -555,7 +555,9 @@ class EventLog:
         """Apply a batch's gap changes inside its transaction (see ``gaps.apply_change``)."""
         order = payload.order
         ids = sorted({change.gap_id for change in payload.gap_changes})
-        query = sa.select(gaps_table).where(gaps_table.c.gap_id.in_(ids))
+        query = sa.select(gaps_table).where(
+            gaps_table.c.stream == stream, gaps_table.c.gap_id.in_(ids)
+        )
         if self.dialect == "postgresql":
             query = query.with_for_update()
         records = {row.gap_id: _gap_from_row(row) for row in connection.execute(query)}
@@ -597,7 +599,9 @@ class EventLog:
             values = _gap_values(record)
             if gap_id in existing:
                 connection.execute(
-                    sa.update(gaps_table).where(gaps_table.c.gap_id == gap_id).values(**values)
+                    sa.update(gaps_table)
+                    .where(gaps_table.c.stream == stream, gaps_table.c.gap_id == gap_id)
+                    .values(**values)
                 )
             else:
                 connection.execute(sa.insert(gaps_table).values(gap_id=gap_id, **values))

@@ -28,13 +28,13 @@ from durable_sse.binaries import temporal_dev_server
 from durable_sse.contracts import (
     AdvanceInput,
     AdvanceResult,
-    FenceInput,
     ScheduleInput,
     SinceInput,
     StreamRef,
     checkpoint_schedule_id,
 )
 from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.gaps import Gap, GapChange
 from durable_sse.spec import StreamSpec
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 
@@ -72,6 +72,18 @@ async def persist(event_log: EventLog, stream: str, ids: range, received_at: dat
     await event_log.insert_batch(stream, "numeric", records)
 
 
+async def record_gap(event_log: EventLog, stream: str, gap: GapChange) -> None:
+    """Commit a gap change alone (as the reader commits one with a batch)."""
+    await event_log.committed(event_log.submit_batch(stream, "numeric", [], gap_changes=[gap]))
+
+
+def opened(stream: str, gap_id: str, start: str, end: str) -> GapChange:
+    seen = datetime.now(UTC).isoformat()
+    gap = Gap(gap_id=gap_id, stream=stream, kind="comment", start_id=start, end_id=end)
+    gap.seen_at = seen
+    return GapChange(gap_id, opened=gap)
+
+
 async def lagging_id(event_log: EventLog, stream: str) -> str | None:
     checkpoint = await event_log.get_checkpoint(stream)
     return checkpoint.lagging_id if checkpoint else None
@@ -95,7 +107,7 @@ async def run_scheduled(env: WorkflowEnvironment, handle: ScheduleHandle) -> Adv
     return await run.result()
 
 
-async def test_schedule_advances_and_a_fence_holds(
+async def test_schedule_advances_and_an_open_gap_holds_it(
     env: WorkflowEnvironment, event_log: EventLog
 ) -> None:
     name = f"ck-{uuid.uuid4().hex[:16]}"
@@ -129,12 +141,13 @@ async def test_schedule_advances_and_a_fence_holds(
         assert action.task_queue == queue
 
         moved = await run_scheduled(env, handle)
-        assert moved.lagging_id == "3" and not moved.held_by_fence
+        assert moved.lagging_id == "3" and not moved.held_by_gap
         assert await lagging_id(event_log, name) == "3"
 
-        # A gap fence: newer events are old enough, yet the lagging id must not move.
-        assert await checkpoints.set_fence(FenceInput(stream=ref, fence_id="3")) == "3"
+        # An open gap after 3: newer events are old enough, yet the lagging id must not
+        # pass the gap's start.
         await persist(event_log, name, range(4, 7), long_ago)
+        await record_gap(event_log, name, opened(name, "g-" + name, "3", "5"))
         held = await env.client.execute_workflow(
             CheckpointAdvanceWorkflow.run,
             AdvanceInput(stream=ref, replay_window=2.0),
@@ -142,16 +155,22 @@ async def test_schedule_advances_and_a_fence_holds(
             task_queue=queue,
             result_type=AdvanceResult,
         )
-        assert held == AdvanceResult(lagging_id="3", moved=False, held_by_fence=True, fence_id="3")
+        assert held == AdvanceResult(lagging_id="3", moved=False, held_by_gap=True, cap_id="3")
         scheduled = await run_scheduled(env, handle)
-        assert (scheduled.lagging_id, scheduled.held_by_fence) == ("3", True)
+        assert (scheduled.lagging_id, scheduled.held_by_gap) == ("3", True)
         assert await lagging_id(event_log, name) == "3"
 
-        # Repaired: clearing below the fence is refused, at the fence it clears.
-        assert not await checkpoints.clear_fence(FenceInput(stream=ref, fence_id="2"))
-        assert await checkpoints.clear_fence(FenceInput(stream=ref, fence_id="3"))
+        # A repair re-read up to 4: the lagging id may follow it, not further.
+        await record_gap(event_log, name, GapChange("g-" + name, reread_to="4"))
+        partial = await run_scheduled(env, handle)
+        assert (partial.lagging_id, partial.held_by_gap, partial.cap_id) == ("4", True, "4")
+
+        # Repaired: the gap closes and the lagging id moves on.
+        await record_gap(event_log, name, GapChange("g-" + name, close=True))
         advanced = await run_scheduled(env, handle)
-        assert (advanced.lagging_id, advanced.held_by_fence) == ("6", False)
+        assert (advanced.lagging_id, advanced.held_by_gap) == ("6", False)
+        gaps = await checkpoints.stream_gaps(ref)
+        assert gaps.gaps.totals.repaired == 1 and gaps.gaps.open == []
 
         await schedules.delete_checkpoint_schedule(ref)
         await schedules.delete_checkpoint_schedule(ref)  # missing is fine
@@ -172,8 +191,5 @@ async def test_resolve_since_and_get_checkpoint(event_log: EventLog) -> None:
     before = (now - timedelta(days=1)).isoformat()
     assert await checkpoints.resolve_since(SinceInput(stream=ref, since=before)) is None
     assert await checkpoints.get_checkpoint(ref) is None
-    assert await checkpoints.set_fence(FenceInput(stream=ref, fence_id="1001")) == "1001"
-    assert await checkpoints.set_fence(FenceInput(stream=ref, fence_id="999")) == "1001"
-    state = await checkpoints.get_checkpoint(ref)
-    assert state is not None and state.fence_id == "1001"
-    assert await checkpoints.clear_fence(FenceInput(stream=ref, fence_id="1002"))
+    gaps = await checkpoints.stream_gaps(ref)
+    assert gaps.lagging_id is None and gaps.gaps.open == []

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from durable_sse.db import SCHEMA_VERSION
 from durable_sse.errors import StoreError
 from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
+from durable_sse.gaps import Gap, GapChange
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -362,7 +364,7 @@ async def test_advance_respects_the_window(event_log: EventLog, stream_name: str
     result = await event_log.advance_lagging(
         stream_name, "numeric", window=100, now=T0 + timedelta(seconds=150)
     )
-    assert (result.lagging_id, result.moved, result.held_by_fence) == ("1", True, False)
+    assert (result.lagging_id, result.moved, result.held_by_gap) == ("1", True, False)
     result = await event_log.advance_lagging(
         stream_name, "numeric", window=100, now=T0 + timedelta(seconds=300)
     )
@@ -371,7 +373,6 @@ async def test_advance_respects_the_window(event_log: EventLog, stream_name: str
     assert state is not None
     assert state.lagging_id == "3"
     assert datetime.fromisoformat(state.lagging_at or "") == T0 + timedelta(seconds=200)
-    assert state.fence_id is None
     assert datetime.fromisoformat(state.updated_at or "").tzinfo is not None
 
 
@@ -381,7 +382,7 @@ async def test_advance_creates_the_row_when_nothing_is_old_enough(
     assert await event_log.get_checkpoint(stream_name) is None
     await insert_timeline(event_log, stream_name)
     result = await event_log.advance_lagging(stream_name, "numeric", window=600, now=T0)
-    assert (result.lagging_id, result.moved, result.held_by_fence) == (None, False, False)
+    assert (result.lagging_id, result.moved, result.held_by_gap) == (None, False, False)
     state = await event_log.get_checkpoint(stream_name)
     assert state is not None and state.lagging_id is None
 
@@ -420,54 +421,203 @@ async def test_concurrent_advances_end_at_the_newest(event_log: EventLog, stream
     assert all(result.lagging_id is not None for result in results)
 
 
-# -- checkpoint: gap fence -----------------------------------------------------------
+# -- gap records ---------------------------------------------------------------------
 
 
-async def test_fence_holds_the_lagging_id_until_cleared(
+def gap_opened(stream: str, gap_id: str, start: str | None, end: str | None, **fields: Any):
+    gap = Gap(
+        gap_id=gap_id,
+        stream=stream,
+        kind="comment",
+        start_id=start,
+        end_id=end,
+        notice_id=fields.pop("notice_id", start),
+        seen_at=T0.isoformat(),
+        **fields,
+    )
+    return GapChange(gap_id, opened=gap, contiguous=True)
+
+
+async def commit(
+    log: EventLog, stream: str, events: list[EventRecord], *changes: GapChange
+) -> InsertResult:
+    return await log.committed(log.submit_batch(stream, "numeric", events, gap_changes=changes))
+
+
+async def test_a_gap_is_recorded_with_its_batch_or_not_at_all(
+    pg_event_log: EventLog, stream_name: str
+) -> None:
+    """Invariant 5: the gap record commits in the batch's own transaction."""
+    log = pg_event_log
+    trigger = f"refuse_{stream_name.replace('-', '_')}"
+    await execute(
+        log,
+        "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+        f"CREATE TRIGGER {trigger} BEFORE INSERT ON sse_events FOR EACH ROW "
+        f"WHEN (NEW.stream = '{stream_name}' AND NEW.event_id = '9') "
+        "EXECUTE FUNCTION durable_sse_test_refuse()",
+    )
+    try:
+        with pytest.raises(StoreError, match="refused by the test"):
+            await commit(log, stream_name, [record("9")], gap_opened(stream_name, "a", "5", "9"))
+    finally:
+        await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
+    assert await log.gaps(stream_name) == []
+    assert await commit(log, stream_name, [record("9")], gap_opened(stream_name, "a", "5", "9"))
+    (gap,) = await log.gaps(stream_name)
+    assert (gap.gap_id, gap.start_id, gap.end_id, gap.state) == ("a", "5", "9", "open")
+
+
+async def test_an_open_gap_caps_the_lagging_id_until_repaired(
     event_log: EventLog, stream_name: str
 ) -> None:
     await insert_timeline(event_log, stream_name)
     await event_log.advance_lagging(stream_name, "numeric", window=0, now=T0)
-    assert await event_log.set_fence(stream_name, "numeric", "2") == "2"
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "g", "2", "4"))
     late = T0 + timedelta(hours=1)
     held = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
-    assert (held.lagging_id, held.moved, held.held_by_fence, held.fence_id) == (
-        "1",
-        False,
-        True,
-        "2",
-    )
-    assert await event_log.clear_fence(stream_name, "numeric", "1") is False  # not reached yet
-    assert await event_log.clear_fence(stream_name, "numeric", "2") is True
-    assert await event_log.clear_fence(stream_name, "numeric", "2") is False  # already clear
+    assert (held.lagging_id, held.moved, held.held_by_gap, held.cap_id) == ("2", True, True, "2")
+    await commit(event_log, stream_name, [], GapChange("g", reread_to="3"))
+    partial = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    assert (partial.lagging_id, partial.cap_id) == ("3", "3")
+    await commit(event_log, stream_name, [], GapChange("g", close=True))
     moved = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
-    assert (moved.lagging_id, moved.moved, moved.held_by_fence, moved.fence_id) == (
-        "5",
-        True,
-        False,
-        None,
+    assert (moved.lagging_id, moved.moved, moved.held_by_gap) == ("5", True, False)
+    summary = await event_log.gap_summary(stream_name, "numeric")
+    assert summary.open == [] and summary.totals.repaired == 1
+
+
+async def test_a_gap_never_starts_before_the_lagging_id(
+    event_log: EventLog, stream_name: str
+) -> None:
+    await insert_timeline(event_log, stream_name)
+    await event_log.advance_lagging(stream_name, "numeric", window=0, now=T0 + timedelta(hours=1))
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "g", "2", "9"))
+    (gap,) = await event_log.gaps(stream_name)
+    assert gap.start_id == "5"  # raised to the lagging id as it was inserted
+
+
+async def test_closing_a_contiguous_gap_counts_what_is_missing_exactly(
+    event_log: EventLog, stream_name: str
+) -> None:
+    await commit(event_log, stream_name, [record(str(i)) for i in (10, 12, 13, 20, 21)])
+    # (10, 20) misses 11 and 14..19: 7 ids; a first gap (13, 16) counted 14 and 15 before.
+    first = gap_opened(stream_name, "first", "13", "16")
+    await commit(
+        event_log,
+        stream_name,
+        [],
+        first,
+        GapChange("first", lost_to="16", close=True, contiguous=True),
     )
+    second = gap_opened(stream_name, "second", "10", "20")
+    await commit(
+        event_log,
+        stream_name,
+        [],
+        second,
+        GapChange("second", lost_to="20", close=True, contiguous=True),
+    )
+    gaps = {gap.gap_id: gap for gap in await event_log.gaps(stream_name)}
+    assert (gaps["first"].state, gaps["first"].missing) == ("unrecoverable", 2)
+    assert (gaps["second"].state, gaps["second"].missing) == ("unrecoverable", 5)
+    totals = (await event_log.gap_summary(stream_name, "numeric")).totals
+    assert (totals.unrecoverable, totals.events_unrecoverable, totals.unknown_size) == (2, 7, 0)
 
 
-async def test_fence_only_moves_forward(event_log: EventLog, stream_name: str) -> None:
-    assert await event_log.set_fence(stream_name, "numeric", "9") == "9"
-    assert await event_log.set_fence(stream_name, "numeric", "3") == "9"
-    assert await event_log.set_fence(stream_name, "numeric", "10") == "10"  # numerically newer
-    state = await event_log.get_checkpoint(stream_name)
-    assert state is not None and state.fence_id == "10"
-    assert await event_log.clear_fence(stream_name, "numeric", "9") is False
-    assert await event_log.clear_fence(stream_name, "numeric", "11") is True
-    state = await event_log.get_checkpoint(stream_name)
-    assert state is not None and state.fence_id is None
+async def test_recovered_rows_are_counted_per_gap(event_log: EventLog, stream_name: str) -> None:
+    await commit(
+        event_log, stream_name, [record("1"), record("5")], gap_opened(stream_name, "g", "1", "5")
+    )
+    change = GapChange("g", recovered=True)
+    assert await commit(event_log, stream_name, [record("2"), record("3")], change) == InsertResult(
+        2, 0
+    )
+    assert await commit(event_log, stream_name, [record("3"), record("4")], change) == InsertResult(
+        1, 1
+    )
+    (gap,) = await event_log.gaps(stream_name)
+    assert gap.recovered == 3
+    assert (await event_log.gap_summary(stream_name, "numeric")).totals.events_recovered == 3
 
 
-async def test_fence_needs_an_id(event_log: EventLog, stream_name: str) -> None:
-    with pytest.raises(ValueError, match="non-empty"):
-        await event_log.set_fence(stream_name, "numeric", "")
+async def test_connection_context_starts_a_repair_before_the_oldest_gap(
+    event_log: EventLog, stream_name: str
+) -> None:
+    await commit(event_log, stream_name, [record(str(i)) for i in (3, 7, 8, 20, 30)])
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "late", "20", "30"))
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "early", "8", "20"))
+    start = await event_log.connection_context(
+        stream_name, "numeric", cursor=None, source="none", repair=True
+    )
+    assert (start.cursor, start.source, start.context.witness) == ("7", "gap", "8")
+    assert start.context.floor == "30"
+    assert sorted(gap.gap_id for gap in start.context.open_gaps) == ["early", "late"]
+    live = await event_log.connection_context(stream_name, "numeric", cursor="30", source="l1")
+    assert (live.cursor, live.source, live.context.witness) == ("30", "l1", None)
+    fallback = await event_log.connection_context(
+        stream_name, "numeric", cursor=None, source="none"
+    )
+    assert (fallback.cursor, fallback.source) == ("30", "floor")
 
 
-async def test_clear_fence_without_a_fence(event_log: EventLog, stream_name: str) -> None:
-    assert await event_log.clear_fence(stream_name, "numeric", "1") is False
+SCHEMA_1 = (
+    "CREATE TABLE sse_events (seq INTEGER PRIMARY KEY {autoincrement}, stream VARCHAR NOT NULL, "
+    "event_id VARCHAR NOT NULL, event_ord INTEGER, id_key {blob}, event_type VARCHAR NOT NULL, "
+    "data TEXT NOT NULL, received_at TIMESTAMP WITH TIME ZONE NOT NULL, "
+    "CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, event_ord))",
+    "CREATE TABLE sse_checkpoints (stream VARCHAR PRIMARY KEY, lagging_id VARCHAR, "
+    "lagging_key {blob}, lagging_at TIMESTAMP WITH TIME ZONE, fence_id VARCHAR, "
+    "fence_key {blob}, id_order VARCHAR NOT NULL, updated_at TIMESTAMP WITH TIME ZONE NOT NULL)",
+)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
+    backend: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The worker migrates at start: rows stay, the fence becomes an open gap record."""
+    admin = EventLog(pg_url)
+    schema = "dsse_" + uuid.uuid4().hex[:10]
+    if backend == "postgresql":
+        await query_commit(admin, f"CREATE SCHEMA {schema}")
+        url = f"{pg_url}?options=-csearch_path%3D{schema}"
+        kinds = {"autoincrement": "GENERATED BY DEFAULT AS IDENTITY", "blob": "BYTEA"}
+        kinds["autoincrement"] = ""
+        ddl = [
+            s.format(**kinds).replace("seq INTEGER PRIMARY KEY ", "seq BIGSERIAL PRIMARY KEY")
+            for s in SCHEMA_1
+        ]
+    else:
+        url = f"sqlite:///{tmp_path / 'old.db'}"
+        ddl = [s.format(autoincrement="AUTOINCREMENT", blob="BLOB") for s in SCHEMA_1]
+    old = EventLog(url)
+    try:
+        await execute(
+            old,
+            *ddl,
+            "INSERT INTO sse_events (stream, event_id, event_ord, event_type, data, received_at)"
+            " VALUES ('old', '1', 0, 'message', 'one', '2024-05-01 12:00:00+00'),"
+            " ('old', '2', 0, 'message', 'two', '2024-05-01 12:00:01+00')",
+            "INSERT INTO sse_checkpoints (stream, lagging_id, fence_id, id_order, updated_at)"
+            " VALUES ('old', '1', '2', 'numeric', '2024-05-01 12:00:02+00')",
+        )
+        await old.create_schema()
+        await old.create_schema()  # idempotent once migrated
+        assert [row[:3] for row in await stored(old, "old")] == [("1", 0, "one"), ("2", 0, "two")]
+        (gap,) = await old.gaps("old")
+        assert (gap.kind, gap.state, gap.start_id, gap.end_id) == ("migrated", "open", "1", "2")
+        assert await query(old, "SELECT version FROM sse_schema") == [(SCHEMA_VERSION,)]
+        checkpoint = await old.get_checkpoint("old")
+        assert checkpoint is not None and checkpoint.lagging_id == "1"
+        columns = await query(old, "SELECT * FROM sse_checkpoints")
+        assert len(columns[0]) == 6  # fence_id and fence_key are gone
+    finally:
+        await old.close()
+        if backend == "postgresql":
+            await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
+        await admin.close()
 
 
 # -- schema and failures -------------------------------------------------------------
@@ -493,7 +643,7 @@ async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: s
             "ORDER BY table_name",
             s=schema,
         )
-        assert tables == [("sse_checkpoints",), ("sse_events",)]
+        assert tables == [("sse_checkpoints",), ("sse_events",), ("sse_gaps",), ("sse_schema",)]
         result = await logs[0].insert_batch("s", "numeric", [record("1")])
         assert result == InsertResult(1, 0)
     finally:
