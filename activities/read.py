@@ -273,6 +273,7 @@ class _Connection:
                 known_gaps=self.input.known_gaps,
                 new_gap_id=_gap_id,
                 now_iso=_now_iso,
+                retried=activity.info().attempt > 1,
             )
         except ConfigError as error:  # a drop_notice pattern RE2 refuses
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None

@@ -256,6 +256,7 @@ class EventLog:
         cursor: str | None,
         source: str,
         repair: bool = False,
+        from_oldest: bool = False,
     ) -> ConnectionStart:
         """One read as a connection starts: its cursor when the caches had none, and the
         lagging id, floor, open gaps and witness of the cursor (see ``StreamContext``).
@@ -263,6 +264,8 @@ class EventLog:
         ``repair``: the lagged route. Start one stored id before the oldest open gap's
         resume point, so the first event re-delivered shows whether the server's history
         still reaches the gap; with no gap open, start from the lagging id.
+        ``from_oldest``: with no cursor and no lagging id, start at the oldest stored id
+        rather than the floor (see :func:`durable_sse.gaps.choose_start`).
         """
         return await self._run(
             f"read the state of stream {stream!r}",
@@ -272,6 +275,7 @@ class EventLog:
             cursor,
             source,
             repair,
+            from_oldest,
         )
 
     async def gap_summary(self, stream: str, id_order: str) -> GapSummary:
@@ -607,7 +611,13 @@ class EventLog:
                 connection.execute(sa.insert(gaps_table).values(gap_id=gap_id, **values))
 
     def _context_sync(
-        self, stream: str, order: IdOrder, cursor: str | None, source: str, repair: bool
+        self,
+        stream: str,
+        order: IdOrder,
+        cursor: str | None,
+        source: str,
+        repair: bool,
+        from_oldest: bool,
     ) -> ConnectionStart:
         events = events_table
         with self._begin() as connection:
@@ -634,11 +644,21 @@ class EventLog:
                 neighbour=lambda event_id, older: self._neighbour(
                     connection, stream, order, event_id, older=older
                 ),
+                oldest=(lambda: self._oldest(connection, stream)) if from_oldest else None,
             )
         context = StreamContext(
             lagging_id=lagging, floor=floor, witness=witness, open_gaps=open_gaps
         )
         return ConnectionStart(cursor=cursor, source=source, context=context)
+
+    def _oldest(self, connection: Connection, stream: str) -> str | None:
+        events = events_table
+        return connection.execute(
+            sa.select(events.c.event_id)
+            .where(events.c.stream == stream, events.c.id_key.is_not(None))
+            .order_by(events.c.id_key.asc())
+            .limit(1)
+        ).scalar_one_or_none()
 
     def _neighbour(
         self, connection: Connection, stream: str, order: IdOrder, event_id: str, *, older: bool

@@ -16,9 +16,11 @@ Bounds. The hole lies strictly after ``start_id`` and strictly before ``end_id``
 first id read after the signal; while it is unknown, at or before ``notice_id`` as far
 as repairs are concerned). A notice does not say where the hole is (a server may
 announce late), so ``start_id`` is conservative: the newest of the connection's start
-cursor and the lagging id (the store raises it to the lagging id as it inserts, so the
-lagging id never passes an open gap). A notice is assumed to describe events of the last
-replay window: anything older is beyond every server's history anyway.
+cursor and the lagging id. A notice is assumed to describe events of the last replay
+window: anything older is beyond every server's history anyway. The lagging id never
+*moves* past an open gap; a late notice (the server announced after the repair that
+skipped it had already been taken as proof) can open a gap behind it, and then the
+lagging id waits where it is until that gap is closed.
 
 Evidence. A connection that sent cursor C *reached* C when the server's first event shows
 its history goes back that far (for contiguous ids: the first id is C + 1; else the
@@ -73,6 +75,10 @@ class GapKind(StrEnum):
     ID_GAP = "id_gap"
     MIGRATED = "migrated"
     """A gap fence left by a schema-1 database, turned into a record at migration."""
+    RETRY = "retry"
+    """What an attempt that died had read: it may have read a drop notice it never
+    recorded, so the span is re-read like a gap. Nothing is known lost: if the history
+    no longer holds it, it closes without a count."""
 
 
 @dataclass
@@ -191,7 +197,8 @@ def apply_change(
         if change.opened is None:
             return None  # closed and pruned, or never opened: nothing to do
         record = dataclasses.replace(change.opened)
-        record.start_id = newest([record.start_id, lagging_id], order)
+        if record.start_id is None:
+            record.start_id = lagging_id  # no cursor, no id read: the last window at most
         if record.start_id is None:
             change = dataclasses.replace(change, truncated=True, close=True)
     else:
@@ -223,6 +230,11 @@ def apply_change(
 
 def _close(record: Gap, *, order: IdOrder | str, now: str, stored: StoredIds | None) -> None:
     record.closed_at = now
+    if record.kind == GapKind.RETRY and stored is None:
+        # Only a suspicion: re-read, or no longer in the history; no loss was ever known.
+        record.missing = 0
+        record.state = GapState.REPAIRED
+        return
     if stored is not None:
         span = numeric_span(record)
         if span is not None:
@@ -331,6 +343,7 @@ def choose_start(
     open_gaps: Sequence[Gap],
     order: IdOrder | str,
     neighbour: Callable[[str, bool], str | None],
+    oldest: Callable[[], str | None] | None = None,
 ) -> tuple[str | None, str, str | None]:
     """Where a connection starts: ``(cursor, source, witness)``.
 
@@ -339,7 +352,9 @@ def choose_start(
     it; with no gap open it starts at the lagging id. A connection whose caches had no
     cursor takes the lagging id, then the floor. ``neighbour(id, older)`` is the store's
     stored id just before (``older``) or just after ``id``; the witness is the one
-    after the cursor, when the cursor is older than the floor.
+    after the cursor, when the cursor is older than the floor. ``oldest`` (given for a
+    retry that does not know where the attempt it replaces began) puts the oldest stored
+    id before the floor: with no lagging id yet, the stream is younger than one window.
     """
     if repair:
         target = oldest_open(open_gaps, order)
@@ -349,9 +364,11 @@ def choose_start(
             cursor, source = neighbour(resume, True) or resume, "gap"
         elif lagging_id:
             cursor, source = lagging_id, "lagging"
-    elif cursor is None:
+    if cursor is None and (not repair or oldest is not None):
         if lagging_id:
             cursor, source = lagging_id, "lagging"
+        elif oldest is not None and (first := oldest()):
+            cursor, source = first, "oldest"
         elif floor:
             cursor, source = floor, "floor"
     witness = None
@@ -514,12 +531,22 @@ class GapTracker:
 
     # -- reading --------------------------------------------------------------------
 
-    def first_event(self, event_id: str, *, history_short: bool = False) -> None:
+    def first_event(
+        self, event_id: str, *, history_short: bool = False, history_confirmed: bool = False
+    ) -> None:
         """The first id read: did the server's history reach the cursor sent?
+
+        The connection is evidence from the cursor on only when that is *shown*: the ids
+        are contiguous and the first is the cursor's successor, the server confirmed the
+        cursor (``history_confirmed``), or the first id is not newer than the first id
+        stored after the cursor (the witness). Otherwise it is evidence from its first
+        id on, and the gaps it set out to repair that lie before that id get a strike.
 
         Args:
             history_short: the server said its history does not reach the cursor (a
                 ``Mercure-Last-Event-ID`` unlike it).
+            history_confirmed: the server said it resumed at the cursor (that header,
+                equal to it).
         """
         self._first_seen = True
         self.first_id = event_id
@@ -536,22 +563,25 @@ class GapTracker:
         if self.contiguous:
             low, high = contiguous_number(cursor), contiguous_number(event_id)
             if low is not None and high is not None:
-                # Re-read continuously from the cursor, or only from here if the first id
-                # skipped (a short history, or a drop at the start: not evidence).
-                self.covered_from = cursor if high <= low + 1 else event_id
-                if high > low + 1:
-                    # The history starts after the cursor: gaps being repaired lose that
-                    # part; new ids in it may only have been skipped on this connection.
-                    self._lose_covered(cursor, event_id, definite=False)
-                    self._open_skipped(
-                        cursor, event_id, kind=GapKind.ID_GAP, lost=False, at_start=True
-                    )
+                if high <= low + 1:
+                    self.covered_from = cursor
+                    return
+                # The history starts after the cursor, or this connection dropped ids
+                # at its start: gaps being repaired get a strike; ids never stored in
+                # between get a gap of their own.
+                self.covered_from = event_id
+                self._lose_covered(cursor, event_id, definite=False)
+                self._open_skipped(cursor, event_id, kind=GapKind.ID_GAP, lost=False, at_start=True)
                 return
         witness = self.context.witness
-        if witness is None or compare_ids(event_id, witness, self.order) <= 0:
+        reached = history_confirmed or (
+            witness is not None and compare_ids(event_id, witness, self.order) <= 0
+        )
+        if reached:
             self.covered_from = cursor
             return
-        # The server skipped ids we had stored after the cursor: its history is shorter.
+        # The server skipped ids stored after the cursor (its history is shorter), or
+        # nothing stored after the cursor can show it did not: evidence from here on.
         self.covered_from = event_id
         self._lose_covered(cursor, event_id, definite=False)
 
@@ -566,6 +596,21 @@ class GapTracker:
                 self._queued.append(GapChange(gap.gap_id, end_id=event_id))
             self._awaiting_end = None
         self.last_id = event_id
+
+    def suspect(self, detail: str) -> Gap | None:
+        """This attempt replaces one that died: record what that one read (from this
+        connection's cursor to the newest stored id) as a gap to re-read, so that a
+        drop notice it read and never wrote is repaired even if this attempt is cut short
+        too. This connection's own continuous read can close it."""
+        start = newest([self.cursor, self.context.lagging_id], self.order)
+        bound = self.context.floor
+        if start is None or bound is None or compare_ids(bound, start, self.order) <= 0:
+            return None
+        gap = self._open(
+            GapKind.RETRY, start=start, end=None, notice=bound, announced=None, detail=detail
+        )
+        self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
+        return gap
 
     def jump(self, last_id: str, event_id: str) -> bool:
         """A hole in contiguous ids between ``last_id`` and ``event_id``, mid-connection.

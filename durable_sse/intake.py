@@ -64,6 +64,7 @@ class Intake:
         known_gaps: open gaps the workflow knows of.
         new_gap_id: makes a fresh gap id (random in the activity, seeded in simulations).
         now_iso: the wall-clock time as ISO text (gap records are stamped with it).
+        retried: this attempt replaces one that died (see ``GapTracker.suspect``).
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class Intake:
         known_gaps: Iterable[str] = (),
         new_gap_id: Callable[[], str],
         now_iso: Callable[[], str],
+        retried: bool = False,
     ) -> None:
         self.spec = spec
         self.order = spec.id_order
@@ -103,6 +105,7 @@ class Intake:
         self.ids_out_of_order = 0
         self.ids_not_counters = 0
         self.history_short = False
+        self.history_confirmed = False
 
         self._pending: list[EventRecord] = []
         self._pending_bytes = 0
@@ -116,7 +119,12 @@ class Intake:
         """When the connection ends for a drop signal whose end bound has not come."""
         self._noticed = False
         """A drop notice or drop event came (one per connection is enough)."""
+        self._repaired_at: float | None = None
+        """When to end a connection that closed every gap it knew of."""
+        self._now = 0.0
 
+        if retried:
+            self.gaps.suspect("an attempt that read here died; what it read is read again")
         known = set(known_gaps)
         unknown = [gap.gap_id for gap in context.open_gaps if gap.gap_id not in known]
         if self.route is Route.LIVE and unknown:
@@ -127,13 +135,12 @@ class Intake:
 
     def head(self, *, truncation_header: str | None) -> None:
         """The response head: a truncation header unlike the cursor means the server's
-        history does not reach it (what lies between is lost)."""
-        if (
-            self.spec.mercure_last_event_id
-            and truncation_header is not None
-            and self.cursor is not None
-            and truncation_header != self.cursor
-        ):
+        history does not reach it (what lies between is lost); equal to it, that it does."""
+        if not self.spec.mercure_last_event_id or truncation_header is None or self.cursor is None:
+            return
+        if truncation_header == self.cursor:
+            self.history_confirmed = True
+        else:
             self.history_short = True
             logger.warning(
                 "stream %s: the server's history no longer reaches cursor %r",
@@ -143,6 +150,7 @@ class Intake:
 
     def take(self, items: list[Event | Comment], *, received_at: datetime, now: float) -> None:
         """Decoded items, in order; ``now`` is a monotonic clock reading."""
+        self._now = now
         for item in items:
             if self.outcome is not None:
                 return
@@ -152,11 +160,15 @@ class Intake:
                 self._event(item, received_at, now)
 
     def poll(self, now: float) -> None:
-        """Time passed: cut an old pending batch; end after a notice's grace."""
+        """Time passed: cut an old pending batch; end after a notice's grace, or a
+        finished repair's."""
+        self._now = now
         if self._pending and now - self._pending_since >= self.spec.batch_max_delay:
             self._cut()
         if self._drop_deadline is not None and now >= self._drop_deadline:
             self.outcome = Outcome.DROP_SIGNAL
+        elif self._repaired_at is not None and now >= self._repaired_at and self.gaps.clean:
+            self.outcome = Outcome.ROTATED
 
     def next_deadline(self, now: float) -> float | None:
         """Seconds until :meth:`poll` has something to do (None: nothing pending)."""
@@ -165,6 +177,8 @@ class Intake:
             deadlines.append(self._pending_since + self.spec.batch_max_delay)
         if self._drop_deadline is not None:
             deadlines.append(self._drop_deadline)
+        if self._repaired_at is not None:
+            deadlines.append(self._repaired_at)
         return max(min(deadlines) - now, 0.0) if deadlines else None
 
     def end(self) -> None:
@@ -255,7 +269,11 @@ class Intake:
         """An event carrying an id field: order, contiguity, gap bookkeeping."""
         first = self._last_read is None
         if first:
-            self.gaps.first_event(event_id, history_short=self.history_short)
+            self.gaps.first_event(
+                event_id,
+                history_short=self.history_short,
+                history_confirmed=self.history_confirmed,
+            )
             if self.gaps.short_history:
                 # The replay started past a gap: end after a grace (a late notice would
                 # explain it) so that another repair tries again.
@@ -315,6 +333,11 @@ class Intake:
             return
         last_id = self._pending_last
         changes = self.gaps.batch_changes(last_id=last_id, segment=self._pending_segment)
+        if self._repaired_at is None and not self.gaps.gaps and any(c.close for c in changes):
+            # Every gap this connection knew of is closed: end soon, so the workflow
+            # (status, metrics, logs) learns now, not at the next rotation; after a grace,
+            # since a late notice may still say the repair itself skipped something.
+            self._repaired_at = self._now + DROP_GRACE
         recovered = bool(self._pending_segment - set(self.gaps.opened))
         self.ready.append(
             Batch(

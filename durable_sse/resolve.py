@@ -11,7 +11,9 @@
 A *retried* attempt (Temporal re-ran the activity after a crash or a heartbeat timeout)
 starts where the attempt that died started, not where it got to: that attempt may have
 read a drop notice and died before recording it, and only re-reading what it read brings
-such a hole back. The lagging id bounds how far back that goes.
+such a hole back. The lagging id bounds how far back that goes. When the dead attempt
+left no heartbeat, a repair starts at its gap again, and anything else at the lagging id,
+or at the oldest stored id of a stream younger than one window.
 
 The read of the store that answers the chain also tells the connection what it needs to
 know about its stream (:class:`~durable_sse.gaps.StreamContext`): one round trip.
@@ -90,11 +92,20 @@ class CursorResolver:
         begun = None
         if progress is not None:
             begun = progress.start_cursor or progress.first_id
-        if begun is None and route is Route.EXPLICIT:
-            begun = explicit
         if begun is None:
-            # Nothing says where the dead attempt began: lagging id, else floor.
-            return await self._context(stream, order, None, "none")
+            # Nothing says where the dead attempt began. A replay begins where its route
+            # says, again; a repair or a live one from the oldest open gap, else the
+            # lagging id, else the oldest stored id (the stream is younger than a window).
+            if route is Route.EXPLICIT:
+                return await self._context(stream, order, explicit, "explicit")
+            return await self._event_log.connection_context(
+                stream,
+                order,
+                cursor=None,
+                source="none",
+                repair=route is Route.LAGGED,
+                from_oldest=True,
+            )
         start = await self._context(stream, order, begun, "retry")
         lagging = start.context.lagging_id
         if is_newer(lagging, begun, order):

@@ -38,8 +38,12 @@ def _redis_url() -> str:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--long``: the chaos suite (tests/chaos) runs >= 100k events per scenario."""
+    """``--long``: the chaos suite (tests/chaos) runs >= 100k events per scenario.
+    ``--seeds N``: its seeded scenarios run N times, each with a fresh seed (short mode)."""
     parser.addoption("--long", action="store_true", default=False, help="long chaos runs")
+    parser.addoption(
+        "--seeds", type=int, default=1, help="chaos: run the seeded scenarios with N seeds"
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -488,14 +488,37 @@ async def test_an_open_gap_caps_the_lagging_id_until_repaired(
     assert summary.open == [] and summary.totals.repaired == 1
 
 
-async def test_a_gap_never_starts_before_the_lagging_id(
+async def test_a_gap_opened_behind_the_lagging_id_holds_it_there(
     event_log: EventLog, stream_name: str
 ) -> None:
-    await insert_timeline(event_log, stream_name)
-    await event_log.advance_lagging(stream_name, "numeric", window=0, now=T0 + timedelta(hours=1))
-    await commit(event_log, stream_name, [], gap_opened(stream_name, "g", "2", "9"))
+    """A late notice can open a gap behind the lagging id: it keeps its start (the repair
+    starts there), and the lagging id waits instead of moving on past it."""
+    await insert_timeline(event_log, stream_name, count=3)
+    late = T0 + timedelta(hours=1)
+    await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "g", "1", "3"))
+    await insert_timeline(event_log, stream_name, count=6)
+    held = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    assert (held.lagging_id, held.moved, held.held_by_gap) == ("3", False, True)
     (gap,) = await event_log.gaps(stream_name)
-    assert gap.start_id == "5"  # raised to the lagging id as it was inserted
+    assert gap.start_id == "1"
+    start = await event_log.connection_context(
+        stream_name, "numeric", cursor=None, source="none", repair=True
+    )
+    assert (start.cursor, start.source) == ("1", "gap")  # nothing stored before it
+
+
+async def test_a_gap_with_no_start_takes_the_lagging_id_or_closes(
+    event_log: EventLog, stream_name: str
+) -> None:
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "none", None, "2"))
+    (gap,) = await event_log.gaps(stream_name)
+    assert (gap.state, gap.missing, gap.truncated) == ("unrecoverable", None, True)
+    await insert_timeline(event_log, stream_name, count=3)
+    await event_log.advance_lagging(stream_name, "numeric", window=0, now=T0 + timedelta(hours=1))
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "lagging", None, "9"))
+    gaps = {gap.gap_id: gap for gap in await event_log.gaps(stream_name)}
+    assert (gaps["lagging"].start_id, gaps["lagging"].state) == ("3", "open")
 
 
 async def test_closing_a_contiguous_gap_counts_what_is_missing_exactly(

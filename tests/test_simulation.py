@@ -6,9 +6,9 @@ checks the oracle: every id the server could still replay is stored exactly once
 id it could not is counted, no cursor passes a drop notice before its gap is recorded,
 and the lagging id never passes an open gap.
 
-Seeds are new on every run (the base seed is printed); a failure prints its seed, and
-``SIM_SEED=<seed> pytest tests/test_simulation.py -k one_seed`` replays it exactly, with
-its trace. ``SIM_SCHEDULES`` sets how many run (default 10,000, spread over the cores).
+Seeds are new on every run (the base seed is printed, ``SIM_BASE_SEED`` repeats a run); a
+failure prints its seed, and ``python -m tests.sim.replay <seed>`` replays it exactly,
+with its trace. ``SIM_SCHEDULES`` sets how many run (default 10,000, over the cores).
 """
 
 from __future__ import annotations
@@ -85,22 +85,9 @@ def test_thousands_of_seeded_schedules_lose_nothing_silently() -> None:
     assert outcome.tally["attempt crashed"] > 0 and outcome.tally["history truncated"] > 0
     assert outcome.tally["gaps unrecoverable"] > 0, "the schedules never reached a loss"
     assert not outcome.failures, "\n".join(
-        f"seed {seed}: {message}  (replay: SIM_SEED={seed} pytest tests/test_simulation.py "
-        "-k one_seed -s)"
+        f"seed {seed}: {message}  (replay: python -m tests.sim.replay {seed})"
         for seed, message in outcome.failures[:10]
     )
-
-
-@pytest.mark.skipif("SIM_SEED" not in os.environ, reason="set SIM_SEED to replay one seed")
-async def test_one_seed() -> None:
-    """Replay one schedule and print its trace (for a seed a failure printed)."""
-    world = World(int(os.environ["SIM_SEED"]))
-    try:
-        await world.run()
-        world.verdict()
-    finally:
-        print("\n".join(world.trace[-200:]))
-        print(world.profile, world.spec)
 
 
 # -- the sequence from issue 12, scripted --------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from durable_sse.eventlog import EventLog
 from tests.chaos.checker import Verdict
-from tests.chaos.harness import DEFAULT, LONG, Sizes, in_process_worker, unique
+from tests.chaos.harness import DEFAULT, LONG, SHORT, Sizes, in_process_worker, unique
 
 HEADER = (
     "| scenario | events | faults injected | lost | duplicates | regressions | recovered "
@@ -26,13 +26,23 @@ HEADER = (
 
 @pytest.fixture(scope="module")
 def sizes(request: pytest.FixtureRequest) -> Sizes:
-    return LONG if request.config.getoption("--long") else DEFAULT
+    if request.config.getoption("--long"):
+        return LONG
+    return SHORT if request.config.getoption("--seeds") > 1 else DEFAULT
 
 
-@pytest.fixture(scope="module")
-def seed() -> int:
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``--seeds N`` runs every scenario that takes a ``seed`` N times."""
+    if "seed" in metafunc.fixturenames:
+        count = max(1, metafunc.config.getoption("--seeds"))
+        metafunc.parametrize("seed_index", range(count), ids=lambda i: f"seed{i}")
+
+
+@pytest.fixture
+def seed(seed_index: int) -> int:
     """``CHAOS_SEED`` replays a failing run; otherwise a fresh seed, printed."""
-    value = int(os.environ.get("CHAOS_SEED") or int.from_bytes(os.urandom(4), "big"))
+    fixed = os.environ.get("CHAOS_SEED")
+    value = int(fixed) + seed_index if fixed else int.from_bytes(os.urandom(4), "big")
     print(f"\nchaos seed: {value} (replay with CHAOS_SEED={value})", file=sys.stderr)
     return value
 

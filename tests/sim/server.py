@@ -8,7 +8,6 @@ it said so. Everything is driven by one seeded ``random.Random``: no clocks, no 
 from __future__ import annotations
 
 import random
-from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -42,7 +41,8 @@ class Notice:
     announced_after: int | None
     """Index in the connection's ``sent`` list after which the notice was written."""
     read: bool = False
-    """The consumer read the notice whole (a notice lost with its connection was not)."""
+    """The consumer took the notice (one lost with its connection, or arriving after the
+    consumer stopped reading, was not)."""
 
 
 @dataclass
@@ -72,10 +72,9 @@ class SimConnection:
     notices: list[Notice] = field(default_factory=list)
     buffer: bytearray = field(default_factory=bytearray)
     closed: bool = False
-    read_bytes: int = 0
-    written_bytes: int = 0
-    pending: deque[tuple[int, Notice]] = field(default_factory=deque)
-    """``(end offset, notice)`` written but not yet read whole."""
+    announced: list[Notice] = field(default_factory=list)
+    """Notices in the order they were written."""
+    taken: int = 0
     _late: list[tuple[int, Notice]] = field(default_factory=list)
 
     def pump(self) -> None:
@@ -99,21 +98,20 @@ class SimConnection:
             self._write(b": ping\n\n")
 
     def read(self, size: int) -> bytes:
-        """The next bytes; the ids of a drop notice read whole count as announced."""
         chunk = bytes(self.buffer[:size])
         del self.buffer[:size]
-        self.read_bytes += len(chunk)
-        while self.pending and self.pending[0][0] <= self.read_bytes:
-            notice = self.pending.popleft()[1]
-            notice.read = True
-            self.server.delivered.update(notice.skipped)
         return chunk
 
-    def _write(self, data: bytes, notice: Notice | None = None) -> None:
+    def notice_taken(self) -> None:
+        """The consumer took the next drop notice of this connection (in write order)."""
+        if self.taken < len(self.announced):
+            notice = self.announced[self.taken]
+            self.taken += 1
+            notice.read = True
+            self.server.delivered.update(notice.skipped)
+
+    def _write(self, data: bytes) -> None:
         self.buffer += data
-        self.written_bytes += len(data)
-        if notice is not None:
-            self.pending.append((self.written_bytes, notice))
 
     def _send(self, event_id: int) -> None:
         self._write(b"id: %d\ndata: d%d\n\n" % (event_id, event_id))
@@ -147,7 +145,7 @@ class SimConnection:
         notice = Notice(skipped=skipped, announced_after=None)
         self.notices.append(notice)
         if mode == "silent":
-            self._write(b"", notice)  # the next id read reveals it
+            pass  # the next id read reveals it (contiguous ids only)
         elif mode == "before":
             self._announce(notice)
         elif mode == "after":
@@ -163,7 +161,8 @@ class SimConnection:
             text = b": dropped %d events (slow consumer)\n" % len(notice.skipped)
         else:
             text = b": dropping events\n"
-        self._write(text, notice)
+        self._write(text)
+        self.announced.append(notice)
 
 
 class SimServer:
@@ -177,9 +176,9 @@ class SimServer:
         self.connections: list[SimConnection] = []
         self.script: list[ScriptedDrop] = []
         self.delivered: set[int] = set()
-        """Ids whose drop notice some connection read whole: the consumer knows they were
-        skipped (an event read but skipped by the next connection without a word cannot
-        be told apart from one never sent, unless the ids are contiguous)."""
+        """Ids whose drop notice the consumer took: it knows they were skipped. An event
+        read but then skipped by the next connection without a word cannot be told apart
+        from one never sent, unless the ids are contiguous."""
 
     def scripted_drop(self, connection: SimConnection) -> ScriptedDrop | None:
         for drop in self.script:

@@ -128,7 +128,14 @@ class MemoryEventLog:
         return [gap for gap in self.gaps.values() if gap.is_open]
 
     async def connection_context(
-        self, stream: str, id_order: str, *, cursor: str | None, source: str, repair: bool = False
+        self,
+        stream: str,
+        id_order: str,
+        *,
+        cursor: str | None,
+        source: str,
+        repair: bool = False,
+        from_oldest: bool = False,
     ) -> ConnectionStart:
         open_gaps = self.open_gaps()
         cursor, source, witness = choose_start(
@@ -140,6 +147,7 @@ class MemoryEventLog:
             open_gaps=open_gaps,
             order=self.order,
             neighbour=self.neighbour,
+            oldest=(lambda: self._keys[0][1] if self._keys else None) if from_oldest else None,
         )
         context = StreamContext(
             lagging_id=self.lagging_id,
