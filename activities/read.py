@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any, TypeVar
@@ -254,6 +254,7 @@ class _Connection:
             return await self._finish(Outcome.CANCELLED)
         except StreamRefusedError as error:
             await self._flush()
+            self._count_ids_out_of_order()
             raise ApplicationError(
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
@@ -295,6 +296,7 @@ class _Connection:
         if intake.drop is not None:
             self.metrics.drop_signal(intake.drop.kind)
         result.counts = _added(self.carried, intake.counts)
+        self._count_ids_out_of_order()
         try:
             result.gaps = await self.reader.event_log.gap_summary(self.stream, self.order)
             checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
@@ -303,6 +305,11 @@ class _Connection:
             # The gaps are durable; the workflow reads them itself when a result has none.
             activity.logger.warning("stream %s: cannot read its gaps: %s", self.stream, error)
         return result
+
+    def _count_ids_out_of_order(self) -> None:
+        assert self.intake is not None
+        if self.intake.ids_out_of_order:
+            self.metrics.ids_out_of_order.add(self.intake.ids_out_of_order)
 
     # -- HTTP ----------------------------------------------------------------------
 
@@ -542,12 +549,7 @@ class _Connection:
 
 
 def _added(a: ReadCounts, b: ReadCounts) -> ReadCounts:
-    return ReadCounts(
-        events_read=a.events_read + b.events_read,
-        new_rows=a.new_rows + b.new_rows,
-        duplicates=a.duplicates + b.duplicates,
-        recovered=a.recovered + b.recovered,
-    )
+    return ReadCounts(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(b)})
 
 
 async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:
