@@ -159,11 +159,16 @@ def _last_progress() -> ReadProgress | None:
         return value
     if isinstance(value, dict):
         counts = value.get("counts")
+        if not isinstance(counts, dict):
+            counts = {}
+        # Only the counts this version knows: the attempt that died may have run on a
+        # worker of another version (a rolling deploy), and a retry must not fail on it.
+        known = {f.name: counts[f.name] for f in fields(ReadCounts) if f.name in counts}
         return ReadProgress(
             cursor=value.get("cursor"),
             start_cursor=value.get("start_cursor"),
             first_id=value.get("first_id"),
-            counts=ReadCounts(**counts) if isinstance(counts, dict) else ReadCounts(),
+            counts=ReadCounts(**known),
         )
     return None
 
