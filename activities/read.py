@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any, TypeVar
@@ -84,7 +84,13 @@ HEARTBEAT_BUDGET = 500.0
 """Heartbeats per second one worker sends at most, all connections together: past
 ``HEARTBEAT_BUDGET * HEARTBEAT_INTERVAL`` connections (400) the interval stretches, so a
 thousand quiet streams cost 500 calls a second (signals act within ~2 s) instead of
-flooding the Temporal server."""
+flooding the Temporal server. The stretch stops at ``MAX_HEARTBEAT_INTERVAL``: past
+``HEARTBEAT_BUDGET * MAX_HEARTBEAT_INTERVAL`` connections (2,500) a worker heartbeats over
+budget rather than late."""
+MAX_HEARTBEAT_INTERVAL = 5.0
+"""Half the read activity's heartbeat timeout (``READ_HEARTBEAT_TIMEOUT``, 10 s, in
+workflows/stream.py): however many connections a worker holds, one slow heartbeat call
+does not time a live attempt out (Temporal would start a duplicate)."""
 MAX_BATCHES_IN_FLIGHT = 3
 """Batches of one connection committing at once (they commit in order): the next batch
 is written while the previous one commits."""
@@ -129,10 +135,18 @@ class StreamReader:
 
     def heartbeat_interval(self) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget."""
-        return max(HEARTBEAT_INTERVAL, self.open_connections / HEARTBEAT_BUDGET)
+        return heartbeat_interval(self.open_connections)
 
     def activities(self) -> list[Any]:
         return [self.read_stream]
+
+
+def heartbeat_interval(open_connections: int) -> float:
+    """Seconds between one connection's heartbeats when the worker holds
+    ``open_connections``: stretched to stay within ``HEARTBEAT_BUDGET``, never past
+    ``MAX_HEARTBEAT_INTERVAL``."""
+    stretched = max(HEARTBEAT_INTERVAL, open_connections / HEARTBEAT_BUDGET)
+    return min(stretched, MAX_HEARTBEAT_INTERVAL)
 
 
 def _last_progress() -> ReadProgress | None:
@@ -145,11 +159,16 @@ def _last_progress() -> ReadProgress | None:
         return value
     if isinstance(value, dict):
         counts = value.get("counts")
+        if not isinstance(counts, dict):
+            counts = {}
+        # Only the counts this version knows: the attempt that died may have run on a
+        # worker of another version (a rolling deploy), and a retry must not fail on it.
+        known = {f.name: counts[f.name] for f in fields(ReadCounts) if f.name in counts}
         return ReadProgress(
             cursor=value.get("cursor"),
             start_cursor=value.get("start_cursor"),
             first_id=value.get("first_id"),
-            counts=ReadCounts(**counts) if isinstance(counts, dict) else ReadCounts(),
+            counts=ReadCounts(**known),
         )
     return None
 
@@ -185,14 +204,16 @@ class _Connection:
         self.first_id: str | None = None
         self.inflight: deque[asyncio.Task[None]] = deque()
         self.last_job: CommitJob | None = None
-        self.last_heartbeat = 0.0
+        self.last_heartbeat = time.monotonic()
+        self.previous: ReadProgress | None = None
+        """Heartbeat details of the attempt before (sent again until this one starts)."""
         self.carried = ReadCounts()
         """Counts of earlier attempts (a retried attempt keeps counting)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
     async def run(self) -> ReadResult:
-        progress = _last_progress()
+        progress = self.previous = _last_progress()
         if progress is not None:
             self.carried = progress.counts
         if not host_allowed(self.spec.url, self.reader.allowed_hosts):
@@ -202,13 +223,15 @@ class _Connection:
                 type="ConfigError",
                 non_retryable=True,
             )
-        start = await self.reader.resolver.resolve(
-            self.stream,
-            self.order,
-            self.route,
-            explicit=self.input.start_id,
-            retry_of=progress,
-            retried=activity.info().attempt > 1,
+        start = await self._heartbeating(
+            self.reader.resolver.resolve(
+                self.stream,
+                self.order,
+                self.route,
+                explicit=self.input.start_id,
+                retry_of=progress,
+                retried=activity.info().attempt > 1,
+            )
         )
         self._begin(start)
         intake = self.intake
@@ -254,6 +277,7 @@ class _Connection:
             return await self._finish(Outcome.CANCELLED)
         except StreamRefusedError as error:
             await self._flush()
+            self._count_ids_out_of_order()
             raise ApplicationError(
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
@@ -296,14 +320,22 @@ class _Connection:
         if intake.drop is not None:
             self.metrics.drop_signal(intake.drop.kind)
         result.counts = _added(self.carried, intake.counts)
+        self._count_ids_out_of_order()
         try:
-            result.gaps = await self.reader.event_log.gap_summary(self.stream, self.order)
-            checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
+            result.gaps = await self._heartbeating(
+                self.reader.event_log.gap_summary(self.stream, self.order)
+            )
+            checkpoint = await self._heartbeating(self.reader.event_log.get_checkpoint(self.stream))
             result.lagging_id = checkpoint.lagging_id if checkpoint else None
         except StoreError as error:
             # The gaps are durable; the workflow reads them itself when a result has none.
             activity.logger.warning("stream %s: cannot read its gaps: %s", self.stream, error)
         return result
+
+    def _count_ids_out_of_order(self) -> None:
+        assert self.intake is not None
+        if self.intake.ids_out_of_order:
+            self.metrics.ids_out_of_order.add(self.intake.ids_out_of_order)
 
     # -- HTTP ----------------------------------------------------------------------
 
@@ -341,9 +373,10 @@ class _Connection:
         raise StreamRefusedError(f"stream {self.stream!r}: more than {MAX_REDIRECTS} redirects")
 
     async def _heartbeating(self, awaitable: Awaitable[T]) -> T:
-        """Await while heartbeating: a server may take up to ``idle_timeout`` to answer,
-        longer than the heartbeat timeout, and a silent attempt would be timed out and
-        retried by Temporal while it is still connecting."""
+        """Await while heartbeating: a server may take up to ``idle_timeout`` to answer
+        and a database may stall on a lock, longer than the heartbeat timeout, and a
+        silent attempt would be timed out and retried by Temporal while it still works
+        (two attempts writing at once). Cancelling the wait cancels ``awaitable``."""
         task = asyncio.ensure_future(awaitable)
         try:
             while True:
@@ -469,7 +502,7 @@ class _Connection:
             while self.inflight and self.inflight[0].done():
                 self.inflight.popleft().result()  # raises if that batch failed
             if len(self.inflight) >= MAX_BATCHES_IN_FLIGHT:
-                await asyncio.shield(self.inflight.popleft())
+                await self._heartbeating(asyncio.shield(self.inflight.popleft()))
             self._submit_nowait(self.intake.ready.popleft())
 
     def _submit_nowait(self, batch: Batch) -> None:
@@ -494,9 +527,10 @@ class _Connection:
         if self.inflight:
             last = self.inflight[-1]
             self.inflight.clear()
-            await last  # each batch's task waits for the one before it
-        # No closing heartbeat: the result carries the cursor, and a heartbeat in flight
-        # would hold the completion back by one more call to the server.
+            # Each batch's task waits for the one before it. No closing heartbeat unless
+            # the commit is slow: the result carries the cursor, and a heartbeat in flight
+            # would hold the completion back by one more call to the server.
+            await self._heartbeating(last)
 
     async def _persist(
         self, previous: asyncio.Task[None] | None, job: CommitJob, batch: Batch
@@ -533,22 +567,21 @@ class _Connection:
             return
         self.last_heartbeat = now
         intake = self.intake
-        progress = ReadProgress(
-            cursor=intake.cursor if intake else None,
-            start_cursor=self.start_cursor,
-            first_id=self.first_id,
-            counts=_added(self.carried, intake.counts) if intake else self.carried,
-        )
+        if intake is None:
+            # Still resolving the start: keep the dead attempt's start for the next retry.
+            progress = self.previous or ReadProgress(counts=self.carried)
+        else:
+            progress = ReadProgress(
+                cursor=intake.cursor,
+                start_cursor=self.start_cursor,
+                first_id=self.first_id,
+                counts=_added(self.carried, intake.counts),
+            )
         activity.heartbeat(asdict(progress))
 
 
 def _added(a: ReadCounts, b: ReadCounts) -> ReadCounts:
-    return ReadCounts(
-        events_read=a.events_read + b.events_read,
-        new_rows=a.new_rows + b.new_rows,
-        duplicates=a.duplicates + b.duplicates,
-        recovered=a.recovered + b.recovered,
-    )
+    return ReadCounts(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(b)})
 
 
 async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:

@@ -79,6 +79,9 @@ class ReadCounts:
     duplicates: int = 0
     recovered: int = 0
     """New rows that filled part of an open gap."""
+    ids_out_of_order: int = 0
+    """Ids not newer than the id read before them under the stream's ``id_order`` (a
+    wrong ``id_order``: the cursors would not follow such ids)."""
 
 
 @dataclass

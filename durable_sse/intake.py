@@ -102,7 +102,6 @@ class Intake:
         self.outcome: Outcome | None = None
         """Set when the connection must end (a drop signal): stop reading, flush."""
         self.drop: DropReport | None = None
-        self.ids_out_of_order = 0
         self.ids_not_counters = 0
         self.history_short = False
         self.history_confirmed = False
@@ -204,6 +203,11 @@ class Intake:
         return False
 
     @property
+    def ids_out_of_order(self) -> int:
+        """Ids not newer than the one read before them (counted in ``counts`` too)."""
+        return self.counts.ids_out_of_order
+
+    @property
     def pending_events(self) -> int:
         return len(self._pending)
 
@@ -280,8 +284,8 @@ class Intake:
                 self._signal("history_short", "the replay started past an open gap")
                 self._drop_deadline = now + DROP_GRACE
         elif not is_newer(event_id, self._last_read, self.order):
-            self.ids_out_of_order += 1
-            if self.ids_out_of_order == 1:
+            self.counts.ids_out_of_order += 1
+            if self.counts.ids_out_of_order == 1:
                 logger.warning(
                     "stream %s: id %r is not newer than %r under id_order %r: check the "
                     "setting (counted as ids_out_of_order)",

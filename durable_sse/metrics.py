@@ -6,9 +6,9 @@ serves both the SDK's metrics and these. Labels are the stream name and small en
 
 Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
 ``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
-``events_unrecoverable``, ``gaps_unrecoverable``, ``redis_write_failures``,
-``batch_persist_seconds`` (histogram), ``cursor_lag_seconds`` (gauge: now - receive time
-of the newest persisted event).
+``events_unrecoverable``, ``gaps_unrecoverable``, ``ids_out_of_order``,
+``redis_write_failures``, ``batch_persist_seconds`` (histogram), ``cursor_lag_seconds``
+(gauge: now - receive time of the newest persisted event).
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ class ReaderMetrics:
         )
         self.events_recovered = meter.create_counter(
             PREFIX + "events_recovered", "Events a replay stored that were missing"
+        )
+        self.ids_out_of_order = meter.create_counter(
+            PREFIX + "ids_out_of_order",
+            "Ids not newer than the one before them under the stream's id_order",
         )
         self.batch_persist = meter.create_histogram_float(
             PREFIX + "batch_persist_seconds", "Time to commit one batch", "s"

@@ -1,4 +1,12 @@
-"""The read activity against the real demo SSE source, the real event log and Redis."""
+"""The read activity against the real demo SSE source, PostgreSQL and Redis.
+
+Each test runs ``StreamReader.read_stream`` in temporalio's ``ActivityEnvironment`` (no
+Temporal server): heartbeats are recorded, a retry is an attempt number with the dead
+attempt's heartbeat details, as Temporal hands them over, and cancellation comes as a
+workflow's would. What was written is read back from ``sse_events`` and ``sse_gaps``.
+Bytes the demo source never sends (an oversized event or id, ids that are no counters,
+a comment built to make a backtracking regex explode) come from a small canned server.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +14,50 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import sqlalchemy as sa
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment
 
 import activities.read as read_module
-from activities.read import StreamReader
-from durable_sse.contracts import DropKind, Outcome, ReadInput, ReadResult, Route
+from activities.read import (
+    HEARTBEAT_INTERVAL,
+    MAX_HEARTBEAT_INTERVAL,
+    StreamReader,
+    heartbeat_interval,
+)
+from durable_sse.contracts import (
+    RECORDED_GAP,
+    DropReport,
+    Outcome,
+    ReadCounts,
+    ReadInput,
+    ReadProgress,
+    ReadResult,
+    Route,
+)
 from durable_sse.eventlog import EventLog
+from durable_sse.gaps import GapTotals
+from durable_sse.ids import sort_key
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
+from workflows.stream import READ_HEARTBEAT_TIMEOUT
 
 SECRET = "Bearer sup3r-s3cret-t0ken"
-
-
-@pytest.fixture
-async def source() -> AsyncIterator[SSESource]:
-    async with SSESource() as running:
-        yield running
+GUARD = 30.0
+"""Seconds a test waits at most for something to happen before it fails."""
+NOTICE = "dropping events: discarded 7 events (slow consumer)"
+"""The demo source's drop notice for ``drop_count=7``, as the decoder hands it over."""
 
 
 @pytest.fixture
@@ -48,109 +76,415 @@ async def reader(pg_event_log: EventLog, redis_url: str) -> AsyncIterator[Stream
     await l2.close()
 
 
-def make_spec(source: SSESource, name: str, **settings: object) -> StreamSpec:
+def make_spec(url: str, name: str, **settings: object) -> StreamSpec:
     defaults: dict[str, object] = {"id_order": "numeric", "batch_max_delay": 0.02}
     defaults.update(settings)
-    return StreamSpec(name=name, url=source.url(name), **defaults)  # type: ignore[arg-type]
+    return StreamSpec(name=name, url=url, **defaults)  # type: ignore[arg-type]
+
+
+class Heartbeats(list[dict[str, Any]]):
+    """Heartbeat details as the activity sent them (``on_heartbeat``); tests wait on them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._more = asyncio.Event()
+
+    def __call__(self, *details: Any) -> None:
+        self.append(details[0])
+        self._more.set()
+
+    async def wait_for(self, count: int) -> None:
+        async with asyncio.timeout(GUARD):
+            while len(self) < count:
+                self._more.clear()
+                await self._more.wait()
 
 
 async def read(
-    reader: StreamReader, spec: StreamSpec, **fields: object
-) -> tuple[ReadResult, list[dict]]:
-    heartbeats: list[dict] = []
-    env = ActivityEnvironment()
-    env.on_heartbeat = lambda *details: heartbeats.append(details[0])
-    result = await env.run(reader.read_stream, ReadInput(spec=spec, **fields))  # type: ignore[arg-type]
-    return result, heartbeats
+    reader: StreamReader,
+    spec: StreamSpec,
+    *,
+    env: ActivityEnvironment | None = None,
+    **fields: Any,
+) -> tuple[ReadResult, Heartbeats]:
+    beats = Heartbeats()
+    env = env or ActivityEnvironment()
+    env.on_heartbeat = beats
+    result = await env.run(reader.read_stream, ReadInput(spec=spec, **fields))
+    return result, beats
+
+
+async def query(log: EventLog, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+    def run() -> list[tuple[Any, ...]]:
+        with log.engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(sa.text(sql), params)]
+
+    return await asyncio.to_thread(run)
 
 
 async def stored(log: EventLog, stream: str) -> list[tuple[str, int | None]]:
-    def query() -> list[tuple[str, int | None]]:
-        with log.engine.connect() as connection:
-            rows = connection.execute(
-                sa.text(
-                    "SELECT event_id, event_ord FROM sse_events WHERE stream = :s ORDER BY seq"
-                ),
-                {"s": stream},
+    """``(event_id, event_ord)`` of the stream's rows, in the order they were inserted."""
+    rows = await query(
+        log, "SELECT event_id, event_ord FROM sse_events WHERE stream = :s ORDER BY seq", s=stream
+    )
+    return [(row[0], row[1]) for row in rows]
+
+
+async def stored_ids(log: EventLog, stream: str) -> list[str]:
+    return [event_id for event_id, _ in await stored(log, stream)]
+
+
+GAP_COLUMNS = (
+    "gap_id",
+    "kind",
+    "state",
+    "start_id",
+    "end_id",
+    "notice_id",
+    "reread_to",
+    "announced",
+    "truncated",
+    "recovered",
+    "missing",
+)
+
+
+async def gap_rows(log: EventLog, stream: str) -> list[dict[str, Any]]:
+    """The stream's rows of ``sse_gaps``, oldest first."""
+    rows = await query(
+        log,
+        f"SELECT {', '.join(GAP_COLUMNS)}, closed_at FROM sse_gaps WHERE stream = :s "
+        "ORDER BY seen_at, gap_id",
+        s=stream,
+    )
+    return [
+        {**dict(zip(GAP_COLUMNS, row, strict=False)), "closed": row[-1] is not None} for row in rows
+    ]
+
+
+def numbers(first: int, last: int, prefix: str = "") -> list[str]:
+    return [f"{prefix}{n}" for n in range(first, last + 1)]
+
+
+def assert_progress(beats: list[dict[str, Any]], *, start: str | None, last: str) -> None:
+    """Heartbeats carry ReadProgress: the start cursor, committed cursors only (never past
+    the result's), moving forward, and counts that only grow."""
+    assert beats, "no heartbeat"
+    assert all(set(beat) == {"cursor", "start_cursor", "first_id", "counts"} for beat in beats)
+    assert all(beat["start_cursor"] == start for beat in beats)
+    assert beats[0]["cursor"] == start  # the connection heartbeats its start at once
+    cursors = [int(beat["cursor"]) for beat in beats if beat["cursor"] is not None]
+    assert cursors == sorted(cursors)
+    assert all(int(start or 0) <= cursor <= int(last) for cursor in cursors)
+    rows = [beat["counts"]["new_rows"] for beat in beats]
+    assert rows == sorted(rows)
+
+
+class CannedServer:
+    """An HTTP server that answers every request with 200, ``text/event-stream`` and one
+    fixed body, then closes: for bytes the demo source never sends."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.requests: list[bytes] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> CannedServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/events"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            self.requests.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Connection: close\r\n\r\n" + self.body
             )
-            return [(row[0], row[1]) for row in rows]
-
-    return await asyncio.to_thread(query)
-
-
-def ids(rows: list[tuple[str, int | None]]) -> list[int]:
-    return [int(event_id) for event_id, _ in rows]
+            await writer.drain()
+        finally:
+            writer.close()
 
 
-async def test_resume_by_header_then_by_query_parameter(
+def events(*ids: str, data: str = "x") -> bytes:
+    return b"".join(f"id: {event_id}\ndata: {data}\n\n".encode() for event_id in ids)
+
+
+# -- live connections, cursors and heartbeats ------------------------------------------------
+
+
+async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progress(
     source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
-    spec = make_spec(source, stream_name)
+    spec = make_spec(source.url(stream_name), stream_name)
 
-    first, heartbeats = await read(reader, spec, route=Route.EXPLICIT, start_id="10")
-    assert first.outcome is Outcome.DROPPED
-    assert (first.start_cursor, first.first_id, first.last_cursor) == ("10", "11", "60")
-    assert (first.events_read, first.new_rows, first.duplicates) == (50, 50, 0)
-    # Heartbeats carry committed cursors only (none closes the connection: the result
-    # carries the last one).
-    assert heartbeats and all(10 <= int(beat["cursor"]) <= 60 for beat in heartbeats)
+    first, beats = await read(reader, spec)
+    assert first.outcome is Outcome.DROPPED and first.error == "the server ended the stream"
+    assert (first.cursor_source, first.start_cursor, first.last_cursor) == ("none", None, "50")
+    assert first.counts == ReadCounts(events_read=50, new_rows=50)
+    assert first.drop is None and first.gaps is not None and first.gaps.totals == GapTotals()
+    assert_progress(beats, start=None, last="50")
+    # With no cursor, the first committed batch is heartbeaten at once with its first id:
+    # a retry of this attempt starts there.
+    assert any(beat["first_id"] == "1" and beat["cursor"] is not None for beat in beats)
+    assert reader.l1.get(stream_name) == "50"
 
+    # From L1, the cursor sent as a query parameter.
     by_query = dataclasses.replace(spec, cursor_param="cursor")
-    second, _ = await read(reader, by_query, route=Route.LIVE)
-    assert second.cursor_source == "l1"
-    assert (second.start_cursor, second.first_id, second.last_cursor) == ("60", "61", "110")
-    assert ids(await stored(pg_event_log, stream_name)) == list(range(11, 111))
-    assert await reader.l2.get(stream_name) in ("60", "110")  # L2 is asynchronous
+    second, beats = await read(reader, by_query)
+    assert (second.cursor_source, second.start_cursor, second.last_cursor) == ("l1", "50", "100")
+    assert second.counts == ReadCounts(events_read=50, new_rows=50)
+    assert_progress(beats, start="50", last="100")
+
+    # A worker that never saw the stream (L1 empty) resumes from L2, by header.
     await reader.l2.flush()
-    assert await reader.l2.get(stream_name) == "110"
+    assert await reader.l2.get(stream_name) == "100"
+    fresh = StreamReader(
+        http=reader.http, event_log=reader.event_log, l1=LocalCursors(), l2=reader.l2
+    )
+    third, beats = await read(fresh, spec)
+    assert (third.cursor_source, third.start_cursor, third.last_cursor) == ("l2", "100", "150")
+    assert_progress(beats, start="100", last="150")
+    assert fresh.l1.get(stream_name) == "150"
+    await reader.l2.flush()
+    assert await reader.l2.get(stream_name) == "150"
+
+    assert await stored(pg_event_log, stream_name) == [(str(n), 0) for n in range(1, 151)]
+    assert await gap_rows(pg_event_log, stream_name) == []
 
 
 async def test_replayed_events_are_stored_once(
     source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=30, keepalive=0))
-    spec = make_spec(source, stream_name)
-    await read(reader, spec, route=Route.EXPLICIT, start_id="0")
-    again, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="10", fence_id="40")
-    assert (again.new_rows, again.duplicates) == (10, 20)
-    assert again.passed_fence and again.recovered_rows == 10
-    assert ids(await stored(pg_event_log, stream_name)) == list(range(1, 41))
+    spec = make_spec(source.url(stream_name), stream_name)
+    first, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert first.counts == ReadCounts(events_read=30, new_rows=30)
+    again, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="10")
+    assert (again.cursor_source, again.start_cursor, again.last_cursor) == (
+        "explicit",
+        "10",
+        "40",
+    )
+    # No gap was open: nothing counts as recovered.
+    assert again.counts == ReadCounts(events_read=30, new_rows=10, duplicates=20)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 40)
+    assert await gap_rows(pg_event_log, stream_name) == []
 
 
-async def test_drop_notice_ends_connection_with_position_and_loses_nothing(
+# -- gaps --------------------------------------------------------------------------------------
+
+
+async def read_past_a_drop_notice(
+    source: SSESource, reader: StreamReader, stream_name: str
+) -> tuple[StreamSpec, ReadResult]:
+    """A live connection: 1..100, then the source skips 101..107 and says so, then 108."""
+    source.add_stream(
+        stream_name, SourceStreamConfig(rate=0, drop_every=100, drop_count=7, keepalive=0)
+    )
+    spec = make_spec(source.url(stream_name), stream_name)
+    result, _ = await read(reader, spec)
+    assert source.truth(stream_name).dropped[0] == (101, 107)
+    return spec, result
+
+
+async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_repairs_it(
     source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    spec, result = await read_past_a_drop_notice(source, reader, stream_name)
+
+    # The connection reads on to the first id after the notice (it bounds the hole), then
+    # ends for the repair.
+    assert result.outcome is Outcome.DROP_SIGNAL
+    assert result.drop == DropReport(kind="comment", detail=NOTICE)
+    assert result.last_cursor == "108" == reader.l1.get(stream_name)
+    assert await stored_ids(pg_event_log, stream_name) == [*numbers(1, 100), "108"]
+    [gap] = await gap_rows(pg_event_log, stream_name)
+    gap_id = gap.pop("gap_id")
+    assert gap == {
+        "kind": "comment",
+        "state": "open",
+        "start_id": "1",  # conservative: a notice does not say where the hole begins
+        "end_id": "108",
+        "notice_id": "100",
+        "reread_to": None,
+        "announced": 7,
+        "truncated": False,
+        "recovered": 0,
+        "missing": None,
+        "closed": False,
+    }
+    # The gap record was written by the transaction that stored 108, the first event past
+    # the notice: no cursor could pass the notice before the gap was durable.
+    [(gap_xid,)] = await query(
+        pg_event_log, "SELECT xmin::text FROM sse_gaps WHERE gap_id = :g", g=gap_id
+    )
+    [(row_xid,)] = await query(
+        pg_event_log,
+        "SELECT xmin::text FROM sse_events WHERE stream = :s AND event_id = '108'",
+        s=stream_name,
+    )
+    assert gap_xid == row_xid
+    assert result.gaps is not None and result.gaps.open_ids == [gap_id]
+    assert (result.gaps.open[0].end_id, result.gaps.open[0].announced) == ("108", 7)
+    assert result.gaps.totals == GapTotals(open=1)
+
+    # The repair: the lagged route starts before the gap, re-reads it continuously and
+    # proves it closed. The source's standing drops only hit the live tail.
+    source.inject(stream_name, drop_every=None, disconnect_after=150)
+    repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=[gap_id])
+    assert (repair.cursor_source, repair.start_cursor, repair.last_cursor) == ("gap", "1", "151")
+    assert repair.outcome is Outcome.DROPPED and repair.drop is None
+    # 2..151 read: 101..107 recovered, 109..151 new, 2..100 and 108 already stored.
+    assert repair.counts == ReadCounts(events_read=150, new_rows=50, duplicates=100, recovered=7)
+    assert repair.gaps is not None and repair.gaps.open == []
+    assert repair.gaps.totals == GapTotals(repaired=1, events_recovered=7)
+    assert await gap_rows(pg_event_log, stream_name) == [
+        {
+            "gap_id": gap_id,
+            "kind": "comment",
+            "state": "repaired",
+            "start_id": "1",
+            "end_id": "108",
+            "notice_id": "100",
+            "reread_to": "107",
+            "announced": 7,
+            "truncated": False,
+            "recovered": 7,
+            "missing": 0,
+            "closed": True,
+        }
+    ]
+    assert await stored_ids(pg_event_log, stream_name) == [
+        *numbers(1, 100),
+        "108",
+        *numbers(101, 107),
+        *numbers(109, 151),
+    ]
+
+
+async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    spec, first = await read_past_a_drop_notice(source, reader, stream_name)
+    assert first.gaps is not None
+    [gap_id] = first.gaps.open_ids
+    gaps_before = await gap_rows(pg_event_log, stream_name)
+    # A 503 waits for the next request that reaches the source.
+    source.inject(stream_name, action="status", code=503, retry_after=2)
+
+    # The workflow lost the result that named the gap (a crash, a cancel): the store has it.
+    lost, beats = await read(reader, spec, route=Route.LIVE)
+    assert lost.outcome is Outcome.DROP_SIGNAL
+    assert lost.drop == DropReport(kind=RECORDED_GAP, detail="1 open gap(s) recorded earlier")
+    assert lost.gaps is not None and lost.gaps.open_ids == [gap_id]
+    assert lost.counts == ReadCounts() and lost.status_code is None
+    assert (lost.start_cursor, lost.last_cursor) == ("108", "108")
+    assert {beat["cursor"] for beat in beats} == {"108"}
+    assert source.describe(stream_name)["config"]["status"] == 503  # it never connected
+
+    told, _ = await read(reader, spec, route=Route.LIVE, known_gaps=[gap_id])
+    assert (told.outcome, told.status_code, told.retry_after) == (Outcome.RETRY_LATER, 503, 2.0)
+    assert told.drop is None
+    assert await stored_ids(pg_event_log, stream_name) == [*numbers(1, 100), "108"]
+    assert await gap_rows(pg_event_log, stream_name) == gaps_before
+
+
+async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    dead, beats = await read(reader, spec, route=Route.EXPLICIT, start_id="10")
+    assert dead.last_cursor == "60" == reader.l1.get(stream_name)
+    last = beats[-1]
+    assert last["start_cursor"] == "10"
+
+    # The attempt "died" after its last heartbeat (it may have read a drop notice it never
+    # wrote): Temporal retries the same input, attempt 2, with those details. L1 says 60,
+    # but the retry re-reads from where the dead attempt began.
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[last])
+    retry, retry_beats = await read(reader, spec, env=env, route=Route.LIVE)
+    assert (retry.cursor_source, retry.start_cursor, retry.last_cursor) == ("retry", "10", "60")
+    carried = ReadCounts(**last["counts"])
+    assert retry.counts == ReadCounts(
+        events_read=carried.events_read + 50,
+        new_rows=carried.new_rows,
+        duplicates=carried.duplicates + 50,
+    )
+    assert retry_beats[0]["start_cursor"] == "10"  # a third attempt would start there too
+    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 60)
+
+    # Never from before the lagging id: what lies before it is past the replay window.
+    await pg_event_log.advance_lagging(stream_name, "numeric", window=0, now=datetime.now(UTC))
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=3, heartbeat_details=[last])
+    bounded, _ = await read(reader, spec, env=env, route=Route.LIVE)
+    assert (bounded.cursor_source, bounded.start_cursor, bounded.last_cursor) == (
+        "lagging",
+        "60",
+        "110",
+    )
+    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 110)
+
+
+async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    _, beats = await read(reader, spec)
+    last = beats[-1]
+    assert (last["start_cursor"], last["first_id"]) == (None, "1")
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[last])
+    retry, _ = await read(reader, spec, env=env)
+    assert (retry.cursor_source, retry.start_cursor, retry.last_cursor) == ("retry", "1", "51")
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 51)
+
+
+async def test_a_retry_takes_heartbeat_details_of_another_version(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    """During a rolling deploy the attempt that died may have run a newer or older
+    version: counts it does not know are left out, missing ones are 0."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    details = {
+        "cursor": "25",
+        "start_cursor": "10",
+        "first_id": None,
+        "counts": {"events_read": 15, "new_rows": 15, "counted_by_a_newer_version": 4},
+    }
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[details])
+    retry, _ = await read(reader, spec, env=env)
+    assert (retry.cursor_source, retry.start_cursor, retry.last_cursor) == ("retry", "10", "30")
+    assert retry.counts == ReadCounts(events_read=35, new_rows=35)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 30)
+
+
+# -- cancellation ------------------------------------------------------------------------------
+
+
+async def test_keepalives_do_not_end_the_connection_and_cancel_returns_cancelled(
+    source: SSESource, reader: StreamReader, stream_name: str
 ) -> None:
     source.add_stream(
-        stream_name,
-        SourceStreamConfig(rate=0, drop_every=100, drop_count=7, keepalive=0),
+        stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0.1, paused=True)
     )
-    spec = make_spec(source, stream_name)
-    result, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
-    assert result.outcome is Outcome.DROP_SIGNAL
-    assert result.drop_kind is DropKind.COMMENT
-    assert result.dropped_estimate == 7
-    # The connection reads on to the first event after the notice: it bounds the hole.
-    assert result.drop_position == "108" == result.last_cursor
-    assert ids(await stored(pg_event_log, stream_name)) == [*range(1, 101), 108]
-    assert source.truth(stream_name).dropped[0] == (101, 107)
-
-    # The replay from before the hole re-delivers it; the batch split makes the count exact.
-    source.inject(stream_name, drop_every=None, disconnect_after=100_000)
-    replay, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="90", fence_id="108")
-    assert replay.passed_fence
-    assert replay.outcome is Outcome.ROTATED  # ends once past the fence: the workflow clears it
-    assert replay.recovered_rows == 7
-    stored_ids = sorted(ids(await stored(pg_event_log, stream_name)))
-    assert stored_ids == list(range(1, stored_ids[-1] + 1)) and stored_ids[-1] >= 108
-
-
-async def test_keepalives_do_not_end_the_connection_and_cancel_flushes(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
-) -> None:
-    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0.1))
-    spec = make_spec(source, stream_name, idle_timeout=1.0, batch_max_delay=30.0)
-    source.inject(stream_name, action="pause")
+    spec = make_spec(source.url(stream_name), stream_name, idle_timeout=1.0)
     env = ActivityEnvironment()
     task = asyncio.create_task(
         env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
@@ -160,54 +494,78 @@ async def test_keepalives_do_not_end_the_connection_and_cancel_flushes(
     env.cancel()
     result = await task
     assert result.outcome is Outcome.CANCELLED
-    assert result.events_read == 0
+    assert result.counts == ReadCounts() and result.last_cursor == "0"
 
 
-async def test_cancel_mid_batch_loses_nothing(
+async def test_cancel_mid_batch_flushes_and_loses_nothing(
     source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=200, keepalive=0))
-    spec = make_spec(source, stream_name, batch_max_events=100_000, batch_max_delay=60.0)
+    spec = make_spec(
+        source.url(stream_name), stream_name, batch_max_events=100_000, batch_max_delay=60.0
+    )
     env = ActivityEnvironment()
     task = asyncio.create_task(env.run(reader.read_stream, ReadInput(spec=spec, route=Route.LIVE)))
-    while (
-        not (await stored(pg_event_log, stream_name)) and source.truth(stream_name).generated < 50
-    ):
-        await asyncio.sleep(0.1)
-    assert await stored(pg_event_log, stream_name) == []  # nothing flushed yet: batch pending
+    async with asyncio.timeout(GUARD):
+        while source.truth(stream_name).generated < 50:
+            await asyncio.sleep(0.05)
+    assert await stored(pg_event_log, stream_name) == []  # the batch is still pending
     env.cancel()
     result = await task
     assert result.outcome is Outcome.CANCELLED
-    rows = await stored(pg_event_log, stream_name)
-    assert result.events_read > 0
-    assert len(rows) == result.events_read == result.new_rows
-    assert str(ids(rows)[-1]) == result.last_cursor
+    rows = await stored_ids(pg_event_log, stream_name)
+    assert result.counts.events_read > 0
+    assert len(rows) == result.counts.events_read == result.counts.new_rows
+    assert rows == numbers(int(rows[0]), int(rows[-1])) and rows[-1] == result.last_cursor
 
 
-async def test_idle_timeout_is_a_plain_drop(
-    source: SSESource, reader: StreamReader, stream_name: str
-) -> None:
-    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0, paused=True))
-    result, _ = await read(reader, make_spec(source, stream_name, idle_timeout=0.5))
-    assert result.outcome is Outcome.DROPPED
-    assert "idle timeout" in (result.error or "")
+# -- what the server answers ---------------------------------------------------------------
 
 
 async def test_204_stops(source: SSESource, reader: StreamReader, stream_name: str) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     source.inject(stream_name, action="status", code=204)
-    result, _ = await read(reader, make_spec(source, stream_name))
-    assert result.outcome is Outcome.NO_CONTENT
+    result, _ = await read(reader, make_spec(source.url(stream_name), stream_name))
+    assert (result.outcome, result.status_code) == (Outcome.NO_CONTENT, 204)
 
 
-async def test_429_honours_retry_after(
-    source: SSESource, reader: StreamReader, stream_name: str
+@pytest.mark.parametrize("code", [429, 503])
+async def test_a_busy_server_is_retry_later_with_its_retry_after(
+    source: SSESource, reader: StreamReader, stream_name: str, code: int
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
-    source.inject(stream_name, action="status", code=429, retry_after=7)
-    result, _ = await read(reader, make_spec(source, stream_name))
-    assert result.outcome is Outcome.RETRY_LATER
-    assert (result.status_code, result.retry_after) == (429, 7.0)
+    source.inject(stream_name, action="status", code=code, retry_after=7)
+    result, _ = await read(reader, make_spec(source.url(stream_name), stream_name))
+    assert (result.outcome, result.status_code, result.retry_after) == (
+        Outcome.RETRY_LATER,
+        code,
+        7.0,
+    )
+    assert result.error == f"HTTP {code} from {source.url(stream_name)}"
+
+
+async def test_idle_timeout_is_a_plain_drop_with_a_message(
+    source: SSESource, reader: StreamReader, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0, paused=True))
+    spec = make_spec(source.url(stream_name), stream_name, idle_timeout=0.5)
+    result, _ = await read(reader, spec)
+    assert result.outcome is Outcome.DROPPED and result.drop is None
+    assert result.error == "idle timeout: no bytes for 0.5 s"
+
+
+async def test_the_servers_retry_field_is_returned(
+    source: SSESource, reader: StreamReader, stream_name: str
+) -> None:
+    source.add_stream(
+        stream_name, SourceStreamConfig(rate=0, disconnect_after=3, keepalive=0, retry_ms=2500)
+    )
+    spec = make_spec(source.url(stream_name), stream_name)
+    result, _ = await read(reader, spec)
+    assert result.retry_ms == 2500
+    source.inject(stream_name, retry_ms=None)
+    result, _ = await read(reader, spec)
+    assert result.retry_ms is None and result.counts.events_read == 3
 
 
 @pytest.mark.parametrize(
@@ -224,14 +582,17 @@ async def test_429_honours_retry_after(
 async def test_refusals_are_non_retryable_and_never_leak_the_secret(
     source: SSESource,
     reader: StreamReader,
+    pg_event_log: EventLog,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
-    fault: dict,
+    fault: dict[str, Any],
     expected: str,
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     source.inject(stream_name, action="status", **fault)
-    spec = make_spec(source, stream_name, headers_from_env={"Authorization": "TEST_TOKEN"})
+    spec = make_spec(
+        source.url(stream_name), stream_name, headers_from_env={"Authorization": "TEST_TOKEN"}
+    )
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ApplicationError) as raised:
         await read(reader, spec)
@@ -240,13 +601,16 @@ async def test_refusals_are_non_retryable_and_never_leak_the_secret(
     assert expected in raised.value.message
     assert "sup3r" not in raised.value.message
     assert "sup3r" not in caplog.text
+    assert await stored(pg_event_log, stream_name) == []
 
 
 async def test_missing_secret_variable_is_named(
     source: SSESource, reader: StreamReader, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
-    spec = make_spec(source, stream_name, headers_from_env={"Authorization": "NOT_SET_VAR"})
+    spec = make_spec(
+        source.url(stream_name), stream_name, headers_from_env={"Authorization": "NOT_SET_VAR"}
+    )
     with pytest.raises(ApplicationError) as raised:
         await read(reader, spec)
     assert raised.value.non_retryable and raised.value.type == "ConfigError"
@@ -257,86 +621,28 @@ async def test_secret_header_is_sent_but_never_returned(
     source: SSESource, reader: StreamReader, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=3))
-    spec = make_spec(source, stream_name, headers_from_env={"Authorization": "TEST_TOKEN"})
+    spec = make_spec(
+        source.url(stream_name), stream_name, headers_from_env={"Authorization": "TEST_TOKEN"}
+    )
     caplog.set_level(logging.DEBUG)
-    result, heartbeats = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
-    assert result.events_read == 3
-    assert "sup3r" not in repr(result) + repr(heartbeats) + caplog.text
-
-
-async def test_unreachable_server_is_retry_later(reader: StreamReader, stream_name: str) -> None:
-    spec = StreamSpec(
-        name=stream_name, url="http://127.0.0.1:9/streams/x?token=abc", connect_timeout=2
-    )
-    result, _ = await read(reader, spec)
-    assert result.outcome is Outcome.RETRY_LATER
-    assert "127.0.0.1:9" in (result.error or "") and "abc" not in (result.error or "")
-
-
-async def test_a_huge_line_ends_at_the_cap(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
-) -> None:
-    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
-    spec = make_spec(source, stream_name)
-    source.inject(stream_name, action="oversized", bytes=64 * 1024 * 1024)
-    result, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
-    assert result.outcome is Outcome.DROPPED
-    assert "max_line_bytes" in (result.error or "") or "1048576" in (result.error or "")
-    rows = await stored(pg_event_log, stream_name)
-    assert result.last_cursor == (str(ids(rows)[-1]) if rows else "0")
-
-
-async def test_malformed_bytes_do_not_crash_and_lose_nothing(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
-) -> None:
-    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
-    source.inject(stream_name, action="malformed")
-    result, _ = await read(
-        reader, make_spec(source, stream_name), route=Route.EXPLICIT, start_id="0"
-    )
-    assert result.outcome is Outcome.DROPPED
-    stored_ids = [event_id for event_id, _ in await stored(pg_event_log, stream_name)]
-    assert [int(i) for i in stored_ids if i.isdigit()][-1] == 20
-    assert set(range(1, 21)) <= {int(i) for i in stored_ids if i.isdigit()}
-
-
-async def test_events_without_ids_are_kept_apart(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
-) -> None:
-    body = b"id: 7\ndata: a\n\ndata: b\n\ndata: c\n\nid\ndata: d\n\ndata: e\n\n"
-
-    async def handle(reader_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader_.readuntil(b"\r\n\r\n")
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-            + body
-        )
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    spec = StreamSpec(name=stream_name, url=f"http://127.0.0.1:{port}/", batch_max_delay=0.01)
-    async with server:
-        await read(reader, spec)
-        await read(reader, spec)  # delivered twice: id-carrying events dedupe, id-less ones do not
-    rows = await stored(pg_event_log, stream_name)
-    assert rows[:5] == [("7", 0), ("7", 1), ("7", 2), ("", None), ("", None)]
-    assert rows[5:] == [("", None), ("", None)]
+    result, beats = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert result.counts.events_read == 3
+    assert "sup3r" not in repr(result) + repr(beats) + caplog.text
 
 
 async def test_query_secret_is_sent_from_the_environment_and_never_returned(
     source: SSESource, reader: StreamReader, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=3))
-    spec = make_spec(source, stream_name, query_from_env={"access": "TEST_TOKEN"})
+    spec = make_spec(source.url(stream_name), stream_name, query_from_env={"access": "TEST_TOKEN"})
     caplog.set_level(logging.DEBUG)
-    result, heartbeats = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
-    assert result.events_read == 3
-    assert "sup3r" not in repr(result) + repr(heartbeats) + caplog.text
+    result, beats = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert result.counts.events_read == 3
+    assert "sup3r" not in repr(result) + repr(beats) + caplog.text
     source.inject(stream_name, action="status", code=401)
     with pytest.raises(ApplicationError) as raised:
         await read(reader, spec)
+    assert "HTTP 401" in raised.value.message
     assert "sup3r" not in raised.value.message + caplog.text
 
 
@@ -352,9 +658,48 @@ async def test_hosts_outside_the_allowlist_are_refused(
         allowed_hosts=("events.example.com",),
     )
     with pytest.raises(ApplicationError) as raised:
-        await read(guarded, make_spec(source, stream_name))
+        await read(guarded, make_spec(source.url(stream_name), stream_name))
     assert raised.value.non_retryable and raised.value.type == "ConfigError"
     assert "SSE_ALLOWED_HOSTS" in raised.value.message and "'url'" in raised.value.message
+
+
+async def test_unreachable_server_is_retry_later(reader: StreamReader, stream_name: str) -> None:
+    spec = StreamSpec(
+        name=stream_name, url="http://127.0.0.1:9/streams/x?token=abc", connect_timeout=2
+    )
+    result, _ = await read(reader, spec)
+    assert result.outcome is Outcome.RETRY_LATER
+    assert "127.0.0.1:9" in (result.error or "") and "abc" not in (result.error or "")
+
+
+async def test_malformed_bytes_do_not_crash_and_lose_nothing(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
+    source.inject(stream_name, action="malformed")
+    spec = make_spec(source.url(stream_name), stream_name)
+    result, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert result.outcome is Outcome.DROPPED
+    # The malformed block dispatches one event that keeps the id in force (the cursor, 0)
+    # as its first id-less follower; then 1..20.
+    assert await stored(pg_event_log, stream_name) == [
+        ("0", 1),
+        *((str(n), 0) for n in range(1, 21)),
+    ]
+    assert result.last_cursor == "20"
+
+
+async def test_events_without_ids_are_kept_apart(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    body = b"id: 7\ndata: a\n\ndata: b\n\ndata: c\n\nid\ndata: d\n\ndata: e\n\n"
+    async with CannedServer(body) as server:
+        spec = StreamSpec(name=stream_name, url=server.url, batch_max_delay=0.01)
+        await read(reader, spec)
+        # Delivered twice: id-carrying events dedupe, id-less ones (no id in force) do not.
+        await read(reader, spec)
+    rows = await stored(pg_event_log, stream_name)
+    assert rows == [("7", 0), ("7", 1), ("7", 2), ("", None), ("", None), ("", None), ("", None)]
 
 
 async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
@@ -362,11 +707,14 @@ async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
 ) -> None:
     """Response headers may take up to idle_timeout, longer than the heartbeat timeout:
     without heartbeats meanwhile Temporal would time the attempt out and retry it."""
-    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.1)
+    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
 
     async def answer_late(reader_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader_.readuntil(b"\r\n\r\n")
-        await asyncio.sleep(1.0)
+        await beats.wait_for(5)  # the start's heartbeat, then 4 while the server says nothing
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
             b"id: 1\ndata: late\n\n"
@@ -378,10 +726,319 @@ async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
     port = server.sockets[0].getsockname()[1]
     try:
         spec = StreamSpec(name=stream_name, url=f"http://127.0.0.1:{port}/late", id_order="numeric")
-        result, heartbeats = await read(reader, spec)
+        result = await env.run(reader.read_stream, ReadInput(spec=spec))
     finally:
         server.close()
         await server.wait_closed()
-    assert result.outcome == Outcome.DROPPED and result.new_rows == 1
-    waiting = [beat for beat in heartbeats if beat["events_read"] == 0]
-    assert len(waiting) >= 5, heartbeats
+    assert result.outcome is Outcome.DROPPED and result.counts.new_rows == 1
+    assert [beat["counts"]["events_read"] for beat in beats[:5]] == [0] * 5
+
+
+# -- hostile servers (issue 13) --------------------------------------------------------------
+
+
+async def test_a_line_over_max_line_bytes_ends_the_connection_with_the_error(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name, max_line_bytes=4096)
+    await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    source.inject(stream_name, action="oversized", bytes=100_000)
+    result, _ = await read(reader, spec)
+    assert result.outcome is Outcome.DROPPED
+    assert result.error == (
+        "an SSE line exceeded max_line_bytes=4096 bytes; ending the connection to bound memory"
+    )
+    assert (result.start_cursor, result.last_cursor) == ("10", "10")
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 10)
+
+
+@pytest.mark.parametrize(
+    ("bad_event", "settings", "named"),
+    [
+        (b"id: 6\ndata: " + b"x" * 2000 + b"\n\n", {"max_event_bytes": 1024}, "max_event_bytes"),
+        (b"id: " + b"7" * 200 + b"\ndata: x\n\n", {"max_id_bytes": 100}, "max_id_bytes"),
+        # 5000 digits: beyond what int() parses, and beyond any max_id_bytes (2048 at most).
+        (
+            b"id: " + b"9" * 5000 + b"\ndata: x\n\n",
+            {"max_id_bytes": 2048, "contiguous_ids": True},
+            "max_id_bytes",
+        ),
+    ],
+    ids=["event", "id", "5000-digit id"],
+)
+async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    stream_name: str,
+    bad_event: bytes,
+    settings: dict[str, Any],
+    named: str,
+) -> None:
+    body = events("1", "2", "3", "4", "5") + bad_event + events("8")
+    async with CannedServer(body) as server:
+        spec = make_spec(server.url, stream_name, **settings)
+        with pytest.raises(ApplicationError) as raised:
+            await read(reader, spec)
+    assert raised.value.non_retryable and raised.value.type == "StreamRefusedError"
+    assert f"{named}=" in raised.value.message
+    assert raised.value.message.endswith("the stream is parked until resumed")
+    # What came before the bad event is stored and the cursor stands there: a resume
+    # starts right before the bad event.
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 5)
+    assert reader.l1.get(stream_name) == "5"
+
+
+async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    source.add_stream(
+        stream_name,
+        SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0, id_prefix="café-"),
+    )
+    spec = make_spec(source.url(stream_name), stream_name, id_order="natural")
+    first, _ = await read(reader, spec)
+    assert first.last_cursor == "café-5"
+    # Last-Event-ID carries the UTF-8 bytes, as browsers send them; the source decodes them
+    # and resumes after café-5 (a cursor it could not read would mean live only: 8193 on).
+    by_header, _ = await read(reader, spec)
+    assert (by_header.start_cursor, by_header.last_cursor) == ("café-5", "café-10")
+    by_query, _ = await read(reader, dataclasses.replace(spec, cursor_param="cursor"))
+    assert (by_query.start_cursor, by_query.last_cursor) == ("café-10", "café-15")
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 15, prefix="café-")
+
+
+async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    """With Python's ``re`` the old default patterns took ~20 s on this comment, on the
+    event loop, and then missed it; RE2 matches it in linear time."""
+    text = "dropped " + ",".join(str(i) for i in range(100, 140)) + " (backpressure)"
+    body = events("1", "2", "3") + f": {text}\n".encode() + events("4", "5")
+    async with CannedServer(body) as server:
+        result, _ = await read(reader, make_spec(server.url, stream_name))
+    assert result.outcome is Outcome.DROP_SIGNAL
+    assert result.drop == DropReport(kind="comment", detail=text)
+    assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "3", "4"]
+    [gap] = await gap_rows(pg_event_log, stream_name)
+    assert (gap["kind"], gap["state"], gap["start_id"], gap["end_id"], gap["notice_id"]) == (
+        "comment",
+        "open",
+        "1",
+        "4",
+        "3",
+    )
+    assert gap["announced"] is None  # the notice lists ids, it gives no count
+
+
+async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    stream_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``"²".isdigit()`` is true but ``int("²")`` raises; a 2048-digit id is a number no
+    counter reaches. Both are counted (``Intake.ids_not_counters``) and logged once; the
+    stream reads on and no gap opens."""
+    big = "1" + "0" * 2047
+    body = events("1", "2", "²", "3", "4", big)
+    caplog.set_level(logging.WARNING)
+    async with CannedServer(body) as server:
+        spec = make_spec(server.url, stream_name, contiguous_ids=True, max_id_bytes=2048)
+        result, _ = await read(reader, spec)
+    assert result.outcome is Outcome.DROPPED and result.drop is None
+    assert result.error == "the server ended the stream"
+    # Under numeric order "²" (not a number) sorts before every number.
+    assert result.counts == ReadCounts(events_read=6, new_rows=6, ids_out_of_order=1)
+    assert result.last_cursor == big == reader.l1.get(stream_name)
+    assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "²", "3", "4", big]
+    assert await gap_rows(pg_event_log, stream_name) == []
+    warnings = [r.getMessage() for r in caplog.records if "is not a counter" in r.getMessage()]
+    assert len(warnings) == 1 and "'²'" in warnings[0]
+
+
+@pytest.fixture(scope="module")
+def metrics() -> tuple[Runtime, MetricBuffer]:
+    """A Temporal runtime whose metrics are buffered for the test to read."""
+    buffer = MetricBuffer(10_000)
+    return Runtime(telemetry=TelemetryConfig(metrics=buffer)), buffer
+
+
+@pytest.mark.parametrize(
+    ("id_order", "out_of_order", "cursor"),
+    [("natural", 2, "AA10"), ("lexicographic", 0, "AA9B")],
+)
+async def test_ids_out_of_order_under_the_id_order_are_counted_and_exported(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    stream_name: str,
+    caplog: pytest.LogCaptureFixture,
+    metrics: tuple[Runtime, MetricBuffer],
+    id_order: str,
+    out_of_order: int,
+    cursor: str,
+) -> None:
+    """ULID-like ids, in the server's (byte) order: ``natural`` reads 9A after 10A and
+    AA9B after AA10 as going back; ``lexicographic`` is the order that suits them."""
+    runtime, buffer = metrics
+    buffer.retrieve_updates()
+    body = events("10A", "9A", "AA10", "AA9B")
+    caplog.set_level(logging.WARNING)
+    env = ActivityEnvironment()
+    env.metric_meter = runtime.metric_meter
+    async with CannedServer(body) as server:
+        result, _ = await read(
+            reader, make_spec(server.url, stream_name, id_order=id_order), env=env
+        )
+    assert result.counts == ReadCounts(events_read=4, new_rows=4, ids_out_of_order=out_of_order)
+    assert result.last_cursor == cursor
+    assert await stored_ids(pg_event_log, stream_name) == ["10A", "9A", "AA10", "AA9B"]
+    exported = [
+        update.value
+        for update in buffer.retrieve_updates()
+        if update.metric.name == "durable_sse_ids_out_of_order"
+        and update.attributes.get("stream") == stream_name
+    ]
+    assert sum(exported) == out_of_order
+    warned = [r for r in caplog.records if "ids_out_of_order" in r.getMessage()]
+    assert len(warned) == min(out_of_order, 1)  # once per connection
+
+
+# -- heartbeats (issue 13, item 6) -----------------------------------------------------------
+
+
+def test_the_heartbeat_interval_stretches_but_never_past_half_the_heartbeat_timeout() -> None:
+    half = READ_HEARTBEAT_TIMEOUT.total_seconds() / 2
+    assert MAX_HEARTBEAT_INTERVAL <= half
+    counts = [0, 1, 400, 401, 1000, 2500, 2501, 5000, 10**6]
+    intervals = [heartbeat_interval(n) for n in counts]
+    assert intervals == sorted(intervals)
+    assert all(HEARTBEAT_INTERVAL <= interval <= half for interval in intervals)
+    assert heartbeat_interval(0) == heartbeat_interval(400) == HEARTBEAT_INTERVAL
+    assert heartbeat_interval(1000) == 2.0  # 1000 connections in a budget of 500/s
+    # 5000 connections stretched it to the whole 10 s timeout before.
+    assert heartbeat_interval(5000) == heartbeat_interval(10**6) == MAX_HEARTBEAT_INTERVAL
+
+
+class Blocker:
+    """A transaction kept open by the test so that the reader's database calls wait on its
+    locks; ``waiting()`` counts the sessions that wait for it (asked on another
+    connection: ``pg_stat_activity`` is a snapshot within a transaction)."""
+
+    def __init__(self, pg_url: str) -> None:
+        self.url = pg_url.replace("+psycopg", "")
+
+    async def __aenter__(self) -> Blocker:
+        self.holder = await psycopg.AsyncConnection.connect(self.url)
+        self.watcher = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.holder.rollback()
+        await self.holder.close()
+        await self.watcher.close()
+
+    async def hold(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        await self.holder.execute(sql, params)
+
+    async def waiting(self) -> int:
+        cursor = await self.watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            (self.holder.info.backend_pid,),
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def until_waited_on(self) -> None:
+        async with asyncio.timeout(GUARD):
+            while not await self.waiting():
+                await asyncio.sleep(0.02)
+
+
+async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
+    source: SSESource,
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    pg_url: str,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit stuck longer than the heartbeat timeout must not let Temporal start a
+    second attempt while the first still holds the stream."""
+    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=300, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name, batch_max_events=10)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    task: asyncio.Task[ReadResult] | None = None
+    try:
+        async with Blocker(pg_url) as blocker:
+            # Id 25 inserted and not committed: the reader's insert of the batch holding 25
+            # waits for this transaction, and so do the batches after it.
+            await blocker.hold(
+                "INSERT INTO sse_events (stream, event_id, event_ord, id_key, event_type, "
+                "data, received_at) VALUES (%s, '25', 0, %s, 'tick', 'held', now())",
+                (stream_name, sort_key("25", "numeric")),
+            )
+            task = asyncio.create_task(
+                env.run(
+                    reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
+                )
+            )
+            await blocker.until_waited_on()
+            blocked_at = len(beats)
+            await beats.wait_for(blocked_at + 3)
+            assert await blocker.waiting()  # those heartbeats came while the commit waited
+            during = beats[blocked_at:]
+        result = await task  # the transaction rolled back: the reader stores 25 itself
+    finally:
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=GUARD)
+    # They carry committed cursors only: never the batch that waits, nor any after it.
+    assert all(beat["start_cursor"] == "0" and int(beat["cursor"]) < 25 for beat in during)
+    assert result.outcome is Outcome.DROPPED
+    assert result.counts == ReadCounts(events_read=300, new_rows=300)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 300)
+
+
+async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
+    source: SSESource,
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    pg_url: str,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Heartbeats while the start is read from the store repeat the dead attempt's
+    details: a third attempt still starts where the first one did."""
+    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    dead = asdict(
+        ReadProgress(cursor="25", start_cursor="10", counts=ReadCounts(events_read=15, new_rows=15))
+    )
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[dead])
+    task: asyncio.Task[ReadResult] | None = None
+    try:
+        async with Blocker(pg_url) as blocker:
+            await blocker.hold("LOCK TABLE sse_checkpoints IN ACCESS EXCLUSIVE MODE")
+            task = asyncio.create_task(
+                env.run(reader.read_stream, ReadInput(spec=spec, route=Route.LIVE))
+            )
+            await blocker.until_waited_on()
+            await beats.wait_for(3)
+            assert await blocker.waiting()
+            during = list(beats)
+        result = await task
+    finally:
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=GUARD)
+    assert during == [dead] * len(during)
+    assert (result.cursor_source, result.start_cursor, result.last_cursor) == ("retry", "10", "30")
+    assert result.counts == ReadCounts(events_read=35, new_rows=35)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 30)
