@@ -606,8 +606,10 @@ class GapTracker:
         bound = self.context.floor
         if start is None or bound is None or compare_ids(bound, start, self.order) <= 0:
             return None
+        # Up to the newest stored id: what the dead attempt committed. A notice it read
+        # after that is about ids not committed, which the next read fetches anyway.
         gap = self._open(
-            GapKind.RETRY, start=start, end=None, notice=bound, announced=None, detail=detail
+            GapKind.RETRY, start=start, end=bound, notice=bound, announced=None, detail=detail
         )
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
         return gap

@@ -425,6 +425,11 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     )
     assert retry_beats[0]["start_cursor"] == "10"  # a third attempt would start there too
     assert await stored_ids(pg_event_log, stream_name) == numbers(11, 60)
+    # What the dead attempt read was a gap to re-read (it may hide a notice it never
+    # wrote), recorded by the retry and closed by its continuous re-read.
+    (suspect,) = await gap_rows(pg_event_log, stream_name)
+    assert (suspect["kind"], suspect["start_id"], suspect["end_id"]) == ("retry", "10", "60")
+    assert (suspect["state"], suspect["missing"], suspect["closed"]) == ("repaired", 0, True)
 
     # Never from before the lagging id: what lies before it is past the replay window.
     await pg_event_log.advance_lagging(stream_name, "numeric", window=0, now=datetime.now(UTC))
