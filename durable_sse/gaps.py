@@ -743,6 +743,9 @@ class GapTracker:
         Returns True when the connection must end.
         """
         floor = self.context.floor
+        if any(self._holds(gap_id, low, high) for gap_id in self.opened):
+            self.clean = False
+            return True  # the skip a notice of this connection announced: already recorded
         through_gap = not at_start and any(
             self._overlaps(gap, low, high) for gap in self.gaps.values()
         )
@@ -772,6 +775,16 @@ class GapTracker:
             return through_gap  # nothing to repair: counted now, the stream reads on
         self.clean = False
         return True
+
+    def _holds(self, gap_id: str, low: str, high: str) -> bool:
+        """Whether a gap this connection opened already spans ``(low, high)``."""
+        gap = self.gaps.get(gap_id) or self._awaiting_end
+        if gap is None or gap.gap_id != gap_id or gap.start_id is None:
+            return False
+        if compare_ids(gap.start_id, low, self.order) > 0:
+            return False
+        bound = gap.end_id
+        return bound is None or compare_ids(bound, high, self.order) >= 0
 
     def _overlaps(self, gap: Gap, low: str, high: str) -> bool:
         resume, bound = gap.resume_from(self.order), gap.bound()

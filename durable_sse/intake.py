@@ -321,9 +321,12 @@ class Intake:
             if self.gaps.jump(self._last_read, event_id):
                 self._signal(GapKind.ID_GAP.value, f"{number - last - 1} ids missing")
                 self.outcome = Outcome.DROP_SIGNAL
-        elif first and not self.gaps.clean:
+        elif first and not self.gaps.clean and self._drop_deadline is None:
+            # Ids missing right after the cursor: often a history that no longer reaches
+            # it, which no repair can fix. Store what comes for a grace, then end for the
+            # repair, so a stream behind a short history still makes progress.
             self._signal(GapKind.ID_GAP.value, "ids missing after the cursor")
-            self.outcome = Outcome.DROP_SIGNAL
+            self._drop_deadline = self._now + DROP_GRACE
         if last is None or number > last:
             self._last_number = number
 

@@ -24,6 +24,9 @@ from temporalio.converter import value_to_type
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
+    # Every module whose dataclasses cross the workflow boundary is passed through by
+    # name: the converter resolves their type hints in the sandbox's module table.
+    import durable_sse.gaps  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
     from durable_sse.contracts import (
         Outcome,
         ReadInput,

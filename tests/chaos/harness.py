@@ -47,7 +47,7 @@ class Sizes:
 
 DEFAULT = Sizes(rate=400, seconds=12, redis_down=10)
 LONG = Sizes(rate=1500, seconds=70, redis_down=30, min_events=100_000)
-SHORT = Sizes(rate=300, seconds=6, redis_down=5, kills=3)
+SHORT = Sizes(rate=300, seconds=10, redis_down=5, kills=3)
 """``--seeds N``: many short runs of the seeded scenarios."""
 
 

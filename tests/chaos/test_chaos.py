@@ -302,6 +302,35 @@ async def test_4_sigterm_worker(
 # -- 5 and 6. drop notices --------------------------------------------------------------------
 
 
+async def drop_for_real(source: SSESource, name: str, count: int, *, rate: float) -> int:
+    """Make the source skip ``count`` events on the connection it serves, and say so.
+
+    A one-shot drop is taken by the next connection that looks; one that ends before it
+    has skipped them all (a repair ending right after its last gap closed) wastes it, so
+    when the skip has not shown in the source's truth long after it should have, inject
+    again. Returns the size of the skip that happened.
+    """
+    before = len(source.truth(name).dropped)
+    loop = asyncio.get_running_loop()
+    patience = max(2.0, 3 * count / rate)
+    deadline = loop.time() + 10 * patience
+    source.inject(name, action="drop", count=count)
+    retry_at = loop.time() + patience
+    while len(source.truth(name).dropped) == before:
+        now = loop.time()
+        if now > retry_at and not source.describe(name)["pending"]:
+            source.inject(name, action="drop", count=count)
+            retry_at = now + patience
+        if now > deadline:
+            raise AssertionError(
+                f"the source never skipped the {count} events it was asked to: "
+                f"{source.describe(name)}"
+            )
+        await asyncio.sleep(0.05)
+    low, high = source.truth(name).dropped[-1]
+    return high - low + 1
+
+
 async def test_5_drop_notices_inside_the_window(
     temporal: WorkflowEnvironment,
     queue: str,
@@ -321,8 +350,8 @@ async def test_5_drop_notices_inside_the_window(
         loop = asyncio.get_running_loop()
         until = loop.time() + sizes.seconds
         while len(gaps) < 10 or loop.time() < until:
-            gaps.append(rng.randint(10, int(sizes.rate / 2)))
-            source.inject(name, action="drop", count=gaps[-1])
+            count = rng.randint(10, int(sizes.rate / 2))
+            gaps.append(await drop_for_real(source, name, count, rate=sizes.rate))
 
             async def repaired(total: int = sum(gaps)) -> bool:
                 summary = await chaos_log.gap_summary(name, "numeric")
@@ -676,6 +705,71 @@ async def _newest_stored(log: EventLog, name: str) -> int:
         return int(value or 0)
 
     return await asyncio.to_thread(query)
+
+
+# -- 11. seeded mixed faults (``--seeds N`` runs it N times) --------------------------------
+
+
+async def test_11_seeded_mixed_faults_count_every_loss_exactly(
+    temporal: WorkflowEnvironment,
+    queue: str,
+    source: SSESource,
+    chaos_log: EventLog,
+    redis_url: str,
+    sizes: Sizes,
+    seed: int,
+    verdicts: list[Verdict],
+) -> None:
+    """Proxy resets, stalls and closes, drop notices of random sizes, and a history that
+    may be too short for some repairs, all chosen by the seed: nothing the history still
+    holds is lost, and what it no longer holds is counted exactly (contiguous ids)."""
+    rng = random.Random(seed)
+    # Long enough to outlast a proxy stall (so only drops, not stalls, can outrun it), short
+    # enough that a large drop whose repair waits out the throttle may.
+    history = int(sizes.rate * rng.choice([4.0, 6.0, 10.0]))
+    name = new_stream(source, "mixed", sizes, history=history)
+    drops: list[int] = []
+    async with (
+        FaultProxy("127.0.0.1", source.port) as proxy,
+        CursorSampler(chaos_log, redis_url, name) as sampler,
+    ):
+        spec = chaos_spec(
+            name,
+            proxy.url(source.url(name)),
+            contiguous_ids=True,
+            lagged_reconnect_interval=rng.choice([0.5, 1.0, 3.0]),
+        )
+        handle = await start_stream(temporal.client, spec, queue)
+        await ready_for_a_gap(chaos_log, name)
+
+        async def drops_now_and_then() -> None:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + sizes.seconds
+            while loop.time() < until:
+                await asyncio.sleep(rng.uniform(0.2, 1.5))
+                count = rng.randint(5, int(sizes.rate * 3))
+                drops.append(await drop_for_real(source, name, count, rate=sizes.rate))
+
+        injected, _ = await asyncio.gather(
+            proxy.run_chaos(seed, faults=max(10, int(sizes.seconds * 2))), drops_now_and_then()
+        )
+        status = await drain_and_stop(
+            handle, source, chaos_log, name, timeout=180, min_events=sizes.min_events
+        )
+    kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(injected.items()))
+    faults = f"seed {seed}: {len(drops)} drops ({sum(drops)} events), history {history}, {kinds}"
+    verdict = await verdict_of(
+        "11 seeded mix", faults, source, chaos_log, name, sampler, status, verdicts
+    )
+    summary = await chaos_log.gap_summary(name, "numeric")
+    print(
+        f"11 seed {seed}: unrecoverable {status.counters.events_unrecoverable} "
+        f"(store {summary.totals.events_unrecoverable}), out of window {verdict.out_of_window}"
+    )
+    assert_clean(verdict, sampler)
+    assert summary.open == [] and summary.totals.unknown_size == 0
+    assert summary.totals.events_unrecoverable == verdict.out_of_window
+    assert status.counters.events_unrecoverable == verdict.out_of_window
 
 
 # -- bad HTTP behaviour -----------------------------------------------------------------------
