@@ -206,6 +206,9 @@ class StreamCounters:
     events_recovered: int = 0
     """Rows stored inside gaps after they were recorded (from the gap records)."""
     duplicates: int = 0
+    ids_out_of_order: int = 0
+    """Ids not newer than the one before under the stream's ``id_order``: a wrong order
+    setting (ULIDs need ``lexicographic``), or a server that reorders."""
     events_unrecoverable: int = 0
     """Exact counts of unrecoverable gaps (from the gap records)."""
     gaps_open: int = 0

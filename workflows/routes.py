@@ -285,6 +285,7 @@ def record_result(
     counters.events_read += result.counts.events_read
     counters.events_persisted += result.counts.new_rows
     counters.duplicates += result.counts.duplicates
+    counters.ids_out_of_order += result.counts.ids_out_of_order
     state.live_cursor = newest([state.live_cursor, result.last_cursor], id_order)
     if result.lagging_id is not None:
         state.lagging_id = result.lagging_id

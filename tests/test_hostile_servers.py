@@ -1,0 +1,393 @@
+"""Hostile servers on the real stack: each hurts only its own stream (issue 13).
+
+One worker holds a healthy stream (the demo source, 50 events/s) and, case by case, a
+stream whose server misbehaves: a comment built to make a backtracking regex explode, ids
+a header cannot carry as text, digits ``int()`` refuses, an id past ``max_id_bytes``, an
+event that never ends, ids out of order, an older Mercure hub's truncation header. For
+each, the healthy stream must keep committing with its cursor lag under a second while
+the bad one misbehaves, and the bad one must end up where the design says: reading,
+parked with a message naming the setting, or with its loss counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+import sqlalchemy as sa
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from durable_sse.eventlog import EventLog
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.spec import StreamSpec
+from tests.chaos.harness import in_process_worker, start_stream, status_of, unique, wait_until
+
+pytestmark = pytest.mark.slow
+
+LAG_LIMIT = 1.0
+"""Seconds: the healthy stream's cursor lag must stay under this while a case runs."""
+
+Body = Callable[[bytes | None], AsyncIterator[bytes]]
+"""Makes a response body from the request's raw Last-Event-ID (None: none sent)."""
+
+
+@dataclass
+class HostileServer:
+    """A tiny HTTP/1.1 server whose paths each serve a canned, endless or odd body."""
+
+    bodies: dict[str, Body] = field(default_factory=dict)
+    headers: dict[str, list[tuple[bytes, bytes]]] = field(default_factory=dict)
+    """Extra response headers per path."""
+    requests: list[tuple[str, bytes | None]] = field(default_factory=list)
+    """``(path, raw Last-Event-ID)`` of every request, in order."""
+    port: int = 0
+    _server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> HostileServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *lines = head.split(b"\r\n")
+            path = request_line.split(b" ")[1].decode().lstrip("/").split("?")[0]
+            last_id = None
+            for line in lines:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"last-event-id":
+                    last_id = value.strip()
+            self.requests.append((path, last_id))
+            extra = b"".join(k + b": " + v + b"\r\n" for k, v in self.headers.get(path, []))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"cache-control: no-cache\r\n" + extra + b"\r\n"
+            )
+            async for chunk in self.bodies[path](last_id):
+                writer.write(chunk)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def forever(make: Callable[[int], bytes], *, pause: float = 0.01) -> AsyncIterator[bytes]:
+    n = 0
+    while True:
+        n += 1
+        yield make(n)
+        await asyncio.sleep(pause)
+
+
+@pytest.fixture(scope="module")
+async def queue(address: str, pg_url: str, redis_url: str) -> AsyncIterator[str]:
+    name = unique("hostile")
+    async with in_process_worker(address, pg_url, redis_url, name):
+        yield name
+
+
+@pytest.fixture(scope="module")
+async def log(pg_url: str) -> AsyncIterator[EventLog]:
+    event_log = EventLog(pg_url)
+    await event_log.create_schema()
+    yield event_log
+    await event_log.close()
+
+
+@pytest.fixture(scope="module")
+async def healthy(
+    temporal: WorkflowEnvironment, queue: str, source: SSESource, log: EventLog
+) -> AsyncIterator[str]:
+    name = unique("healthy")
+    source.add_stream(name, SourceStreamConfig(rate=50, keepalive=0.5, retry_ms=None))
+    spec = StreamSpec(name=name, url=source.url(name), id_order="numeric")
+    handle = await start_stream(temporal.client, spec, queue)
+
+    async def flowing() -> bool:
+        return (await newest_row(log, name))[0] > 50
+
+    await wait_until(flowing, timeout=60, what="the healthy stream to flow")
+    yield name
+    await handle.signal("stop")
+    await asyncio.wait_for(handle.result(), 60)
+
+
+async def newest_row(log: EventLog, stream: str) -> tuple[int, float]:
+    """``(rows, seconds since the newest row was received)`` of a stream."""
+
+    def query() -> tuple[int, float]:
+        with log.engine.connect() as connection:
+            count, newest = connection.execute(
+                sa.text(
+                    "SELECT count(*), extract(epoch from now() - max(received_at)) "
+                    "FROM sse_events WHERE stream = :s"
+                ),
+                {"s": stream},
+            ).one()
+        return int(count), float(newest or 0.0)
+
+    return await asyncio.to_thread(query)
+
+
+async def while_watching(
+    log: EventLog, healthy: str, act: Callable[[], Awaitable[None]]
+) -> list[float]:
+    """Run ``act`` while sampling the healthy stream's lag; the lags seen (rows must grow)."""
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        while not done.is_set():
+            lags.append((await newest_row(log, healthy))[1])
+            await asyncio.sleep(0.2)
+
+    rows_before = (await newest_row(log, healthy))[0]
+    sampler = asyncio.create_task(sample())
+    try:
+        await act()
+        await asyncio.sleep(1.0)  # and a little after
+    finally:
+        done.set()
+        await sampler
+    rows_after = (await newest_row(log, healthy))[0]
+    assert rows_after > rows_before + 25, "the healthy stream stopped committing"
+    assert lags and max(lags) < LAG_LIMIT, f"healthy cursor lag reached {max(lags):.2f} s"
+    return lags
+
+
+async def stop(handle: WorkflowHandle) -> None:
+    await handle.signal("stop")
+    await asyncio.wait_for(handle.result(), 60)
+
+
+async def test_a_comment_built_to_backtrack_is_matched_fast_and_is_a_notice(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    evil = ": dropped " + ",".join(str(i) for i in range(100, 140)) + " (backpressure)\n"
+    near_misses = ": " + "dropped 1, " * 300 + "nothing\n"
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        start = int(last) if last else 0
+        async for chunk in forever(
+            lambda n: (near_misses * 20 + f"id: {start + n}\ndata: x\n\n" + evil).encode(),
+            pause=0.005,
+        ):
+            yield chunk
+
+    async with HostileServer({"regex": body}) as server:
+        name = "regex-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("regex"), id_order="numeric")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def notices_seen() -> None:
+            async def seen() -> bool:
+                return (await status_of(handle)).counters.drop_signals >= 3
+
+            await wait_until(seen, timeout=30, what="the drop notices", handle=handle)
+
+        await while_watching(log, healthy, notices_seen)
+        await stop(handle)
+
+
+async def test_ids_a_header_cannot_carry_as_text_resume_as_utf8_bytes(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    """Browsers send a non-ASCII id's UTF-8 bytes; so do we, and the stream resumes."""
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        start = int(last.decode().split("-")[1]) if last else 0
+        for n in range(start + 1, start + 21):  # then the server closes: a reconnect
+            yield f"id: café-{n}\ndata: {n}\n\n".encode()
+            await asyncio.sleep(0.01)
+
+    async with HostileServer({"cafe": body}) as server:
+        name = "cafe-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("cafe"), id_order="natural")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def resumed() -> None:
+            async def enough() -> bool:
+                return (await newest_row(log, name))[0] >= 100
+
+            await wait_until(enough, timeout=60, what="100 events over reconnects", handle=handle)
+
+        await while_watching(log, healthy, resumed)
+        await stop(handle)
+    sent = [last for path, last in server.requests if path == "cafe" and last is not None]
+    assert sent and all(last.startswith("café-".encode()) for last in sent)
+    rows = await newest_row(log, name)
+    assert rows[0] >= 100
+
+
+async def test_ids_that_look_like_digits_but_are_not_counters_are_counted_not_fatal(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    odd = ["²", "١٢", "9" * 2048]
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        n = int(last) if last and last.isdigit() and len(last) < 10 else 0
+        while True:
+            n += 1
+            yield f"id: {n}\ndata: x\n\n".encode()
+            if n % 7 == 0:
+                yield f"id: {odd[n % 3]}\ndata: odd\n\n".encode()
+            await asyncio.sleep(0.01)
+
+    async with HostileServer({"digits": body}) as server:
+        name = "digits-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(
+            name=name,
+            url=server.url("digits"),
+            id_order="natural",
+            contiguous_ids=True,
+            max_id_bytes=2048,
+        )
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def reading() -> None:
+            async def enough() -> bool:
+                return (await newest_row(log, name))[0] >= 80
+
+            await wait_until(enough, timeout=60, what="80 rows", handle=handle)
+
+        await while_watching(log, healthy, reading)
+        status = await status_of(handle)
+        assert status.state == "reading" and status.counters.failures == 0
+        await stop(handle)
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "setting"),
+    [
+        ("long-id", lambda n: f"id: {'x' * 3000}\ndata: x\n\n".encode(), "max_id_bytes"),
+        ("endless", lambda n: b"data: " + b"y" * 65536 + b"\n", "max_event_bytes"),
+    ],
+)
+async def test_an_id_or_event_over_its_limit_parks_only_its_stream(
+    temporal: WorkflowEnvironment,
+    queue: str,
+    log: EventLog,
+    healthy: str,
+    case: str,
+    make: Callable[[int], bytes],
+    setting: str,
+) -> None:
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        yield b"id: 1\ndata: fine\n\n"
+        async for chunk in forever(make, pause=0.0005):
+            yield chunk
+
+    rss_before = resident_mb()
+    async with HostileServer({case: body}) as server:
+        name = f"{case}-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url(case), id_order="natural")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def parked() -> None:
+            async def is_parked() -> bool:
+                return (await status_of(handle)).state == "parked"
+
+            await wait_until(is_parked, timeout=60, what=f"{case} to park", handle=handle)
+
+        await while_watching(log, healthy, parked)
+        status = await status_of(handle)
+        assert status.last_error and setting in status.last_error
+        await stop(handle)
+    assert (await newest_row(log, name))[0] == 1  # the cursor stays before the bad event
+    assert resident_mb() - rss_before < 200, "the worker's memory grew with the bad stream"
+
+
+async def test_ids_out_of_order_are_counted_and_the_stream_reads_on(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        # ULIDs under the natural order: "10AA" sorts after "9ZZZ" as 10 > 9.
+        async for chunk in forever(
+            lambda n: f"id: {n}ZZZ\ndata: a\n\nid: {n - 1}AAA\ndata: b\n\n".encode()
+        ):
+            yield chunk
+
+    async with HostileServer({"order": body}) as server:
+        name = "order-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("order"), id_order="natural")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def reading() -> None:
+            async def enough() -> bool:
+                return (await newest_row(log, name))[0] >= 60
+
+            await wait_until(enough, timeout=60, what="60 rows", handle=handle)
+
+        await while_watching(log, healthy, reading)
+        await handle.signal("pause")  # ends the connection: its counts reach the status
+
+        async def counted() -> bool:
+            return (await status_of(handle)).counters.ids_out_of_order > 0
+
+        await wait_until(counted, timeout=30, what="ids out of order counted", handle=handle)
+        await stop(handle)
+
+
+async def test_an_older_mercure_hub_truncation_header_counts_the_loss(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    """Older hubs send ``Last-Event-ID`` (not ``Mercure-Last-Event-ID``) on the response;
+    unlike the cursor sent, it says the history no longer reaches it."""
+    state = {"connections": 0}
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        state["connections"] += 1
+        start = int(last) if last else 0
+        if state["connections"] > 1:
+            start += 10  # the hub lost ten events: its header says where it resumed
+        for n in range(start + 1, start + 31):
+            yield f"id: {n}\ndata: x\n\n".encode()
+            await asyncio.sleep(0.01)
+
+    async with HostileServer({"hub": body}) as server:
+        server.headers["hub"] = [(b"last-event-id", b"earliest")]
+        name = "hub-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(
+            name=name,
+            url=server.url("hub"),
+            id_order="numeric",
+            mercure_last_event_id=True,
+            contiguous_ids=True,
+        )
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def counted() -> None:
+            async def lost() -> bool:
+                summary = await log.gap_summary(name, "numeric")
+                return summary.totals.unrecoverable >= 1
+
+            await wait_until(lost, timeout=60, what="the lost events counted", handle=handle)
+
+        await while_watching(log, healthy, counted)
+        summary = await log.gap_summary(name, "numeric")
+        assert summary.totals.events_unrecoverable >= 10
+        await stop(handle)
+
+
+def resident_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
