@@ -22,8 +22,10 @@ text; ``bench/drops.py`` measures the worst case at the cap.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import re2
 
@@ -214,6 +216,13 @@ def _count(scanned: bytes) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=512)
+def _compiled(patterns: tuple[str, ...]) -> tuple[Any, ...]:
+    """Compiled once per set of patterns: every connection builds a matcher, and a worker
+    reconnects hundreds of streams a second after a restart."""
+    return tuple(compile_drop_pattern(pattern) for pattern in patterns)
+
+
 class DropNoticeMatcher:
     """Decides whether a comment is a drop notice, from a stream's ``drop_notice`` setting.
 
@@ -229,7 +238,7 @@ class DropNoticeMatcher:
     def __init__(self, patterns: Sequence[str] | None = None) -> None:
         chosen = DEFAULT_DROP_PATTERNS if patterns is None else tuple(patterns)
         self.patterns: tuple[str, ...] = chosen
-        self._compiled = tuple(compile_drop_pattern(pattern) for pattern in chosen)
+        self._compiled = _compiled(chosen)
 
     @property
     def enabled(self) -> bool:

@@ -238,7 +238,7 @@ class World:
 
     # -- the workflow's loop ----------------------------------------------------------
 
-    async def run(self, *, steps: int = 150, quiet_steps: int = 2000) -> None:
+    async def run(self, *, steps: int = 130, quiet_steps: int = 2000) -> None:
         deadline = steps
         phase_steps = 0
         while True:
