@@ -2,13 +2,17 @@
 
 ``read_stream`` is a scripted stand-in (same activity name) that plays ReadResults or
 keeps "reading" (heartbeating) until the workflow cancels it; the checkpoint activities
-are the real ones on a real EventLog (SQLite in tmp_path). The time-skipping server has
-no Schedules, so the two schedule activities are recording stand-ins here (the real ones
-are tested against the dev server in test_checkpoint_workflow.py). The real reader is
-tested end-to-end elsewhere.
+(``stream_gaps``, ``resolve_since``) are the real ones on a real EventLog (SQLite in
+tmp_path), so a scenario can write real gap records that the workflow reads back when a
+connection's result is lost. The time-skipping server has no Schedules, so the two
+schedule activities are recording stand-ins here (the real ones are tested against the
+dev server in test_checkpoint_workflow.py). The real reader is tested end-to-end
+elsewhere.
 
 Time skips only while no activity runs, so scenarios space connections with durable
-timers (``retry_ms``/``retry_after``) and keep real waits to a few seconds.
+timers (``retry_ms``/``retry_after``) and keep real waits to a few seconds. Clock
+differences below are read from the test server's clock (durable timers), never from
+the wall.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,13 +29,17 @@ import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.checkpoint import CheckpointActivities
 from durable_sse.binaries import temporal_test_server
 from durable_sse.contracts import (
+    RECORDED_GAP,
+    DropReport,
     Outcome,
+    ReadCounts,
     ReadInput,
     ReadResult,
     ReplaySignal,
@@ -41,12 +49,15 @@ from durable_sse.contracts import (
     StreamStatus,
 )
 from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.gaps import Gap, GapChange, GapSummary, GapTotals, GapView
+from durable_sse.metrics import WorkflowMetrics
 from durable_sse.spec import StreamSpec
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamState, StreamWorkflow
 
 POLL_LIMIT = 30.0
 """Safety bound on polling a query (a hang guard, not a timing assertion)."""
+SEEN_AT = "2026-01-01T00:00:00+00:00"
 
 
 @dataclass
@@ -58,14 +69,16 @@ class Step:
     hold: bool = False
     """Keep reading (heartbeating) until cancelled."""
     cancelled: ReadResult | None = None
-    """Returned when cancelled while holding (default: a bare CANCELLED result)."""
+    """Returned when cancelled while holding (default: a bare CANCELLED result, no gaps)."""
     reraise: bool = False
-    """Re-raise the cancellation instead of returning a result."""
+    """Re-raise the cancellation instead of returning a result (the result is lost)."""
     error: ApplicationError | None = None
     signal: str | None = None
     signal_arg: Any = None
     probe: Callable[[ReadInput], Awaitable[None]] | None = None
-    """Runs inside the activity first (inspect the stores mid-scenario)."""
+    """Runs inside the activity first (inspect or write the stores mid-scenario)."""
+    store_gaps: bool = False
+    """Fill the returned result's ``gaps`` from the event log, as the real reader does."""
 
 
 STOP = Step(hold=True, signal="stop")
@@ -75,6 +88,7 @@ STOP = Step(hold=True, signal="stop")
 class Script:
     client: Client
     steps: list[Step]
+    event_log: EventLog
     inputs: list[ReadInput] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
     env: WorkflowEnvironment | None = None
@@ -97,7 +111,7 @@ class Script:
             raise step.error
         if not step.hold:
             assert step.result is not None
-            return step.result
+            return await self._finish(step, step.result, input)
         try:
             while True:
                 activity.heartbeat()
@@ -105,7 +119,14 @@ class Script:
         except asyncio.CancelledError:
             if step.reraise:
                 raise
-            return step.cancelled or ReadResult(outcome=Outcome.CANCELLED, start_cursor=None)
+            result = step.cancelled or ReadResult(outcome=Outcome.CANCELLED)
+            return await self._finish(step, result, input)
+
+    async def _finish(self, step: Step, result: ReadResult, input: ReadInput) -> ReadResult:
+        if not step.store_gaps:
+            return result
+        gaps = await self.event_log.gap_summary(input.spec.name, input.spec.id_order)
+        return replace(result, gaps=gaps)
 
 
 @dataclass
@@ -114,10 +135,14 @@ class ScheduleStandIn:
 
     ensured: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    fail_ensure: bool = False
+    """Every ``ensure_checkpoint_schedule`` attempt fails (a store that is down for good)."""
 
     @activity.defn(name="ensure_checkpoint_schedule")
     async def ensure(self, input: ScheduleInput) -> None:
         self.ensured.append(input.spec.name)
+        if self.fail_ensure:
+            raise RuntimeError("the schedule store is down")
 
     @activity.defn(name="delete_checkpoint_schedule")
     async def delete(self, input: StreamRef) -> None:
@@ -134,11 +159,23 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
+def metrics() -> MetricBuffer:
+    """Every metric the module's workers record (drained before each test)."""
+    return MetricBuffer(1_000_000)
+
+
+@pytest.fixture(scope="module")
+async def env(metrics: MetricBuffer) -> AsyncIterator[WorkflowEnvironment]:
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=metrics))
     async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=temporal_test_server()
+        test_server_existing_path=temporal_test_server(), runtime=runtime
     ) as environment:
         yield environment
+
+
+@pytest.fixture(autouse=True)
+def drain_metrics(metrics: MetricBuffer) -> None:
+    metrics.retrieve_updates()
 
 
 @pytest.fixture
@@ -168,12 +205,14 @@ async def run_stream(
     state: StreamState | None = None,
     raw_input: dict[str, Any] | None = None,
     raw_args: list[Any] | None = None,
+    workflow_id: str | None = None,
+    schedules: ScheduleStandIn | None = None,
     during: Callable[[WorkflowHandle], Awaitable[None]] | None = None,
 ) -> Run:
     """Run a stream workflow over a script until it stops; return its final status."""
     spec = spec or new_spec()
-    script = Script(env.client, list(steps), env=env)
-    schedules = ScheduleStandIn()
+    script = Script(env.client, list(steps), event_log, env=env)
+    schedules = schedules or ScheduleStandIn()
     queue = f"tq-{uuid.uuid4().hex}"
     activities = [
         script.read_stream,
@@ -198,7 +237,7 @@ async def run_stream(
         handle = await env.client.start_workflow(
             "StreamWorkflow",
             args=args,
-            id=f"sse-stream:{spec.name}",
+            id=workflow_id or f"sse-stream:{spec.name}",
             task_queue=queue,
             result_type=StreamStatus,
         )
@@ -222,6 +261,12 @@ async def wait_for(
         await asyncio.sleep(0.05)
 
 
+async def details_of(handle: WorkflowHandle) -> str:
+    """The Web UI's current details (markdown)."""
+    metadata = await handle.query("__temporal_workflow_metadata")
+    return str(metadata.current_details)
+
+
 async def persist(event_log: EventLog, stream: str, ids: range, received_at: datetime) -> None:
     records = [
         EventRecord(
@@ -236,11 +281,82 @@ async def persist(event_log: EventLog, stream: str, ids: range, received_at: dat
     await event_log.insert_batch(stream, "numeric", records)
 
 
+async def write_gaps(event_log: EventLog, stream: str, *changes: GapChange) -> None:
+    """Commit gap changes alone, the way the reader commits them with a batch."""
+    await event_log.committed(event_log.submit_batch(stream, "numeric", [], gap_changes=changes))
+
+
+def opened(stream: str, gap_id: str, *, start: str, notice: str, end: str | None) -> GapChange:
+    gap = Gap(
+        gap_id=gap_id,
+        stream=stream,
+        kind="comment",
+        start_id=start,
+        end_id=end,
+        notice_id=notice,
+        seen_at=datetime.now(UTC).isoformat(),
+        detail="dropping events",
+    )
+    return GapChange(gap_id, opened=gap)
+
+
+def view(gap_id: str, start: str, *, end: str | None = None, resume: str | None = None) -> GapView:
+    return GapView(
+        gap_id=gap_id,
+        kind="comment",
+        start_id=start,
+        end_id=end,
+        resume_from=resume or start,
+        announced=None,
+        seen_at=SEEN_AT,
+    )
+
+
+def gaps(*open_gaps: GapView, **totals: int) -> GapSummary:
+    """A gap summary as the reader returns it: these gaps open, and these totals."""
+    return GapSummary(open=list(open_gaps), totals=GapTotals(open=len(open_gaps), **totals))
+
+
+def counts(events: int, new: int | None = None) -> ReadCounts:
+    return ReadCounts(events_read=events, new_rows=events if new is None else new)
+
+
+COMMENT = DropReport(kind="comment", detail="dropping events")
+
+
 def routes(run: Run) -> list[tuple[Route, str | None]]:
     return [(Route(i.route), i.start_id) for i in run.script.inputs]
 
 
-# --- scenarios ---------------------------------------------------------------------------
+async def activity_types(handle: WorkflowHandle) -> list[str]:
+    """Every activity the run scheduled, in order."""
+    history = await handle.fetch_history()
+    return [
+        event.activity_task_scheduled_event_attributes.activity_type.name
+        for event in history.events
+        if event.HasField("activity_task_scheduled_event_attributes")
+    ]
+
+
+async def timers(handle: WorkflowHandle) -> list[float]:
+    """Every durable timer the run started, in seconds."""
+    history = await handle.fetch_history()
+    return [
+        event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
+        for event in history.events
+        if event.HasField("timer_started_event_attributes")
+    ]
+
+
+def metric_total(buffer: MetricBuffer, name: str, stream: str) -> float:
+    return sum(
+        update.value
+        for update in buffer.retrieve_updates()
+        if update.metric.name == name and update.attributes.get("stream") == stream
+    )
+
+
+# --- routes: repairs, throttle, replays ---------------------------------------------------
 
 
 async def test_stop_completes_and_deletes_the_schedule(
@@ -252,42 +368,76 @@ async def test_stop_completes_and_deletes_the_schedule(
     assert run.schedules.ensured == [run.spec.name]
     assert run.schedules.deleted == [run.spec.name]
     assert routes(run) == [(Route.LIVE, None)]
+    # A fresh stream reads its gaps from the store before its first connection.
+    assert await activity_types(run.handle) == [
+        "ensure_checkpoint_schedule",
+        "stream_gaps",
+        "read_stream",
+        # The stop's CANCELLED result carried no gaps, but a stopping workflow reads no
+        # more: it ends.
+        "delete_checkpoint_schedule",
+    ]
 
 
-async def test_throttle_defers_the_second_drop_signal_and_then_takes_it(
+async def test_drop_signal_repairs_and_a_second_drop_inside_the_interval_is_throttled(
     env: WorkflowEnvironment, event_log: EventLog
 ) -> None:
     observed: list[StreamStatus] = []
+    details: list[str] = []
 
     async def look(_: ReadInput) -> None:
         handle = env.client.get_workflow_handle(f"sse-stream:{spec.name}")
         observed.append(await handle.query(StreamWorkflow.status))
+        details.append(await details_of(handle))
 
     spec = new_spec()  # lagged_reconnect_interval = 60 s
+    g1, g2 = view("g1", "4", end="11"), view("g2", "15", end="21")
     steps = [
-        Step(result=ReadResult(Outcome.DROP_SIGNAL, last_cursor="10", drop_position="10")),
         Step(
             result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="5",
-                last_cursor="12",
-                events_read=7,
-                passed_fence=True,
-                retry_ms=10_000,
+                Outcome.DROP_SIGNAL,
+                last_cursor="10",
+                counts=counts(10),
+                drop=COMMENT,
+                gaps=gaps(g1),
             )
         ),
-        # 10 s after the first drop signal: a second one, inside the interval.
-        Step(result=ReadResult(Outcome.DROP_SIGNAL, last_cursor="20", drop_position="20")),
-        Step(result=ReadResult(Outcome.DROPPED, last_cursor="25", events_read=5, retry_ms=48_000)),
-        # Live, until the interval allows the deferred lagged reconnect (~2 s real).
-        Step(hold=True, probe=look, cancelled=ReadResult(Outcome.CANCELLED, last_cursor="26")),
+        # The repair: re-reads g1, which the store now shows repaired.
         Step(
             result=ReadResult(
                 Outcome.DROPPED,
-                start_cursor="12",
+                start_cursor="3",
+                last_cursor="12",
+                counts=counts(9, new=2),
+                gaps=gaps(repaired=1),
+                retry_ms=58_000,
+            )
+        ),
+        # 58 s after the repair started: a second drop signal, inside the interval.
+        Step(
+            result=ReadResult(
+                Outcome.DROP_SIGNAL,
+                last_cursor="20",
+                counts=counts(8),
+                drop=COMMENT,
+                gaps=gaps(g2, repaired=1),
+            )
+        ),
+        # Live, until the interval allows the next lagged reconnect (~2 s real).
+        Step(
+            hold=True,
+            probe=look,
+            cancelled=ReadResult(
+                Outcome.CANCELLED, last_cursor="26", counts=counts(6), gaps=gaps(g2, repaired=1)
+            ),
+        ),
+        Step(
+            result=ReadResult(
+                Outcome.DROPPED,
+                start_cursor="14",
                 last_cursor="30",
-                events_read=18,
-                passed_fence=True,
+                counts=counts(16, new=4),
+                gaps=gaps(repaired=2),
             )
         ),
     ]
@@ -297,111 +447,477 @@ async def test_throttle_defers_the_second_drop_signal_and_then_takes_it(
         Route.LIVE,
         Route.LAGGED,
         Route.LIVE,
-        Route.LIVE,
-        Route.LIVE,
+        Route.LIVE,  # throttled: the drop signal came 58 s after the last lagged reconnect
         Route.LAGGED,
         Route.LIVE,
     ]
+    assert [i.known_gaps for i in run.script.inputs] == [[], ["g1"], [], ["g2"], ["g2"], []]
     times = run.script.times
-    assert times[2] - times[1] >= timedelta(seconds=10)
-    assert times[5] - times[1] >= timedelta(seconds=60)  # at most one per interval
-    assert observed[0].pending_lagged and observed[0].fence_id == "20"
-    assert run.script.inputs[5].fence_id == "20"
+    assert times[4] - times[1] >= timedelta(seconds=60)  # at most one per interval
+    # While throttled the status says a repair is pending, and which gap it is for.
+    assert observed[0].repair_pending and observed[0].route == "live"
+    assert [g.gap_id for g in observed[0].open_gaps] == ["g2"]
+    assert observed[0].counters.gaps_open == 1 and observed[0].counters.gaps_repaired == 1
+    assert "repair pending" in details[0] and "open gap after `15` before `21`" in details[0]
     c = run.status.counters
-    assert (c.drop_signals, c.lagged_replays, c.gaps_unrecoverable) == (2, 2, 0)
-    assert not run.status.pending_lagged and run.status.fence_id is None
+    assert (c.drop_signals, c.lagged_replays, c.explicit_replays) == (2, 2, 0)
+    assert (c.gaps_open, c.gaps_repaired, c.gaps_unrecoverable) == (0, 2, 0)
+    assert not run.status.repair_pending and run.status.open_gaps == []
     assert run.status.live_cursor == "30"
 
 
-async def test_fence_holds_during_a_replay_and_an_interrupted_replay_resumes(
+async def test_a_repair_cut_short_resumes_at_once_and_the_gap_holds_the_checkpoint(
     env: WorkflowEnvironment, event_log: EventLog
 ) -> None:
+    """Real gap records: the lagging id stays at the open gap's resume point while the
+    repair runs, a disconnect resumes the repair at once (no new lagged reconnect, no
+    throttle), and the checkpoint moves on once the gap is closed."""
     spec = new_spec()
+    name = spec.name
     now = datetime.now(UTC)
-    await persist(event_log, spec.name, range(1, 6), now - timedelta(hours=2))
-    await persist(event_log, spec.name, range(6, 11), now - timedelta(minutes=1))
-    first = await event_log.advance_lagging(spec.name, "numeric", window=3600, now=now)
-    assert first.lagging_id == "5"
-    probes: list[tuple[str | None, str | None, bool]] = []
+    await persist(event_log, name, range(1, 6), now - timedelta(hours=2))
+    await persist(event_log, name, range(6, 8), now - timedelta(minutes=1))
+    assert (
+        await event_log.advance_lagging(name, "numeric", window=3600, now=now)
+    ).lagging_id == "5"
+    checkpoints: list[tuple[str | None, bool]] = []
 
-    async def fence_holds(_: ReadInput) -> None:
-        checkpoint = await event_log.get_checkpoint(spec.name)
-        advance = await event_log.advance_lagging(
-            spec.name, "numeric", window=0, now=datetime.now(UTC)
-        )
-        probes.append(
-            (checkpoint.fence_id if checkpoint else None, advance.lagging_id, advance.held_by_fence)
-        )
+    async def checkpoint() -> None:
+        advance = await event_log.advance_lagging(name, "numeric", window=0, now=datetime.now(UTC))
+        checkpoints.append((advance.lagging_id, advance.held_by_gap))
+
+    async def drop_notice(_: ReadInput) -> None:
+        # Read 6, 7; the notice; then 11, 12: the gap lies after 5 and before 11.
+        await write_gaps(event_log, name, opened(name, "g1", start="5", notice="7", end="11"))
+        await persist(event_log, name, range(11, 13), datetime.now(UTC))
+
+    async def repair_cut(_: ReadInput) -> None:
+        await checkpoint()
+        await persist(event_log, name, range(8, 9), datetime.now(UTC))
+        await write_gaps(event_log, name, GapChange("g1", reread_to="8"))
+
+    async def repair_done(_: ReadInput) -> None:
+        await checkpoint()
+        await persist(event_log, name, range(9, 11), datetime.now(UTC))
+        await write_gaps(event_log, name, GapChange("g1", close=True))
+
+    async def live_again(_: ReadInput) -> None:
+        await checkpoint()
 
     steps = [
         Step(
+            probe=drop_notice,
+            store_gaps=True,
             result=ReadResult(
-                Outcome.DROP_SIGNAL,
-                last_cursor="10",
-                drop_position="10",
-                events_read=5,
-                new_rows=5,
-                dropped_estimate=3,
-            )
-        ),
-        Step(
-            probe=fence_holds,
-            result=ReadResult(
-                Outcome.DROPPED, start_cursor="5", last_cursor="7", events_read=2, recovered_rows=2
+                Outcome.DROP_SIGNAL, last_cursor="12", counts=counts(4), drop=COMMENT
             ),
         ),
         Step(
-            probe=fence_holds,
+            probe=repair_cut,
+            store_gaps=True,
             result=ReadResult(
-                Outcome.ROTATED,
-                start_cursor="7",
-                last_cursor="12",
-                events_read=5,
-                new_rows=3,
-                recovered_rows=1,
-                passed_fence=True,
+                Outcome.DROPPED,
+                start_cursor="4",
+                last_cursor="8",
+                counts=counts(4, new=1),
+                error="connection reset",
             ),
         ),
-        Step(probe=fence_holds, hold=True, signal="stop"),
+        Step(
+            probe=repair_done,
+            store_gaps=True,
+            result=ReadResult(
+                Outcome.ROTATED, start_cursor="7", last_cursor="12", counts=counts(5, new=2)
+            ),
+        ),
+        Step(probe=live_again, hold=True, signal="stop"),
     ]
     run = await run_stream(env, event_log, steps, spec=spec)
 
     assert routes(run) == [
         (Route.LIVE, None),
         (Route.LAGGED, None),
-        (Route.EXPLICIT, "7"),  # resumes the replay's progress, not the live cursor "10"
+        (Route.LAGGED, None),  # the cut repair resumes on the lagged route, at once
         (Route.LIVE, None),
     ]
-    assert [i.fence_id for i in run.script.inputs] == [None, "10", "10", None]
-    assert probes[0] == ("10", "5", True)
-    assert probes[1] == ("10", "5", True)
-    assert probes[2][0] is None and probes[2][1] == "10"  # cleared, so the checkpoint moves
+    assert [i.known_gaps for i in run.script.inputs] == [[], ["g1"], ["g1"], []]
+    assert checkpoints == [("5", True), ("8", True), ("12", False)]
     c = run.status.counters
-    assert (c.drop_signals, c.lagged_replays, c.events_recovered) == (1, 1, 3)
-    assert c.events_persisted == 8 and c.gaps_unrecoverable == 0
-    assert run.status.fence_id is None and run.status.live_cursor == "12"
+    assert (c.drop_signals, c.lagged_replays) == (1, 1)  # the resumed repair is not new
+    assert (c.gaps_open, c.gaps_repaired, c.gaps_unrecoverable) == (0, 1, 0)
+    assert c.events_persisted == 7 and c.failures == 0
+    assert run.status.open_gaps == [] and run.status.live_cursor == "12"
+    assert run.status.last_error == "connection reset"  # the last error seen stays visible
+    (record,) = await event_log.gaps(name)
+    assert (record.state, record.missing) == ("repaired", 0)
 
 
-async def test_unreachable_gap_is_counted_and_the_fence_cleared(
+async def test_a_result_lost_to_a_cancel_is_made_good_from_the_store(
     env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    """The reader recorded a gap, then its result was lost (the cancellation was
+    re-raised): the workflow reads ``stream_gaps`` before planning, shows the gap, and
+    repairs it on resume."""
+    spec = new_spec()
+    name = spec.name
+    paused: list[StreamStatus] = []
+
+    async def gap_then_lost(_: ReadInput) -> None:
+        await write_gaps(event_log, name, opened(name, "g1", start="3", notice="9", end="12"))
+
+    async def repair(_: ReadInput) -> None:
+        await write_gaps(event_log, name, GapChange("g1", close=True))
+
+    async def resume_when_paused(handle: WorkflowHandle) -> None:
+        # Paused, once the lost result was made good: the gap the store holds is shown.
+        paused.append(await wait_for(handle, lambda s: s.state == "paused" and s.open_gaps))
+        await handle.signal(StreamWorkflow.resume)
+
+    steps = [
+        Step(hold=True, probe=gap_then_lost, signal="pause", reraise=True),
+        Step(
+            probe=repair,
+            store_gaps=True,
+            result=ReadResult(
+                Outcome.DROPPED, start_cursor="2", last_cursor="12", counts=counts(10, new=2)
+            ),
+        ),
+    ]
+    run = await run_stream(env, event_log, steps, spec=spec, during=resume_when_paused)
+
+    status = paused[0]
+    assert [g.gap_id for g in status.open_gaps] == ["g1"]
+    assert (status.open_gaps[0].start_id, status.open_gaps[0].end_id) == ("3", "12")
+    assert status.repair_pending and status.counters.gaps_open == 1
+    assert status.last_outcome == "cancelled"
+    assert routes(run) == [(Route.LIVE, None), (Route.LAGGED, None), (Route.LIVE, None)]
+    assert run.script.inputs[1].known_gaps == ["g1"]
+    types = await activity_types(run.handle)
+    reads = [i for i, name in enumerate(types) if name == "read_stream"]
+    assert types[reads[0] + 1] == "stream_gaps"  # read before the next connection is planned
+    c = run.status.counters
+    assert (c.drop_signals, c.lagged_replays, c.gaps_repaired, c.gaps_open) == (0, 1, 1, 0)
+
+
+async def test_a_recorded_gap_the_workflow_did_not_know_starts_the_repair(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    """A live connection that finds an open gap not in ``known_gaps`` (its result was
+    lost earlier) ends with a RECORDED drop: repaired, not counted as a new drop signal."""
+    recorded = DropReport(kind=RECORDED_GAP, detail="open gap g7")
+    steps = [
+        Step(
+            result=ReadResult(
+                Outcome.DROP_SIGNAL,
+                start_cursor="40",
+                last_cursor="40",
+                drop=recorded,
+                gaps=gaps(view("g7", "20", end="31")),
+            )
+        ),
+        Step(
+            result=ReadResult(
+                Outcome.DROPPED, last_cursor="45", counts=counts(25, new=10), gaps=gaps(repaired=1)
+            )
+        ),
+    ]
+    run = await run_stream(env, event_log, steps)
+    assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LAGGED, Route.LIVE]
+    assert run.script.inputs[1].known_gaps == ["g7"]
+    c = run.status.counters
+    assert (c.drop_signals, c.lagged_replays, c.gaps_repaired) == (0, 1, 1)
+
+
+async def test_an_explicit_replay_past_an_open_gap_yields_to_the_repair(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    """``replay(from_id)`` starting past an open gap does not re-read it, so it does not
+    claim the repair: once the interval allows, the repair interrupts it, and the replay
+    then resumes from its own progress."""
+    spec = new_spec(lagged_reconnect_interval=1.0)
+    g1 = view("g1", "3")
+    steps = [
+        Step(
+            result=ReadResult(
+                Outcome.DROP_SIGNAL,
+                last_cursor="10",
+                counts=counts(10),
+                drop=COMMENT,
+                gaps=gaps(g1),
+            )
+        ),
+        # The repair, interrupted by the replay signal.
+        Step(
+            hold=True,
+            signal="replay",
+            signal_arg=ReplaySignal(from_id="8"),
+            cancelled=ReadResult(
+                Outcome.CANCELLED,
+                start_cursor="2",
+                last_cursor="5",
+                counts=counts(3, new=0),
+                gaps=gaps(view("g1", "3", resume="5")),
+            ),
+        ),
+        # The replay from 8, interrupted when the interval allows the repair.
+        Step(
+            hold=True,
+            cancelled=ReadResult(
+                Outcome.CANCELLED,
+                start_cursor="8",
+                last_cursor="9",
+                counts=counts(1, new=0),
+                gaps=gaps(view("g1", "3", resume="5")),
+            ),
+        ),
+        Step(
+            result=ReadResult(
+                Outcome.DROPPED,
+                start_cursor="4",
+                last_cursor="10",
+                counts=counts(6, new=2),
+                gaps=gaps(repaired=1),
+            )
+        ),
+        Step(
+            result=ReadResult(
+                Outcome.ROTATED,
+                start_cursor="9",
+                last_cursor="11",
+                counts=counts(2, new=1),
+                gaps=gaps(repaired=1),
+            )
+        ),
+    ]
+    run = await run_stream(env, event_log, steps, spec=spec)
+    assert routes(run) == [
+        (Route.LIVE, None),
+        (Route.LAGGED, None),
+        (Route.EXPLICIT, "8"),
+        (Route.LAGGED, None),
+        (Route.EXPLICIT, "9"),  # the replay resumes from its progress, up to its target
+        (Route.LIVE, None),
+    ]
+    c = run.status.counters
+    assert (c.explicit_replays, c.lagged_replays, c.gaps_repaired) == (1, 2, 1)
+    assert run.status.live_cursor == "11" and run.status.open_gaps == []
+
+
+async def test_replay_signal_variants(env: WorkflowEnvironment, event_log: EventLog) -> None:
+    spec = new_spec()
+    now = datetime.now(UTC)
+    await persist(event_log, spec.name, range(1, 6), now - timedelta(hours=2))
+    await persist(event_log, spec.name, range(6, 11), now - timedelta(minutes=10))
+    since = (now - timedelta(hours=1)).isoformat()
+    read_ten = ReadResult(Outcome.CANCELLED, last_cursor="10", counts=counts(10), gaps=gaps())
+
+    steps = [
+        # replay with no arguments: the lagged route, up to the live cursor
+        Step(hold=True, signal="replay", cancelled=read_ten),
+        Step(
+            result=ReadResult(
+                Outcome.DROPPED,
+                start_cursor="3",
+                last_cursor="10",
+                counts=counts(7, new=0),
+                gaps=gaps(),
+            )
+        ),
+        # from_id, with a reader that re-raises the cancellation (ActivityError path)
+        Step(hold=True, signal="replay", signal_arg=ReplaySignal(from_id="4"), reraise=True),
+        Step(
+            result=ReadResult(
+                Outcome.DROPPED, start_cursor="4", last_cursor="7", counts=counts(3, new=0)
+            )
+        ),
+        Step(
+            result=ReadResult(
+                Outcome.ROTATED, start_cursor="7", last_cursor="10", counts=counts(3, new=0)
+            )
+        ),
+        # since: resolved to the newest id persisted at or before it
+        Step(hold=True, signal="replay", signal_arg=ReplaySignal(since=since)),
+        Step(
+            result=ReadResult(
+                Outcome.DROPPED, start_cursor="5", last_cursor="10", counts=counts(5, new=0)
+            )
+        ),
+    ]
+    run = await run_stream(env, event_log, steps, spec=spec)
+    assert routes(run) == [
+        (Route.LIVE, None),
+        (Route.LAGGED, None),
+        (Route.LIVE, None),
+        (Route.EXPLICIT, "4"),
+        (Route.EXPLICIT, "7"),  # a replay cut short resumes from its progress
+        (Route.LIVE, None),
+        (Route.EXPLICIT, "5"),
+        (Route.LIVE, None),
+    ]
+    c = run.status.counters
+    assert (c.lagged_replays, c.explicit_replays, c.drop_signals) == (1, 2, 0)
+    assert run.status.open_gaps == [] and run.status.live_cursor == "10"
+
+
+# --- unrecoverable gaps, status, details ----------------------------------------------------
+
+
+async def test_unrecoverable_gap_is_counted_and_exported_as_metrics(
+    env: WorkflowEnvironment, event_log: EventLog, metrics: MetricBuffer
 ) -> None:
     steps = [
         Step(
             result=ReadResult(
-                Outcome.DROP_SIGNAL, last_cursor="10", drop_position="10", dropped_estimate=7
+                Outcome.DROP_SIGNAL,
+                last_cursor="10",
+                counts=counts(10),
+                drop=COMMENT,
+                gaps=gaps(view("g1", "2", end="11")),
             )
         ),
+        # The history no longer reaches the gap: the store closed it, 7 events lost.
         Step(
-            result=ReadResult(Outcome.DROPPED, start_cursor=None, last_cursor="15", events_read=5)
+            result=ReadResult(
+                Outcome.DROPPED,
+                start_cursor="1",
+                last_cursor="15",
+                counts=counts(5),
+                gaps=gaps(unrecoverable=1, events_unrecoverable=7),
+            )
         ),
     ]
     run = await run_stream(env, event_log, steps)
     c = run.status.counters
-    assert (c.gaps_unrecoverable, c.events_unrecoverable) == (1, 7)
-    checkpoint = await event_log.get_checkpoint(run.spec.name)
-    assert checkpoint is not None and checkpoint.fence_id is None
-    assert run.status.fence_id is None
+    assert (c.gaps_unrecoverable, c.events_unrecoverable, c.gaps_open) == (1, 7, 0)
     assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LAGGED, Route.LIVE]
+    assert run.status.open_gaps == []
+    updates = list(metrics.retrieve_updates())
+    by_name = {
+        name: sum(
+            u.value
+            for u in updates
+            if u.metric.name == name and u.attributes.get("stream") == run.spec.name
+        )
+        for name in (
+            "durable_sse_gaps_unrecoverable",
+            "durable_sse_events_unrecoverable",
+            "durable_sse_lagged_replays",
+        )
+    }
+    assert by_name == {
+        "durable_sse_gaps_unrecoverable": 1,
+        "durable_sse_events_unrecoverable": 7,
+        "durable_sse_lagged_replays": 1,
+    }
+
+
+def test_workflow_metrics_export_unrecoverable_gaps() -> None:
+    """``gaps_unrecoverable`` is a metric of its own, so alerts can see it."""
+    buffer = MetricBuffer(1000)
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=buffer))
+    recorded = WorkflowMetrics(runtime.metric_meter, "s1")
+    recorded.gaps_unrecoverable.add(2)
+    recorded.events_unrecoverable.add(9)
+    updates = list(buffer.retrieve_updates())
+    assert {(u.metric.name, u.attributes["stream"], u.value) for u in updates} == {
+        ("durable_sse_gaps_unrecoverable", "s1", 2),
+        ("durable_sse_events_unrecoverable", "s1", 9),
+    }
+
+
+async def test_status_shows_open_gaps_counters_and_details(
+    env: WorkflowEnvironment, event_log: EventLog, metrics: MetricBuffer
+) -> None:
+    seen: list[tuple[StreamStatus, str]] = []
+
+    async def look_then_stop(handle: WorkflowHandle) -> None:
+        status = await wait_for(handle, lambda s: s.route == "lagged" and s.state == "reading")
+        seen.append((status, await details_of(handle)))
+        await handle.signal(StreamWorkflow.pause)
+        # Paused, and the cancelled connection's result folded in.
+        status = await wait_for(
+            handle, lambda s: s.state == "paused" and s.last_outcome == "cancelled"
+        )
+        seen.append((status, await details_of(handle)))
+        await handle.signal(StreamWorkflow.stop)
+
+    steps = [
+        Step(
+            result=ReadResult(
+                Outcome.DROP_SIGNAL,
+                last_cursor="10",
+                counts=counts(10),
+                drop=COMMENT,
+                gaps=gaps(
+                    view("g1", "5"),  # its end is not known yet
+                    repaired=3,
+                    unrecoverable=2,
+                    events_unrecoverable=7,
+                    unknown_size=1,
+                    events_recovered=12,
+                ),
+            )
+        ),
+        Step(
+            hold=True,
+            cancelled=ReadResult(
+                Outcome.CANCELLED,
+                start_cursor="4",
+                last_cursor="8",
+                counts=counts(4, new=0),
+                gaps=gaps(
+                    view("g1", "5", resume="8"),
+                    repaired=3,
+                    unrecoverable=3,
+                    events_unrecoverable=9,
+                    unknown_size=1,
+                    events_recovered=14,
+                ),
+            ),
+        ),
+    ]
+    spec = new_spec()
+    run = await run_stream(env, event_log, steps, spec=spec, during=look_then_stop)
+
+    (repairing, repairing_details), (paused, paused_details) = seen
+    # Repairing: the gap is open, its repair is running (not pending).
+    assert [g.gap_id for g in repairing.open_gaps] == ["g1"]
+    assert repairing.open_gaps[0].end_id is None and not repairing.repair_pending
+    c = repairing.counters
+    assert (c.gaps_open, c.gaps_repaired, c.gaps_unrecoverable) == (1, 3, 2)
+    assert (c.events_unrecoverable, c.gaps_unknown_size, c.events_recovered) == (7, 1, 12)
+    assert "route: lagged · live: `10` · lagging: `-`" in repairing_details
+    assert "open gap after `5` before `-`" in repairing_details
+    assert "repair resumes after `5`" in repairing_details
+    assert "unrecoverable 2 (7 events, 1 of unknown size)" in repairing_details
+    assert "None" not in repairing_details
+    # Paused with the gap still open: the repair waits.
+    assert paused.repair_pending and paused.open_gaps[0].resume_from == "8"
+    c = paused.counters
+    assert (c.gaps_unrecoverable, c.events_unrecoverable, c.events_recovered) == (3, 9, 14)
+    assert "repair pending" in paused_details and "repair resumes after `8`" in paused_details
+    assert "None" not in paused_details
+    assert run.status.state == "stopped" and run.status.counters.gaps_open == 1
+    assert metric_total(metrics, "durable_sse_gaps_unrecoverable", spec.name) == 3
+
+
+async def test_details_render_none_as_a_dash_before_the_first_connection(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    seen: list[str] = []
+
+    async def look_then_stop(handle: WorkflowHandle) -> None:
+        await wait_for(handle, lambda s: s.state == "reading")
+        seen.append(await details_of(handle))
+        await handle.signal(StreamWorkflow.stop)
+
+    run = await run_stream(env, event_log, [Step(hold=True)], during=look_then_stop)
+    assert f"**{run.spec.name}**: reading" in seen[0]
+    assert "route: live · live: `-` · lagging: `-`" in seen[0]
+    assert "None" not in seen[0]
+
+
+# --- states: refusals, 204, backoff, pause, stop ---------------------------------------------
 
 
 async def test_no_content_stops_until_resumed(
@@ -455,76 +971,45 @@ async def test_invalid_spec_parks_and_stop_completes(
     assert run.status.state == "stopped"
 
 
+async def test_a_workflow_whose_id_names_another_stream_parks_and_touches_nothing(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    seen: list[StreamStatus] = []
+
+    async def stop_when_parked(handle: WorkflowHandle) -> None:
+        seen.append(await wait_for(handle, lambda s: s.state == "parked"))
+        await handle.signal(StreamWorkflow.resume)  # cannot help: still parked
+        seen.append(await handle.query(StreamWorkflow.status))
+        await handle.signal(StreamWorkflow.stop)
+
+    spec = new_spec()
+    other = f"sse-stream:other-{uuid.uuid4().hex[:8]}"
+    run = await run_stream(
+        env, event_log, [], spec=spec, workflow_id=other, during=stop_when_parked
+    )
+    assert "is not the owner of stream" in (seen[0].last_error or "")
+    assert seen[1].state == "parked"
+    assert run.status.state == "stopped"
+    # Nothing of the stream was touched: no activity at all (no schedule, no store read).
+    assert await activity_types(run.handle) == []
+    assert run.script.inputs == [] and run.schedules.ensured == run.schedules.deleted == []
+    assert await event_log.get_checkpoint(spec.name) is None
+
+
 async def test_retry_later_waits_with_backoff(
     env: WorkflowEnvironment, event_log: EventLog
 ) -> None:
     steps = [
         Step(result=ReadResult(Outcome.RETRY_LATER, status_code=429, retry_after=30.0)),
-        Step(result=ReadResult(Outcome.RETRY_LATER, status_code=503)),
+        Step(result=ReadResult(Outcome.RETRY_LATER, status_code=503, error="HTTP 503")),
     ]
     run = await run_stream(env, event_log, steps)
-    times = run.script.times
-    assert times[1] - times[0] >= timedelta(seconds=30)
-    assert times[2] - times[1] >= timedelta(seconds=1)  # two failures: at least half of 2 s
+    # (the last timer bounds the schedule's deletion as the stream stops)
+    first, second, _ = await timers(run.handle)
+    assert first == pytest.approx(30.0, abs=0.01)  # the server's Retry-After
+    assert 1.0 <= second < 2.0  # two failures in a row: half to all of 2 s
     assert run.status.counters.failures == 2
-
-
-async def test_replay_signal_variants(env: WorkflowEnvironment, event_log: EventLog) -> None:
-    spec = new_spec()
-    now = datetime.now(UTC)
-    await persist(event_log, spec.name, range(1, 6), now - timedelta(hours=2))
-    await persist(event_log, spec.name, range(6, 11), now - timedelta(minutes=10))
-    since = (now - timedelta(hours=1)).isoformat()
-    read_ten = ReadResult(Outcome.CANCELLED, last_cursor="10", events_read=10, new_rows=10)
-
-    steps = [
-        # replay with no arguments: lagged route fenced at the live cursor
-        Step(hold=True, signal="replay", cancelled=read_ten),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="3",
-                last_cursor="10",
-                events_read=7,
-                passed_fence=True,
-            )
-        ),
-        # from_id, with a reader that re-raises the cancellation (ActivityError path)
-        Step(hold=True, signal="replay", signal_arg=ReplaySignal(from_id="4"), reraise=True),
-        Step(
-            result=ReadResult(
-                Outcome.ROTATED,
-                start_cursor="4",
-                last_cursor="10",
-                events_read=6,
-                passed_fence=True,
-            )
-        ),
-        # since: resolved to the newest id persisted at or before it
-        Step(hold=True, signal="replay", signal_arg=ReplaySignal(since=since)),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="5",
-                last_cursor="10",
-                events_read=5,
-                passed_fence=True,
-            )
-        ),
-    ]
-    run = await run_stream(env, event_log, steps, spec=spec)
-    assert routes(run) == [
-        (Route.LIVE, None),
-        (Route.LAGGED, None),
-        (Route.LIVE, None),
-        (Route.EXPLICIT, "4"),
-        (Route.LIVE, None),
-        (Route.EXPLICIT, "5"),
-        (Route.LIVE, None),
-    ]
-    assert [i.fence_id for i in run.script.inputs] == [None, "10", None, "10", None, "10", None]
-    assert run.status.counters.lagged_replays == 3
-    assert run.status.fence_id is None
+    assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LIVE, Route.LIVE]
 
 
 async def test_pause_then_resume_resumes_live(
@@ -534,8 +1019,7 @@ async def test_pause_then_resume_resumes_live(
 
     async def resume_when_paused(handle: WorkflowHandle) -> None:
         await wait_for(handle, lambda s: s.state == "paused")
-        metadata = await handle.query("__temporal_workflow_metadata")
-        details.append(str(metadata.current_details))
+        details.append(await details_of(handle))
         await handle.signal(StreamWorkflow.resume)
 
     steps = [
@@ -547,30 +1031,94 @@ async def test_pause_then_resume_resumes_live(
     assert f"**{run.spec.name}**: paused" in details[0]  # Web UI current details
 
 
+STOP_IN_STATE = {
+    "reading": ([Step(hold=True)], "reading"),
+    "paused": ([Step(hold=True, signal="pause")], "paused"),
+    "parked": (
+        [Step(error=ApplicationError("HTTP 410", type="StreamRefusedError", non_retryable=True))],
+        "parked",
+    ),
+    "stopped-by-server": ([Step(result=ReadResult(Outcome.NO_CONTENT, status_code=204))], None),
+    "waiting": ([Step(result=ReadResult(Outcome.RETRY_LATER, retry_after=3600.0))], "waiting"),
+}
+
+
+@pytest.mark.parametrize("state", [*STOP_IN_STATE, "store-failing"])
+async def test_stop_ends_the_workflow_in_any_state(
+    env: WorkflowEnvironment, event_log: EventLog, state: str
+) -> None:
+    """Issue 15: ``stop`` ends a workflow in any state, also while a store activity
+    fails for good (it is retried forever, but never past a stop)."""
+    schedules = ScheduleStandIn(fail_ensure=state == "store-failing")
+    steps, shown = STOP_IN_STATE.get(state, ([], None))
+    shown = shown or state
+
+    async def stop_in_state(handle: WorkflowHandle) -> None:
+        if state == "store-failing":
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + POLL_LIMIT
+            while len(schedules.ensured) < 2:  # failed, and retried
+                assert loop.time() < deadline, "ensure_checkpoint_schedule never retried"
+                await asyncio.sleep(0.05)
+            assert (await handle.query(StreamWorkflow.status)).state == "connecting"
+        else:
+            await wait_for(handle, lambda s: s.state == shown)
+        await handle.signal(StreamWorkflow.stop)
+
+    run = await run_stream(env, event_log, steps, schedules=schedules, during=stop_in_state)
+    assert run.status.state == "stopped"
+    assert (await run.handle.describe()).status == WorkflowExecutionStatus.COMPLETED
+    if state == "store-failing":
+        assert run.script.inputs == []  # it never got as far as reading
+        assert run.schedules.deleted == []  # nothing was ensured, nothing to delete
+    else:
+        assert len(run.script.inputs) == 1
+        assert run.schedules.deleted == [run.spec.name]
+
+
+# --- continue-as-new, input, signal payloads --------------------------------------------------
+
+
 async def test_continue_as_new_keeps_state_and_counters(
     env: WorkflowEnvironment, event_log: EventLog
 ) -> None:
+    g1 = view("g1", "1", end="6")
     steps = [
-        Step(result=ReadResult(Outcome.DROPPED, last_cursor="3", events_read=3, new_rows=3)),
         Step(
             result=ReadResult(
-                Outcome.DROP_SIGNAL, last_cursor="5", drop_position="5", events_read=2, new_rows=2
+                Outcome.DROP_SIGNAL,
+                last_cursor="5",
+                counts=counts(5),
+                drop=COMMENT,
+                gaps=gaps(g1),
             )
         ),
-        # --- continue-as-new: the pending lagged reconnect and the fence carry over
+        # The repair, cut short by a disconnect.
         Step(
             result=ReadResult(
-                Outcome.DROPPED, start_cursor="1", last_cursor="4", events_read=3, recovered_rows=2
+                Outcome.DROPPED,
+                start_cursor="1",
+                last_cursor="3",
+                counts=counts(2, new=0),
+                gaps=gaps(view("g1", "1", end="6", resume="3")),
+            )
+        ),
+        # --- continue-as-new: the open gap and the cut repair carry over
+        Step(
+            result=ReadResult(
+                Outcome.DROPPED,
+                start_cursor="2",
+                last_cursor="7",
+                counts=counts(4, new=2),
+                gaps=gaps(repaired=1, events_recovered=2),
             )
         ),
         Step(
             result=ReadResult(
                 Outcome.DROPPED,
-                start_cursor="4",
-                last_cursor="6",
-                events_read=2,
-                new_rows=1,
-                passed_fence=True,
+                last_cursor="8",
+                counts=counts(1),
+                gaps=gaps(repaired=1, events_recovered=2),
             )
         ),
         # --- continue-as-new
@@ -578,17 +1126,17 @@ async def test_continue_as_new_keeps_state_and_counters(
     run = await run_stream(env, event_log, steps, state=StreamState(max_connections_per_run=2))
     assert routes(run) == [
         (Route.LIVE, None),
-        (Route.LIVE, None),
         (Route.LAGGED, None),
-        (Route.EXPLICIT, "4"),
+        (Route.LAGGED, None),  # resumed at once in the new run: not a new lagged reconnect
+        (Route.LIVE, None),
         (Route.LIVE, None),
     ]
-    assert run.script.inputs[3].fence_id == "5"
+    assert run.script.inputs[2].known_gaps == ["g1"]
     assert [i.connection for i in run.script.inputs] == [1, 2, 3, 4, 5]
     c = run.status.counters
-    assert (c.connections, c.events_persisted, c.events_recovered) == (5, 6, 2)
-    assert (c.drop_signals, c.lagged_replays) == (1, 1)
-    assert run.status.live_cursor == "6"
+    assert (c.connections, c.events_persisted, c.events_recovered) == (5, 8, 2)
+    assert (c.drop_signals, c.lagged_replays, c.gaps_repaired) == (1, 1, 1)
+    assert run.status.live_cursor == "8"
     first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
     assert (await first.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
     assert run.schedules.ensured == [run.spec.name]  # ensured once, not on every run
@@ -631,12 +1179,14 @@ async def test_replay_since_that_is_not_a_time_is_ignored_loudly(
         await handle.signal("replay", ReplaySignal(since="yesterday"))
 
     steps = [
-        Step(result=ReadResult(Outcome.DROPPED, last_cursor="4", events_read=4), probe=bad_replay)
+        Step(
+            result=ReadResult(Outcome.DROPPED, last_cursor="4", counts=counts(4)), probe=bad_replay
+        )
     ]
     run = await run_stream(env, event_log, steps, spec=spec)
     assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LIVE]
     assert "yesterday" in (run.status.last_error or "")
-    assert run.status.counters.lagged_replays == 0
+    assert (run.status.counters.lagged_replays, run.status.counters.explicit_replays) == (0, 0)
 
 
 BAD_INPUTS = [
@@ -720,4 +1270,4 @@ async def test_bad_replay_payloads_are_refused_with_a_reason(
         assert reason.startswith(f"replay ignored: stream '{spec.name}': "), reason
         assert fragment in reason and "\n" not in reason
     assert routes(run) == [(Route.LIVE, None)]  # no replay started
-    assert run.status.counters.lagged_replays == 0
+    assert (run.status.counters.lagged_replays, run.status.counters.explicit_replays) == (0, 0)
