@@ -11,6 +11,7 @@ import asyncio
 import importlib.metadata
 import json
 import os
+import shutil
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -126,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     status = command("status", "show stream status", CLIENT_VARIABLES)
     status.add_argument("name", nargs="?", metavar="NAME")
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument(
+        "--wide",
+        action="store_true",
+        help="one line per stream: the last error is not wrapped to the terminal's width "
+        "(it is never cut short either way)",
+    )
 
     replay = command(
         "replay",
@@ -237,7 +244,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.command == "status":
         names = [args.name] if args.name else await control.running_streams(client)
         statuses = [await control.stream_status(client, name) for name in names]
-        print(json.dumps(statuses, indent=2) if args.json else format_status_table(statuses))
+        if args.json:
+            print(json.dumps(statuses, indent=2))
+        else:
+            width = None if args.wide else shutil.get_terminal_size().columns
+            print(format_status_table(statuses, width=width))
         return 0
     if args.command == "replay":
         await control.replay(client, args.name, from_id=signal.from_id, since=signal.since)
@@ -287,22 +298,45 @@ STATUS_COLUMNS = (
     ("lagging id", lambda s: s.get("lagging_id") or "-"),
     ("persisted", lambda s: control.current_counts(s)[1]),
     ("drops", lambda s: s["counters"]["drop_signals"]),
+    ("open gaps", control.open_gaps_text),
     ("recovered", lambda s: s["counters"]["events_recovered"]),
-    ("lost", lambda s: s["counters"]["events_unrecoverable"]),
-    ("last error", lambda s: (s.get("last_error") or "")[:60]),
+    ("lost", lambda s: control.lost_text(s["counters"])),
+    ("last error", lambda s: s.get("last_error") or ""),
 )
+ERROR_INDENT = "    "
 
 
-def format_status_table(statuses: list[dict[str, Any]]) -> str:
+def format_status_table(statuses: list[dict[str, Any]], *, width: int | None = None) -> str:
+    """The status table; the last error (why a stream is parked) is never cut short.
+
+    Args:
+        width: the terminal's width. A last error that does not fit after its row goes
+            on the lines below it, wrapped to this width; None writes every row on one
+            line however long (``--wide``).
+    """
     if not statuses:
         return "no streams running"
     rows = [[name for name, _ in STATUS_COLUMNS]]
     rows += [[str(value(status)) for _, value in STATUS_COLUMNS] for status in statuses]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(STATUS_COLUMNS))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(STATUS_COLUMNS) - 1)]
+    room = None if width is None else width - sum(widths) - 2 * len(widths)
+    lines = []
+    for number, row in enumerate(rows):
+        head = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
+        last = row[-1]
+        if number == 0 or width is None or room is None or len(last) <= room:
+            lines.append(f"{head}  {last}".rstrip())
+            continue
+        lines.append(head.rstrip())
+        lines += textwrap.wrap(
+            f"last error: {last}",
+            max(width - len(ERROR_INDENT), 20),
+            initial_indent=ERROR_INDENT,
+            subsequent_indent=ERROR_INDENT,
+            break_long_words=True,
+            break_on_hyphens=False,
+        )
+    return "\n".join(lines)
 
 
 def entry() -> None:

@@ -171,6 +171,42 @@ def current_counts(status: dict[str, Any]) -> tuple[str | None, int]:
     return cursor, persisted
 
 
+def open_gaps_text(status: dict[str, Any]) -> str:
+    """Open gaps: how many, and after which id the oldest one's repair resumes.
+
+    ``open_gaps`` lists them oldest first (at most 20); ``counters.gaps_open`` counts all.
+    E.g. ``0``, ``2 (oldest after 3366, repair pending)``.
+    """
+    count = status["counters"]["gaps_open"]
+    if not count:
+        return "0"
+    notes = []
+    listed = status.get("open_gaps") or []
+    if listed:
+        resume = listed[0].get("resume_from")
+        notes.append(f"oldest after {resume if resume is not None else '-'}")
+    if status.get("repair_pending"):
+        notes.append("repair pending")
+    return f"{count} ({', '.join(notes)})" if notes else str(count)
+
+
+def lost_text(counters: dict[str, Any]) -> str:
+    """Events lost for good, in how many gaps, and how many of those nobody can size.
+
+    E.g. ``0``, ``7 (2 gaps)``, ``7+ (3 gaps, 1 of unknown size)``: a gap of unknown
+    size is not in the count, so the count is a floor (``+``).
+    """
+    gaps = counters["gaps_unrecoverable"]
+    if not gaps:
+        return "0"
+    unknown = counters.get("gaps_unknown_size", 0)
+    text = f"{counters['events_unrecoverable']}{'+' if unknown else ''} "
+    text += f"({gaps} gap{'' if gaps == 1 else 's'}"
+    if unknown:
+        text += f", {unknown} of unknown size"
+    return text + ")"
+
+
 async def running_streams(client: Client) -> list[str]:
     names = []
     query = f"WorkflowType = '{STREAM_WORKFLOW}' AND ExecutionStatus = 'Running'"

@@ -253,7 +253,8 @@ def summary_line(statuses: list[dict]) -> str:
         parts.append(
             f"{status['name']}: {status['state']} cursor={cursor or '-'} "
             f"persisted={persisted} drops={counters['drop_signals']} "
-            f"recovered={counters['events_recovered']} lost={counters['events_unrecoverable']}"
+            f"gaps={control.open_gaps_text(status)} recovered={counters['events_recovered']} "
+            f"lost={control.lost_text(counters)}"
         )
     return time.strftime("%H:%M:%S ") + " | ".join(parts)
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio import activity
@@ -26,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from durable_sse import control
-from durable_sse.cli import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE
+from durable_sse.cli import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE, format_status_table
 from durable_sse.contracts import (
     CheckpointState,
     Outcome,
@@ -37,6 +38,7 @@ from durable_sse.contracts import (
     checkpoint_schedule_id,
     stream_workflow_id,
 )
+from durable_sse.dev import summary_line
 from durable_sse.spec import StreamSpec
 from workflows.stream import StreamWorkflow
 
@@ -129,6 +131,101 @@ def test_help_explains_replay_positions_and_dev_ports() -> None:
     dev = cli("dev", "--help").stdout
     for port in ("7233", "8233", "8765", "6390"):
         assert port in dev
+
+
+def status_row(name: str, **changes: Any) -> dict[str, Any]:
+    """A ``status`` answer as ``control.stream_status`` returns it (a dict)."""
+    counters = {
+        "events_persisted": 3277,
+        "drop_signals": 4,
+        "events_recovered": 100,
+        "gaps_open": 0,
+        "gaps_unrecoverable": 0,
+        "events_unrecoverable": 0,
+        "gaps_unknown_size": 0,
+    }
+    counters.update(changes.pop("counters", {}))
+    status: dict[str, Any] = {
+        "name": name,
+        "state": "reading",
+        "route": "live",
+        "live_cursor": "3305",
+        "lagging_id": None,
+        "open_gaps": [],
+        "repair_pending": False,
+        "last_error": None,
+        "in_flight": None,
+        "counters": counters,
+    }
+    status.update(changes)
+    return status
+
+
+REFUSAL = (
+    "StreamRefusedError: HTTP 401 from https://example.org/events: the server refused "
+    "the credentials the worker sent for this host; check SSE_SECRETS and the token's scope"
+)
+
+
+def test_status_shows_open_gaps_and_what_is_lost() -> None:
+    gap = {"gap_id": "g1", "resume_from": "3366", "start_id": "3366", "end_id": None}
+    assert control.open_gaps_text(status_row("s")) == "0"
+    assert (
+        control.open_gaps_text(
+            status_row("s", open_gaps=[gap], repair_pending=True, counters={"gaps_open": 2})
+        )
+        == "2 (oldest after 3366, repair pending)"
+    )
+    assert control.open_gaps_text(status_row("s", open_gaps=[gap], counters={"gaps_open": 1})) == (
+        "1 (oldest after 3366)"
+    )
+    lost = status_row("s")["counters"]
+    assert control.lost_text(lost) == "0"
+    assert control.lost_text({**lost, "gaps_unrecoverable": 2, "events_unrecoverable": 7}) == (
+        "7 (2 gaps)"
+    )
+    unknown = {**lost, "gaps_unrecoverable": 1, "gaps_unknown_size": 1}
+    assert control.lost_text(unknown) == "0+ (1 gap, 1 of unknown size)"
+
+
+def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
+    parked = status_row(
+        "noisy",
+        state="parked",
+        last_error=REFUSAL,
+        open_gaps=[{"resume_from": "3366"}],
+        repair_pending=True,
+        counters={"gaps_open": 1, "gaps_unrecoverable": 3, "events_unrecoverable": 7},
+    )
+    statuses = [parked, status_row("ticks")]
+    for width in (80, 120, 400, None):  # None: --wide
+        table = format_status_table(statuses, width=width)
+        header, *lines = table.splitlines()
+        assert header.split() == [
+            "stream", "state", "route", "cursor", "lagging", "id", "persisted", "drops",
+            "open", "gaps", "recovered", "lost", "last", "error",
+        ]  # fmt: skip
+        assert " ".join(table.split()).count(REFUSAL) == 1, table  # whole, wrapped or not
+        assert "1 (oldest after 3366, repair pending)" in lines[0]
+        assert "7 (3 gaps)" in lines[0]
+        if width is None or width >= 400:
+            assert len(lines) == 2 and lines[0].endswith(REFUSAL)  # one line per stream
+        else:
+            assert all(len(line) <= width for line in lines if "last error" in line)
+            assert lines[1].startswith("    last error: StreamRefusedError")
+    assert format_status_table([]) == "no streams running"
+
+
+def test_dev_summary_line_shows_gaps_and_losses() -> None:
+    parked = status_row(
+        "noisy",
+        open_gaps=[{"resume_from": "3366"}],
+        counters={"gaps_open": 1, "gaps_unrecoverable": 2, "gaps_unknown_size": 1},
+    )
+    line = summary_line([parked, status_row("ticks")])
+    assert "noisy: reading cursor=3305 persisted=3277 drops=4" in line
+    assert "gaps=1 (oldest after 3366) recovered=100 lost=0+ (2 gaps, 1 of unknown size)" in line
+    assert "ticks: reading" in line and "gaps=0 recovered=100 lost=0" in line
 
 
 # --- refusals change nothing -----------------------------------------------------------
