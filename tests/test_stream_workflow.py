@@ -552,6 +552,68 @@ async def test_a_repair_cut_short_resumes_at_once_and_the_gap_holds_the_checkpoi
     assert (record.state, record.missing) == ("repaired", 0)
 
 
+async def test_a_finished_repair_leaves_no_resume_behind(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    """Only a repair cut short resumes outside the throttle. One that finished (the
+    reader ends it once its gaps are closed) leaves nothing to resume: a gap found later
+    (here recorded by an attempt that was then refused) is a new lagged reconnect."""
+    spec = new_spec(lagged_reconnect_interval=0.01)  # never in the way: counts only
+    name = spec.name
+
+    async def suspect_then_refused(_: ReadInput) -> None:
+        await write_gaps(event_log, name, opened(name, "g2", start="12", notice="14", end="15"))
+
+    async def repair(_: ReadInput) -> None:
+        await write_gaps(event_log, name, GapChange("g2", close=True))
+
+    async def resume_when_parked(handle: WorkflowHandle) -> None:
+        await wait_for(handle, lambda s: s.state == "parked" and s.open_gaps)
+        await handle.signal(StreamWorkflow.resume)
+
+    refusal = ApplicationError("HTTP 403", type="StreamRefusedError", non_retryable=True)
+    steps = [
+        Step(
+            result=ReadResult(
+                Outcome.DROP_SIGNAL,
+                last_cursor="10",
+                counts=counts(10),
+                drop=COMMENT,
+                gaps=gaps(view("g1", "3", end="11")),
+            )
+        ),
+        # The repair closed g1 and ended by itself.
+        Step(
+            result=ReadResult(
+                Outcome.ROTATED,
+                start_cursor="2",
+                last_cursor="12",
+                counts=counts(10, new=3),
+                gaps=gaps(repaired=1),
+            )
+        ),
+        Step(probe=suspect_then_refused, error=refusal),
+        Step(
+            probe=repair,
+            store_gaps=True,
+            result=ReadResult(
+                Outcome.DROPPED, start_cursor="11", last_cursor="16", counts=counts(5)
+            ),
+        ),
+    ]
+    run = await run_stream(env, event_log, steps, spec=spec, during=resume_when_parked)
+
+    assert [r for r, _ in routes(run)] == [
+        Route.LIVE,
+        Route.LAGGED,
+        Route.LIVE,
+        Route.LAGGED,
+        Route.LIVE,
+    ]
+    assert run.script.inputs[3].known_gaps == ["g2"]
+    assert run.status.counters.lagged_replays == 2  # g2's repair is a new lagged reconnect
+
+
 async def test_a_result_lost_to_a_cancel_is_made_good_from_the_store(
     env: WorkflowEnvironment, event_log: EventLog
 ) -> None:

@@ -309,7 +309,11 @@ def record_result(
             decision.replay_finished = True
 
     drop_signal = outcome is Outcome.DROP_SIGNAL
-    state.repair_resume = plan.route is Route.LAGGED and plan.repairs and not drop_signal
+    # Only a repair cut short (a gap still open) resumes: one that finished leaves no
+    # resume behind for a gap found later, which is a new, throttled lagged reconnect.
+    state.repair_resume = (
+        plan.route is Route.LAGGED and plan.repairs and not drop_signal and state.repair_wanted
+    )
     if drop_signal and (result.drop is None or result.drop.kind != RECORDED_GAP):
         counters.drop_signals += 1
 
