@@ -15,9 +15,9 @@ one. Its life::
 Bounds. The hole lies strictly after ``start_id`` and strictly before ``end_id`` (the
 first id read after the signal; while it is unknown, at or before ``notice_id`` as far
 as repairs are concerned). A notice does not say where the hole is (a server may
-announce late), so ``start_id`` is conservative: the newest of the connection's start
-cursor and the lagging id. A notice is assumed to describe events of the last replay
-window: anything older is beyond every server's history anyway. The lagging id never
+announce late), so ``start_id`` is conservative: the connection's start cursor, or the
+id it read one replay window ago if it has read for longer. A notice is assumed to speak
+of what the connection was sent within the last replay window. The lagging id never
 *moves* past an open gap; a late notice (the server announced after the repair that
 skipped it had already been taken as proof) can open a gap behind it, and then the
 lagging id waits where it is until that gap is closed.
@@ -623,11 +623,24 @@ class GapTracker:
         """
         return self._open_skipped(last_id, event_id, kind=GapKind.ID_GAP, lost=False)
 
-    def drop_signal(self, kind: GapKind, *, announced: int | None = None, detail: str = "") -> Gap:
-        """A notice or drop event: open a gap now; its end is the next id read."""
+    def drop_signal(
+        self,
+        kind: GapKind,
+        *,
+        announced: int | None = None,
+        detail: str = "",
+        read_a_window_ago: str | None = None,
+    ) -> Gap:
+        """A notice or drop event: open a gap now; its end is the next id read.
+
+        Its start is the connection's cursor (or first id), or, on a connection that has
+        been reading for longer than a replay window, ``read_a_window_ago``: the id it
+        read one window ago (a notice speaks of what the server sent lately; that holds
+        for a replay of old ids as for the live tail).
+        """
         self.clean = False
         notice = self.last_id if self.last_id is not None else self.cursor
-        start = newest([self.cursor or self.first_id, self.context.lagging_id], self.order)
+        start = newest([self.cursor or self.first_id, read_a_window_ago], self.order)
         fresh = notice is None or self._is_fresh(notice)
         gap = self._open(
             kind,

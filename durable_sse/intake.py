@@ -112,6 +112,8 @@ class Intake:
         self._pending_segment: frozenset[str] = frozenset()
         self._pending_since = 0.0
         self._ordinal = 0
+        self._read_marks: deque[tuple[float, str]] = deque()
+        """``(time, newest id read)`` at each batch cut: what was read when."""
         self._last_read: str | None = None
         self._last_number: int | None = None
         self._drop_deadline: float | None = None
@@ -223,7 +225,12 @@ class Intake:
             return
         self._noticed = True
         self._cut()  # what was read before the notice is clean evidence
-        self.gaps.drop_signal(GapKind.COMMENT, announced=dropped_count(text), detail=text)
+        self.gaps.drop_signal(
+            GapKind.COMMENT,
+            announced=dropped_count(text),
+            detail=text,
+            read_a_window_ago=self._read_a_window_ago(now),
+        )
         self._signal(GapKind.COMMENT.value, text)
         self._drop_deadline = now + DROP_GRACE
 
@@ -260,7 +267,11 @@ class Intake:
             self._new_id(event_id, now, announced_here=announces_drop)
         if announces_drop:
             self._cut()
-            self.gaps.drop_signal(GapKind.EVENT_TYPE, detail=f"event type {event.event!r}")
+            self.gaps.drop_signal(
+                GapKind.EVENT_TYPE,
+                detail=f"event type {event.event!r}",
+                read_a_window_ago=self._read_a_window_ago(now),
+            )
             self._signal(GapKind.EVENT_TYPE.value, f"event type {event.event!r}")
             self._drop_deadline = now + DROP_GRACE
         elif (
@@ -330,6 +341,14 @@ class Intake:
         if last is None or number > last:
             self._last_number = number
 
+    def _read_a_window_ago(self, now: float) -> str | None:
+        """The newest id this connection had read one replay window ago (None: younger)."""
+        cutoff = now - self.spec.replay_window
+        marks = self._read_marks
+        while len(marks) > 1 and marks[1][0] <= cutoff:
+            marks.popleft()
+        return marks[0][1] if marks and marks[0][0] <= cutoff else None
+
     def _signal(self, kind: str, detail: str) -> None:
         if self.drop is None:
             self.drop = DropReport(kind=kind, detail=detail[:MAX_DETAIL])
@@ -339,6 +358,12 @@ class Intake:
         if not self._pending and not self.gaps.has_queued:
             return
         last_id = self._pending_last
+        if last_id is not None:
+            marks = self._read_marks
+            marks.append((self._now, last_id))
+            cutoff = self._now - self.spec.replay_window
+            while len(marks) > 2 and marks[1][0] <= cutoff:
+                marks.popleft()  # keep one mark older than the window, no more
         changes = self.gaps.batch_changes(last_id=last_id, segment=self._pending_segment)
         if self._repaired_at is None and not self.gaps.gaps and any(c.close for c in changes):
             # Every gap this connection knew of is closed: end soon, so the workflow

@@ -74,10 +74,9 @@ class CursorResolver:
             )
             if start.cursor is not None:
                 return start
+            # No gap open, no lagging id yet: the live chain (caches, then the floor).
             cursor, source = await self._caches(stream, order)
-            if cursor is None:
-                return start
-            return ConnectionStart(cursor=cursor, source=source, context=start.context)
+            return await self._context(stream, order, cursor, source)
         cursor, source = await self._caches(stream, order)
         return await self._context(stream, order, cursor, source)
 

@@ -453,27 +453,28 @@ class World:
         for number in sorted(lost):
             if not counted_by_a_gap(number):
                 raise Violation(f"id {number} is lost and no unrecoverable gap counts it")
-        # A gap with no start counts ids right before its end; when that end is not after
-        # the first stored id, those ids are before the stream's start (left out above).
-        counted = sum(
-            g.missing or 0
-            for g in unrecoverable
-            if g.start_id is not None or (g.end_id is not None and int(g.end_id) > first_stored)
-        )
-        # An id counted as lost may still be stored later by an attempt that was
-        # streaming it before the history dropped it (two attempts at once): the count
-        # was exact when the gap closed, and that late arrival is not a loss.
-        late = set()
-        for counted_ids in self.log.counted_missing.values():
-            late |= counted_ids & stored
-        if self.profile.contiguous and counted != len(lost) + len(late):
-            raise Violation(
-                f"{len(lost)} ids lost (+{len(late)} stored late) but {counted} counted as "
-                f"unrecoverable: lost {sorted(lost)[:20]}, gaps "
-                f"{[vars(g) for g in unrecoverable][:4]}"
-            )
-        # Without contiguous ids a count is the server's own announcement less what the
-        # repairs recovered: exact when the server's notices are, never checkable here.
+        counted = sum(g.missing or 0 for g in unrecoverable)
+        if self.profile.contiguous:
+            # Exact: every lost id counted once, and every id counted either lost, stored
+            # later (an attempt that was streaming it before the history dropped it: the
+            # count was exact when the gap closed), or from before the stream's first
+            # stored event (a notice before anything was stored).
+            counted_ids: set[int] = set()
+            for ids in self.log.counted_missing.values():
+                if ids & counted_ids:
+                    raise Violation(f"ids counted twice: {sorted(ids & counted_ids)[:10]}")
+                counted_ids |= ids
+            if counted != len(counted_ids) or not lost <= counted_ids:
+                raise Violation(
+                    f"{len(lost)} ids lost but {counted} counted as unrecoverable: lost "
+                    f"{sorted(lost)[:20]}, counted {sorted(counted_ids)[:20]}, gaps "
+                    f"{[vars(g) for g in unrecoverable][:4]}"
+                )
+            unexplained = counted_ids - lost - stored - set(range(1, first_stored))
+            if unexplained:
+                raise Violation(
+                    f"counted as lost but neither lost nor stored late: {sorted(unexplained)[:20]}"
+                )
         totals = self.state.counters
         everything = sum(g.missing or 0 for g in unrecoverable)
         if totals.events_unrecoverable != everything or totals.gaps_unrecoverable != len(
