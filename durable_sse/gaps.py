@@ -208,11 +208,15 @@ def apply_change(
     if not record.is_open:
         return record
     lost_to = change.lost_to
+    close = change.close
     if change.short_to is not None:
         if record.short_reads + 1 >= SHORT_READS_TO_LOSE:
             lost_to = newest([lost_to, change.short_to], order)
         else:
             record.short_reads += 1
+            # The reader counted this its last strike, the record (reset meanwhile by
+            # another attempt's repair) does not: no evidence, another repair must try.
+            close = close and lost_to is not None
     if lost_to is not None:
         record.truncated = True
         record.reread_to = newest([record.reread_to, lost_to], order)
@@ -223,7 +227,7 @@ def apply_change(
         record.short_reads = 0  # a repair got through: the history reached it after all
     if change.recovered and change.opened is None:
         record.recovered += new_rows
-    if change.close:
+    if close:
         _close(record, order=order, now=now, stored=stored if change.contiguous else None)
     return record
 

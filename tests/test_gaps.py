@@ -276,6 +276,17 @@ def test_a_successful_re_read_resets_the_strikes() -> None:
     assert record.short_reads == 1 and not record.truncated and record.reread_to == "22"
 
 
+def test_a_lone_strike_never_closes_a_gap() -> None:
+    """The reader asks to close on its third strike; a store that counted fewer (another
+    attempt's repair got through and reset them) keeps the gap open, not repaired."""
+    change = GapChange("g", short_to="35", end_id="30", close=True)
+    record = apply(gap(short_reads=0), change)
+    assert record is not None and record.is_open and record.short_reads == 1
+    lost = apply(gap(short_reads=SHORT_READS_TO_LOSE - 1, announced=9), change)
+    assert lost is not None
+    assert (lost.state, lost.truncated, lost.missing) == (GapState.UNRECOVERABLE, True, 9)
+
+
 # -- apply_change: counting on close ------------------------------------------------------
 
 
