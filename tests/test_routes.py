@@ -364,6 +364,24 @@ def test_a_drop_signal_during_a_repair_is_throttled() -> None:
     assert plan(s, at(60)).lagged_started and s.counters.lagged_replays == 2
 
 
+def test_a_repair_that_closed_every_gap_goes_live_and_leaves_nothing_to_resume() -> None:
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    closed = summary(repaired=1, events_recovered=4)
+    record(s, repair, result(Outcome.DROPPED, "120", read=30, gaps=closed))
+    assert not s.repair_wanted and not s.repair_resume
+    assert (s.counters.gaps_open, s.counters.gaps_repaired, s.counters.events_recovered) == (
+        0,
+        1,
+        4,
+    )
+    assert plan(s, at(1)).route is Route.LIVE
+    # a gap found later (a refresh) waits for the throttle like any other
+    fold_gaps(s, summary(view("g2", "130", "140"), repaired=1, events_recovered=4))
+    assert plan(s, at(2)).route is Route.LIVE
+    assert plan(s, at(60)).lagged_started
+
+
 def test_a_recorded_gap_ending_a_live_connection_is_not_a_drop_signal() -> None:
     s = state()
     record(s, LIVE, result(Outcome.DROP_SIGNAL, gaps=summary(view()), drop=RECORDED_GAP))
