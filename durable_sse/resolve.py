@@ -74,10 +74,10 @@ class CursorResolver:
             )
             if start.cursor is not None:
                 return start
+            # No gap open and no lagging id yet: the live chain (caches, then the floor),
+            # with the witness of the cursor it finds.
             cursor, source = await self._caches(stream, order)
-            if cursor is None:
-                return start
-            return ConnectionStart(cursor=cursor, source=source, context=start.context)
+            return await self._context(stream, order, cursor, source)
         cursor, source = await self._caches(stream, order)
         return await self._context(stream, order, cursor, source)
 

@@ -109,6 +109,15 @@ async def test_floor_when_caches_and_checkpoint_miss(
     assert (start.context.floor, start.context.lagging_id) == ("10", None)
 
 
+async def test_lagged_route_with_no_lagging_id_takes_the_floor(
+    resolver: CursorResolver, event_log: EventLog, stream_name: str
+) -> None:
+    """A fresh stream's repair (or ``replay`` signal) still resumes from what is stored:
+    connecting live only would skip everything since the floor, unseen."""
+    await persist(event_log, stream_name, [9, 10, 8], NOW)
+    assert where(await resolve(resolver, stream_name, Route.LAGGED)) == ("10", "floor", None)
+
+
 async def test_lagging_before_floor(
     resolver: CursorResolver, event_log: EventLog, stream_name: str
 ) -> None:
@@ -167,6 +176,15 @@ async def test_lagged_route_without_a_gap_starts_at_the_lagging_id(
     await timeline(event_log, stream_name)
     await l2.advance(stream_name, "90", ORDER)  # the caches do not matter here
     assert where(await resolve(resolver, stream_name, Route.LAGGED)) == ("40", "lagging", "50")
+
+
+async def test_lagged_route_with_no_lagging_id_falls_back_to_the_caches(
+    resolver: CursorResolver, l2: RedisCursors, event_log: EventLog, stream_name: str
+) -> None:
+    await persist(event_log, stream_name, [5, 6, 7], NOW)
+    assert await l2.advance(stream_name, "5", ORDER) is True  # rewound: older than the floor
+    assert where(await resolve(resolver, stream_name, Route.LAGGED)) == ("5", "l2", "6")
+    assert where(await resolve(resolver, stream_name, Route.LAGGED)) == ("5", "l1", "6")
 
 
 async def test_a_repair_starts_one_stored_id_before_the_oldest_open_gap(
