@@ -259,8 +259,10 @@ class Intake:
         if event_id and event.id_field:
             self._new_id(event_id, now, announced_here=announces_drop)
         if announces_drop:
-            self._cut()
+            # The drop event is the notice: its own batch records the gap (no cursor may
+            # pass it first) and, read after the skip, is no evidence for a repair.
             self.gaps.drop_signal(GapKind.EVENT_TYPE, detail=f"event type {event.event!r}")
+            self._cut()
             self._signal(GapKind.EVENT_TYPE.value, f"event type {event.event!r}")
             self._drop_deadline = now + DROP_GRACE
         elif (

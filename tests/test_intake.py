@@ -14,6 +14,7 @@ import pytest
 from durable_sse.contracts import RECORDED_GAP, Outcome, Route
 from durable_sse.gaps import (
     Gap,
+    GapKind,
     GapState,
     StreamContext,
     apply_change,
@@ -226,6 +227,44 @@ def test_drop_notices_can_be_disabled() -> None:
     i = intake("0", floor="0", drop_notice=[])
     take(i, ev(1), NOTICE, ev(2))
     assert i.outcome is None and i.drop is None
+
+
+def test_a_drop_event_records_its_gap_with_its_own_batch() -> None:
+    """The drop event is the notice: the batch that stores it carries the gap record,
+    so no cursor passes it first, and it is no evidence for a repair."""
+    i = intake("0", floor="0", batch_max_events=10, drop_event_types=["events_dropped"])
+    take(i, *events(1, 2), ev(3, event="events_dropped"), now=1.0)
+    before, notice = cut(i)
+    assert ids(before) == ["1", "2"] and before.gap_changes == []
+    assert ids(notice) == ["3"]
+    [opened] = notice.gap_changes
+    assert opened.opened is not None and opened.opened.notice_id == "3"
+    assert opened.opened.kind == GapKind.EVENT_TYPE.value
+    assert i.drop is not None and i.drop.kind == "event_type"
+    assert i.outcome is None
+    take(i, ev(7), now=1.1)
+    assert i.outcome is Outcome.DROP_SIGNAL
+    i.end()
+    [after] = cut(i)
+    assert [(c.gap_id, c.end_id) for c in after.gap_changes] == [("new1", "7")]
+
+
+def test_a_drop_event_is_no_evidence_for_the_gap_being_repaired() -> None:
+    being_repaired = gap("a", "20", "30")
+    i = intake(
+        "19",
+        route=Route.LAGGED,
+        floor="40",
+        witness="20",
+        gaps=[being_repaired],
+        batch_max_events=10,
+        drop_event_types=["events_dropped"],
+    )
+    take(i, ev(20), ev(21), ev(31, event="events_dropped"))
+    i.end()
+    changes = [c for b in cut(i) for c in b.gap_changes if c.gap_id == "a"]
+    assert [(c.reread_to, c.close) for c in changes] == [("21", False)]
+    assert "a" in i.gaps.gaps  # still open: the next repair re-reads it
 
 
 # -- open gaps the workflow did not know of -----------------------------------------------
