@@ -13,6 +13,7 @@ import pytest
 
 from durable_sse.contracts import RECORDED_GAP, Outcome, Route
 from durable_sse.gaps import (
+    MAX_GAPS_IN_SUMMARY,
     Gap,
     GapKind,
     GapState,
@@ -284,6 +285,15 @@ def test_known_gaps_or_another_route_read_on() -> None:
     assert intake("50", gaps=gaps, known=["a"]).outcome is None
     assert intake("50", gaps=gaps, known=[], route=Route.LAGGED).outcome is None
     assert intake("50", gaps=gaps, known=[], route=Route.EXPLICIT).outcome is None
+
+
+def test_a_workflow_that_knows_an_open_gap_is_not_told_of_more() -> None:
+    """The workflow names at most MAX_GAPS_IN_SUMMARY open gaps: with more open, a live
+    connection (the repair waiting for its throttle) must not end at once each time."""
+    gaps = [gap(f"g{n:02d}", str(n * 10), str(n * 10 + 5)) for n in range(25)]
+    named = [g.gap_id for g in gaps[:MAX_GAPS_IN_SUMMARY]]
+    assert intake("500", gaps=gaps, known=named).outcome is None
+    assert intake("500", gaps=gaps, known=["closed-meanwhile"]).outcome is Outcome.DROP_SIGNAL
 
 
 # -- ids ----------------------------------------------------------------------------------
