@@ -905,3 +905,77 @@ def test_a_jump_next_to_an_open_gap_is_not_through_it() -> None:
     assert t.jump("71", "75") is False  # stored ids after the gap
     assert t.jump("56", "60") is False  # stored ids before it
     assert t.clean
+
+
+# -- GapTracker: edges ------------------------------------------------------------------------
+
+
+def test_a_repair_from_the_resume_point_itself_is_this_connection_s_to_repair() -> None:
+    """Nothing stored before the gap: the repair sends its resume point as the cursor."""
+    t = tracker("20", floor="40", witness="21", gaps=[gap("a", "20", "30")])
+    t.first_event("25")
+    assert t.short_history and [c.short_to for c in t.pending_changes()] == ["25"]
+    contiguous = tracker("20", floor="40", gaps=[gap("a", "20", "30")], contiguous=True)
+    contiguous.first_event("21")
+    assert (contiguous.covered_from, contiguous.short_history) == ("20", False)
+    assert contiguous.pending_changes() == []
+
+
+def test_a_first_event_at_the_resume_point_still_reaches_the_gap() -> None:
+    """Past the witness (stored ids before the gap were skipped) but not past the gap."""
+    t = tracker("10", floor="40", witness="15", gaps=[gap("a", "20", "30")])
+    t.first_event("20")
+    assert (t.covered_from, t.short_history) == ("20", False)
+    assert t.pending_changes() == []
+    read(t, 21, 30)
+    [change] = t.batch_changes(last_id="30", segment=frozenset())
+    assert change.close  # re-read from 20, its start
+
+
+def test_a_gap_this_connection_opened_is_not_its_to_repair() -> None:
+    t = tracker("19", floor="40", gaps=[gap("a", "20", "30")])
+    opened = t.drop_signal(GapKind.COMMENT)  # before the first event
+    t.first_event("25", history_short=True)
+    changes = t.pending_changes()
+    assert [(c.gap_id, c.lost_to) for c in changes] == [(opened.gap_id, None), ("a", "25")]
+    assert opened.gap_id in t.gaps
+
+
+def test_a_contiguous_stream_with_a_text_cursor_falls_back_to_the_witness() -> None:
+    t = tracker("x", floor="40", witness="20", contiguous=True)
+    t.first_event("25")
+    assert (t.covered_from, t.clean, t.opened) == ("25", True, [])
+
+
+def test_a_short_history_of_text_ids_opens_no_empty_gap() -> None:
+    at_floor = tracker("x05", floor="x20")
+    at_floor.first_event("x20", history_short=True)
+    assert at_floor.pending_changes() == []
+    past = tracker("x05", floor="x20")
+    past.first_event("x30", history_short=True)
+    [opened] = past.pending_changes()
+    assert opened.opened is not None and opened.close
+    assert (opened.opened.start_id, opened.opened.end_id, opened.opened.announced) == (
+        "x20",
+        "x30",
+        None,
+    )
+    # a counter after text ids (numeric order puts text first): counted as unknown
+    mixed = tracker("x05", floor="x06")
+    mixed.first_event("30", history_short=True)
+    [opened] = mixed.pending_changes()
+    assert opened.opened is not None and opened.opened.announced is None
+
+
+def test_a_jump_that_ends_right_after_the_floor_is_no_hole() -> None:
+    t = tracker("40", floor="45", contiguous=True)
+    read(t, 41, 42)
+    assert t.jump("42", "46") is False  # 43..45 are stored
+    assert t.clean and t.opened == []
+
+
+def test_a_jump_from_a_gap_s_end_is_not_through_it() -> None:
+    t = tracker("55", floor="80", witness="56", gaps=[gap("a", "60", "70")], contiguous=True)
+    read(t, 56, 70)
+    assert t.jump("70", "74") is False
+    assert t.clean

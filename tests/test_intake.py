@@ -424,6 +424,21 @@ def test_batches_are_cut_where_the_gaps_an_id_would_fill_change() -> None:
     assert i.committed(batches[1], new_rows=2) and i.counts.recovered == 2
 
 
+def test_rows_inside_a_gap_this_connection_opened_are_not_recovered_rows() -> None:
+    """An id older than the notice, read after it, lies inside the new gap: it was
+    never missing as far as that gap is concerned."""
+    i = intake("0", floor="0", batch_max_events=10)
+    take(i, ev(5), NOTICE, ev(3))
+    assert i.outcome is Outcome.DROP_SIGNAL
+    i.end()
+    before, after = cut(i)
+    assert ids(after) == ["3"] and not after.recovered
+    assert not any(c.recovered for c in after.gap_changes)
+    i.committed(before, new_rows=1)
+    i.committed(after, new_rows=1)
+    assert i.counts.recovered == 0 and i.ids_out_of_order == 1
+
+
 def test_a_repair_that_closes_its_gap_is_repaired_in_the_store() -> None:
     """End to end through apply_change: the changes the intake cuts close the record."""
     record: Gap | None = gap("a", "20", "30")

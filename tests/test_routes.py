@@ -353,6 +353,26 @@ def test_a_repair_cut_short_by_a_disconnect_resumes_at_once() -> None:
     assert s.counters.lagged_replays == 1
 
 
+def test_a_repair_whose_result_was_lost_resumes_once_the_store_says_it_is_open() -> None:
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    s.paused = True
+    assert interrupts(s, repair)
+    decision = record(s, repair, None)  # cancelled, its result lost with the cancel
+    assert decision.refresh_gaps and s.repair_resume
+    fold_gaps(s, summary(view(resume="45")))
+    assert s.repair_resume
+    s.paused = False
+    again = plan(s, at(1))
+    assert (again.route, again.lagged_started) == (Route.LAGGED, False)
+    # ... and when the store says the repair got through, there is nothing to resume
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    record(s, repair, None)
+    fold_gaps(s, summary(repaired=1))
+    assert not s.repair_resume and plan(s, at(1)).route is Route.LIVE
+
+
 def test_a_drop_signal_during_a_repair_is_throttled() -> None:
     s = state(gaps=summary(view()))
     repair = plan(s)
