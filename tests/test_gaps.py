@@ -150,13 +150,14 @@ def test_nothing_to_merge_into_without_a_record_or_an_opening() -> None:
     assert apply(None, GapChange("g", reread_to="25", close=True)) is None
 
 
-def test_an_opened_gap_starts_no_older_than_the_lagging_id() -> None:
+def test_an_opened_gap_keeps_its_start_even_behind_the_lagging_id() -> None:
+    """A late notice may open a gap behind the lagging id: its start stays, and the
+    lagging id waits (lagging_target) until it is closed."""
     opened = gap(start="20")
-    raised = apply(None, GapChange("g", opened=opened), lagging="24")
-    assert raised is not None and raised.start_id == "24" and raised.is_open
-    kept = apply(None, GapChange("g", opened=opened), lagging="9")  # numerically older
-    assert kept is not None and kept.start_id == "20"
-    assert opened.start_id == "20"  # the change's record is copied, not edited
+    kept = apply(None, GapChange("g", opened=opened), lagging="24")
+    assert kept is not None and kept.start_id == "20" and kept.is_open
+    assert kept is not opened and opened.start_id == "20"  # copied, not edited
+    assert lagging_target("30", [kept], ORDER) == ("20", True, "20")
 
 
 def test_an_opened_gap_with_no_start_and_no_lagging_id_closes_at_once() -> None:
@@ -354,6 +355,24 @@ def test_recovered_rows_of_the_closing_batch_count_before_the_loss() -> None:
     assert (record.state, record.recovered, record.missing) == (GapState.UNRECOVERABLE, 3, 2)
 
 
+def test_a_retry_gap_closes_without_a_count_unless_ids_are_contiguous() -> None:
+    """A retry gap is a suspicion (a dead attempt may have read a notice): nothing is
+    known lost, so it closes repaired even beyond the history; contiguous ids still
+    count what is missing exactly."""
+    suspicion = dataclasses.replace(gap(), kind=GapKind.RETRY.value)
+    closed = apply(dataclasses.replace(suspicion), GapChange("g", lost_to="29", close=True))
+    assert closed is not None and (closed.state, closed.missing) == (GapState.REPAIRED, 0)
+    counted = apply(
+        dataclasses.replace(suspicion),
+        GapChange("g", close=True, contiguous=True),
+        stored=Ids(range(21, 28)),
+    )
+    assert counted is not None and (counted.state, counted.missing) == (
+        GapState.UNRECOVERABLE,
+        2,
+    )
+
+
 def test_numeric_span() -> None:
     assert numeric_span(gap()) == (20, 30)
     assert numeric_span(gap(end=None, notice="25")) == (20, 26)
@@ -520,6 +539,27 @@ def test_the_witness_is_the_stored_id_after_an_old_cursor() -> None:
     assert start("35", "explicit") == ("35", "explicit", "40")
     assert start("60", "explicit") == ("60", "explicit", None)  # newer than the floor
     assert start("5", "explicit") == ("5", "explicit", "10")
+
+
+def test_a_retry_that_knows_no_start_takes_the_oldest_stored_id_before_the_floor() -> None:
+    def oldest() -> str:
+        return "10"
+
+    def choose(**options: object) -> tuple[str | None, str, str | None]:
+        return choose_start(
+            cursor=None,
+            source="none",
+            floor="50",
+            open_gaps=[],
+            order=ORDER,
+            neighbour=neighbour,
+            oldest=oldest,
+            **options,  # type: ignore[arg-type]
+        )
+
+    assert choose(repair=False, lagging_id=None) == ("10", "oldest", "20")
+    assert choose(repair=True, lagging_id=None) == ("10", "oldest", "20")
+    assert choose(repair=False, lagging_id="30") == ("30", "lagging", "40")
 
 
 # -- summarize ------------------------------------------------------------------------------
@@ -790,10 +830,22 @@ def test_a_last_strike_after_a_drop_signal_is_not_taken() -> None:
     assert t.gaps["a"].reread_to is None
 
 
-def test_first_event_with_no_witness_reaches_the_cursor() -> None:
-    t = tracker("45", floor="40", gaps=[gap("a", "20", "30")])
+def test_first_event_with_no_witness_is_evidence_from_itself_on() -> None:
+    """Nothing stored after the cursor can show the history reached it."""
+    t = tracker("45", floor="40", gaps=[gap("a", "50", "55")])
     t.first_event("60")
-    assert (t.covered_from, t.short_history) == ("45", False)
+    assert (t.covered_from, t.short_history) == ("60", True)  # a strike for "a"
+    assert [c.short_to for c in t.pending_changes()] == ["60"]
+    older = tracker("45", floor="40", gaps=[gap("a", "20", "30")])
+    older.first_event("60")
+    assert (older.covered_from, older.short_history) == ("60", False)
+
+
+def test_a_confirmed_cursor_is_reached_whatever_the_witness() -> None:
+    t = tracker("19", floor="40", witness="20", gaps=[gap("a", "20", "30")])
+    t.first_event("25", history_confirmed=True)
+    assert (t.covered_from, t.short_history) == ("19", False)
+    assert t.pending_changes() == []
 
 
 def test_a_contiguous_first_id_right_after_the_cursor_reaches_it() -> None:
@@ -979,3 +1031,34 @@ def test_a_jump_from_a_gap_s_end_is_not_through_it() -> None:
     read(t, 56, 70)
     assert t.jump("70", "74") is False
     assert t.clean
+
+
+def test_a_retried_attempt_suspects_what_the_dead_one_read() -> None:
+    t = tracker("40", lagging="30", floor="90")
+    suspicion = t.suspect("an attempt died")
+    assert suspicion is not None
+    assert (suspicion.kind, suspicion.start_id, suspicion.end_id, suspicion.notice_id) == (
+        "retry",
+        "40",
+        "90",
+        "90",
+    )
+    assert suspicion.gap_id in t.gaps and t.opened == []  # this connection may prove it
+    [change] = t.pending_changes()
+    assert change.opened is suspicion and not change.close
+    # nothing stored past its start: nothing to suspect
+    assert tracker("90", floor="90").suspect("x") is None
+    assert tracker(None, floor="90").suspect("x") is None
+    assert tracker(None, lagging="30", floor="90").suspect("x") is not None
+
+
+def test_a_retried_attempt_that_re_reads_continuously_clears_the_suspicion() -> None:
+    t = tracker("40", floor="90", witness="50")
+    suspicion = t.suspect("an attempt died")
+    assert suspicion is not None
+    read(t, 50, 60, 90, 91)
+    changes = t.batch_changes(last_id="91", segment=frozenset())
+    assert [(c.gap_id, c.opened is not None, c.close) for c in changes] == [
+        (suspicion.gap_id, True, False),
+        (suspicion.gap_id, False, True),
+    ]

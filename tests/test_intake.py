@@ -61,6 +61,7 @@ def intake(
     witness: str | None = None,
     gaps: Iterable[Gap] = (),
     known: Iterable[str] | None = None,
+    retried: bool = False,
     **options: object,
 ) -> Intake:
     open_gaps = list(gaps)
@@ -75,6 +76,7 @@ def intake(
         known_gaps=[g.gap_id for g in open_gaps] if known is None else known,
         new_gap_id=lambda: f"new{next(numbers)}",
         now_iso=lambda: "2026-01-01T00:00:00+00:00",
+        retried=retried,
     )
 
 
@@ -457,3 +459,35 @@ def test_a_repair_that_closes_its_gap_is_repaired_in_the_store() -> None:
             )
     assert record is not None
     assert (record.state, record.missing, record.recovered) == (GapState.REPAIRED, 0, 4)
+
+
+def test_a_repair_that_closed_every_gap_it_knew_ends_after_the_grace() -> None:
+    i = intake(
+        "19",
+        route=Route.LAGGED,
+        floor="40",
+        witness="20",
+        gaps=[gap("a", "20", "30")],
+        batch_max_events=10,
+        batch_max_delay=0.5,
+    )
+    take(i, *events(20, 21, 30, 31), now=2.0)
+    i.poll(2.5)  # the batch past the gap's end is cut: the gap closes
+    assert any(c.close for b in cut(i) for c in b.gap_changes)
+    assert i.next_deadline(2.5) == DROP_GRACE
+    i.poll(2.5 + DROP_GRACE / 2)
+    assert i.outcome is None
+    i.poll(2.5 + DROP_GRACE)
+    assert i.outcome is Outcome.ROTATED
+
+
+def test_a_retried_attempt_records_what_the_dead_one_read_with_its_first_batch() -> None:
+    i = intake("40", route=Route.LIVE, floor="90", witness="50", retried=True)
+    assert i.outcome is None  # its own suspicion is no unknown gap
+    take(i, *events(50, 60, 70))
+    [batch] = cut(i)
+    opened, reread = batch.gap_changes
+    assert opened.opened is not None and opened.opened.kind == GapKind.RETRY.value
+    assert (opened.opened.start_id, opened.opened.end_id) == ("40", "90")
+    # it re-reads the suspected span itself: the same batch moves its resume point
+    assert (reread.gap_id, reread.reread_to, reread.close) == (opened.gap_id, "70", False)

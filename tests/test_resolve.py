@@ -225,14 +225,20 @@ async def test_a_repair_resumes_from_what_was_re_read(
     assert where(start) == ("40", "lagging", "50") and start.context.open_gaps == []
 
 
-async def test_a_gap_opened_before_the_lagging_id_starts_at_it(
+async def test_a_gap_opened_behind_the_lagging_id_is_repaired_from_its_start(
     resolver: CursorResolver, event_log: EventLog, stream_name: str
 ) -> None:
+    """A late notice can open a gap behind the lagging id: it keeps its start, the
+    repair goes back to it, and the lagging id does not move until it is closed."""
     await timeline(event_log, stream_name)
-    await open_gap(event_log, stream_name, "g1", "20", "60")  # the store raises it to 40
+    await open_gap(event_log, stream_name, "g1", "20", "60")
     start = await resolve(resolver, stream_name, Route.LAGGED)
-    assert [gap.start_id for gap in start.context.open_gaps] == ["40"]
-    assert where(start) == ("30", "gap", "40")
+    assert [gap.start_id for gap in start.context.open_gaps] == ["20"]
+    assert where(start) == ("10", "gap", "20")
+    held = await event_log.advance_lagging(
+        stream_name, ORDER, window=0, now=NOW + timedelta(hours=1)
+    )
+    assert (held.lagging_id, held.moved, held.held_by_gap) == ("40", False, True)
 
 
 async def test_a_gap_at_the_oldest_stored_id_starts_at_its_resume_point(
@@ -321,15 +327,17 @@ async def test_a_retry_never_starts_behind_the_lagging_id(
     assert where(start) == ("40", "retry", "50")
 
 
-async def test_a_retry_without_details_takes_the_lagging_id_or_the_floor(
+async def test_a_retry_without_details_takes_the_lagging_id_or_the_oldest_stored_id(
     resolver: CursorResolver, l1: LocalCursors, event_log: EventLog, stream_name: str
 ) -> None:
-    await persist(event_log, stream_name, [10, 20], NOW)
-    l1.advance(stream_name, "20", ORDER)  # the caches are where the dead attempt got to
-    empty = ReadProgress()
-    for progress in (None, empty):
-        start = await resolve(resolver, stream_name, retry_of=progress, retried=True)
-        assert where(start) == ("20", "floor", None)
+    """A stream younger than one window has no lagging id: the dead attempt began at or
+    after its oldest stored id, never before."""
+    await persist(event_log, stream_name, [10, 20, 30], NOW)
+    l1.advance(stream_name, "30", ORDER)  # the caches are where the dead attempt got to
+    for route in (Route.LIVE, Route.LAGGED):
+        for progress in (None, ReadProgress()):
+            start = await resolve(resolver, stream_name, route, retry_of=progress, retried=True)
+            assert where(start) == ("10", "oldest", "20"), route
     await persist(event_log, stream_name, [5], OLD)
     await event_log.advance_lagging(stream_name, ORDER, window=3600, now=NOW)
     for route in (Route.LIVE, Route.LAGGED):
@@ -337,18 +345,26 @@ async def test_a_retry_without_details_takes_the_lagging_id_or_the_floor(
         assert where(start) == ("5", "lagging", "10"), route
 
 
+async def test_a_retried_repair_without_details_restarts_at_its_gap(
+    resolver: CursorResolver, event_log: EventLog, stream_name: str
+) -> None:
+    await timeline(event_log, stream_name)
+    await open_gap(event_log, stream_name, "g1", "60", "70")
+    start = await resolve(resolver, stream_name, Route.LAGGED, retry_of=None, retried=True)
+    assert where(start) == ("50", "gap", "60")
+    live = await resolve(resolver, stream_name, Route.LIVE, retry_of=None, retried=True)
+    assert where(live) == ("40", "lagging", "50")
+
+
 async def test_a_retried_explicit_replay_without_details_restarts_at_its_id(
     resolver: CursorResolver, event_log: EventLog, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
-    start = await resolve(
-        resolver, stream_name, Route.EXPLICIT, explicit="60", retry_of=None, retried=True
-    )
-    assert where(start) == ("60", "retry", "70")
-    start = await resolve(
-        resolver, stream_name, Route.EXPLICIT, explicit="30", retry_of=None, retried=True
-    )
-    assert where(start) == ("40", "lagging", "50")
+    for explicit, witness in (("60", "70"), ("30", "40")):
+        start = await resolve(
+            resolver, stream_name, Route.EXPLICIT, explicit=explicit, retry_of=None, retried=True
+        )
+        assert where(start) == (explicit, "explicit", witness)
 
 
 async def test_a_first_attempt_ignores_stale_heartbeat_details(
