@@ -346,11 +346,31 @@ def test_a_hole_in_contiguous_ids_over_stored_ids_reads_on() -> None:
     assert i.outcome is None and i.drop is None
 
 
-def test_a_contiguous_first_id_past_the_cursor_over_new_ids_ends_the_connection() -> None:
-    i = intake("10", contiguous_ids=True, floor="10")
-    take(i, ev(14), ev(15))
-    assert i.outcome is Outcome.DROP_SIGNAL
+def test_a_contiguous_first_id_past_the_cursor_over_new_ids_ends_after_a_grace() -> None:
+    """Often a history that no longer reaches the cursor: what comes is stored for a
+    grace (a stream behind a short history still makes progress), then the repair."""
+    i = intake("10", contiguous_ids=True, floor="10", batch_max_events=10)
+    take(i, ev(14), ev(15), now=1.0)
     assert i.drop is not None and i.drop.detail == "ids missing after the cursor"
+    assert i.outcome is None and i.counts.events_read == 2
+    i.poll(1.0 + DROP_GRACE)
+    assert i.outcome is Outcome.DROP_SIGNAL
+    i.end()
+    opened = [c.opened for b in cut(i) for c in b.gap_changes if c.opened]
+    assert [(g.start_id, g.end_id, g.announced) for g in opened] == [("10", "14", 3)]
+
+
+def test_a_notice_and_the_hole_it_announced_make_one_gap() -> None:
+    i = intake("0", contiguous_ids=True, floor="0", batch_max_events=10)
+    take(i, ev(1), ev(2), NOTICE, ev(6))
+    assert i.outcome is Outcome.DROP_SIGNAL
+    assert i.drop is not None and i.drop.kind == "comment"
+    i.end()
+    changes = [c for b in cut(i) for c in b.gap_changes]
+    assert [(c.gap_id, c.opened is not None, c.end_id) for c in changes] == [
+        ("new1", True, None),
+        ("new1", False, "6"),
+    ]
 
 
 def test_a_repair_that_starts_past_its_gap_ends_after_the_grace() -> None:
