@@ -67,7 +67,8 @@ class ReadInput:
     start_id: str | None = None
     """Cursor to send when ``route`` is EXPLICIT."""
     known_gaps: list[str] = field(default_factory=list)
-    """Open gaps the workflow knows of; any other open gap ends a live connection."""
+    """Open gaps the workflow knows of; a live connection that finds open gaps and knows
+    none of them ends at once (``RECORDED_GAP``)."""
     connection: int = 0
     """Connection number within the workflow, for logs."""
 

@@ -208,11 +208,15 @@ def apply_change(
     if not record.is_open:
         return record
     lost_to = change.lost_to
+    close = change.close
     if change.short_to is not None:
         if record.short_reads + 1 >= SHORT_READS_TO_LOSE:
             lost_to = newest([lost_to, change.short_to], order)
         else:
             record.short_reads += 1
+            # The reader counted this its last strike, the record (reset meanwhile by
+            # another attempt's repair) does not: no evidence, another repair must try.
+            close = close and lost_to is not None
     if lost_to is not None:
         record.truncated = True
         record.reread_to = newest([record.reread_to, lost_to], order)
@@ -223,7 +227,7 @@ def apply_change(
         record.short_reads = 0  # a repair got through: the history reached it after all
     if change.recovered and change.opened is None:
         record.recovered += new_rows
-    if change.close:
+    if close:
         _close(record, order=order, now=now, stored=stored if change.contiguous else None)
     return record
 
@@ -388,9 +392,9 @@ def lagging_target(
     cap, held = lagging_cap(open_gaps, order)
     if not held:
         return candidate, False, None
-    if cap is None:
-        return None, True, None
-    if candidate is None or compare_ids(candidate, cap, order) > 0:
+    if cap is None or candidate is None:
+        return None, True, cap  # nothing a window old yet, or a gap with no start
+    if compare_ids(candidate, cap, order) > 0:
         return cap, True, cap
     return candidate, True, cap
 
@@ -641,6 +645,8 @@ class GapTracker:
         self.clean = False
         notice = self.last_id if self.last_id is not None else self.cursor
         start = newest([self.cursor or self.first_id, read_a_window_ago], self.order)
+        if start is None:
+            start = self.context.lagging_id  # nothing read yet: the last window at most
         fresh = notice is None or self._is_fresh(notice)
         gap = self._open(
             kind,
@@ -704,8 +710,9 @@ class GapTracker:
         return resume is not None and compare_ids(resume, self.covered_from, self.order) >= 0
 
     def _is_fresh(self, event_id: str) -> bool:
+        """Whether the connection reads new ids here (at or past the newest stored)."""
         floor = self.context.floor
-        return floor is None or compare_ids(event_id, floor, self.order) > 0
+        return floor is None or compare_ids(event_id, floor, self.order) >= 0
 
     def _lose_covered(self, cursor: str, first_id: str, *, definite: bool) -> None:
         """The history seems to start at ``first_id``: gaps this connection set out to

@@ -61,7 +61,8 @@ class Intake:
             open gaps the workflow did not know of).
         cursor: the id sent to the server (None: live only).
         context: what the store said as the connection started.
-        known_gaps: open gaps the workflow knows of.
+        known_gaps: open gaps the workflow knows of (a live connection that finds open
+            gaps and knows none of them ends at once: the workflow must learn of them).
         new_gap_id: makes a fresh gap id (random in the activity, seeded in simulations).
         now_iso: the wall-clock time as ISO text (gap records are stamped with it).
         retried: this attempt replaces one that died (see ``GapTracker.suspect``).
@@ -128,7 +129,11 @@ class Intake:
             self.gaps.suspect("an attempt that read here died; what it read is read again")
         known = set(known_gaps)
         unknown = [gap.gap_id for gap in context.open_gaps if gap.gap_id not in known]
-        if self.route is Route.LIVE and unknown:
+        # A workflow that knows one open gap has its repair pending already (it names
+        # only the oldest MAX_GAPS_IN_SUMMARY): ending now would only reconnect live, at
+        # once and over again, until the lagged-reconnect throttle lets the repair run.
+        knows_one = len(unknown) < len(context.open_gaps)
+        if self.route is Route.LIVE and unknown and not knows_one:
             self._signal(RECORDED_GAP, f"{len(unknown)} open gap(s) recorded earlier")
             self.outcome = Outcome.DROP_SIGNAL
 
@@ -266,12 +271,14 @@ class Intake:
         if event_id and event.id_field:
             self._new_id(event_id, now, announced_here=announces_drop)
         if announces_drop:
-            self._cut()
+            # The drop event is the notice: its own batch records the gap (no cursor may
+            # pass it first) and, read after the skip, is no evidence for a repair.
             self.gaps.drop_signal(
                 GapKind.EVENT_TYPE,
                 detail=f"event type {event.event!r}",
                 read_a_window_ago=self._read_a_window_ago(now),
             )
+            self._cut()
             self._signal(GapKind.EVENT_TYPE.value, f"event type {event.event!r}")
             self._drop_deadline = now + DROP_GRACE
         elif (

@@ -74,7 +74,8 @@ class CursorResolver:
             )
             if start.cursor is not None:
                 return start
-            # No gap open, no lagging id yet: the live chain (caches, then the floor).
+            # No gap open and no lagging id yet: the live chain (caches, then the floor),
+            # with the witness of the cursor it finds.
             cursor, source = await self._caches(stream, order)
             return await self._context(stream, order, cursor, source)
         cursor, source = await self._caches(stream, order)

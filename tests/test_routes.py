@@ -1,4 +1,6 @@
-"""The pure route decisions: every outcome against every state that matters."""
+"""The pure route decisions (workflows/routes.py): every outcome against the states that
+matter. The workflow mirrors the store's gap summary and routes on it; these tests hand
+it summaries the way a ReadResult (or a refresh from the store) would."""
 
 from __future__ import annotations
 
@@ -6,43 +8,113 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from durable_sse.contracts import Outcome, ReadResult, ReplaySignal, Route
+from durable_sse.contracts import (
+    RECORDED_GAP,
+    DropReport,
+    Outcome,
+    ReadCounts,
+    ReadResult,
+    ReplaySignal,
+    Route,
+)
+from durable_sse.gaps import GapSummary, GapTotals, GapView
 from workflows.routes import (
     BACKOFF_CAP,
+    BACKOFF_INITIAL,
+    HEALTHY_CONNECTION_SECONDS,
     HOLD_PARKED,
     HOLD_STOPPED_BY_SERVER,
     ConnectionPlan,
+    Decision,
+    ReplayRequest,
     StreamState,
     backoff_delay,
     display_state,
+    fold_gaps,
     plan_connection,
     record_result,
-    seconds_until_lagged,
+    seconds_until_repair,
+    should_interrupt,
 )
 
-NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 INTERVAL = 60.0
-ORDER = "natural"
+ORDER = "numeric"
 LIVE = ConnectionPlan(route=Route.LIVE)
 
 
-def plan(state: StreamState, now: datetime = NOW) -> ConnectionPlan:
-    return plan_connection(state, now=now, interval=INTERVAL, id_order=ORDER)
+def at(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+def view(gap_id: str = "g1", start: str = "40", end: str | None = "50", resume: str | None = None):
+    return GapView(
+        gap_id=gap_id,
+        kind="comment",
+        start_id=start,
+        end_id=end,
+        resume_from=resume or start,
+        announced=None,
+        seen_at=NOW.isoformat(),
+    )
+
+
+def summary(*views: GapView, **totals: int) -> GapSummary:
+    totals.setdefault("open", len(views))
+    return GapSummary(open=list(views), totals=GapTotals(**totals))
+
+
+NO_GAPS = summary()
+
+
+def result(
+    outcome: Outcome = Outcome.DROPPED,
+    last_cursor: str | None = None,
+    *,
+    gaps: GapSummary | None = NO_GAPS,
+    read: int = 0,
+    new_rows: int | None = None,
+    drop: str | None = None,
+    **fields: object,
+) -> ReadResult:
+    counts = ReadCounts(events_read=read, new_rows=read if new_rows is None else new_rows)
+    counts.duplicates = counts.events_read - counts.new_rows
+    return ReadResult(
+        outcome=outcome,
+        last_cursor=last_cursor,
+        counts=counts,
+        gaps=gaps,
+        drop=DropReport(kind=drop) if drop is not None else None,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def dropped(last_cursor: str, gaps: GapSummary | None, kind: str = "comment") -> ReadResult:
+    """A connection that ended on a drop signal of ``kind`` (the reader recorded it)."""
+    return result(Outcome.DROP_SIGNAL, last_cursor, gaps=gaps, read=5, drop=kind)
+
+
+def state(live: str | None = "100", gaps: GapSummary = NO_GAPS, **fields: object) -> StreamState:
+    return StreamState(live_cursor=live, gaps=gaps, gaps_stale=False, **fields)  # type: ignore[arg-type]
+
+
+def plan(s: StreamState, now: datetime = NOW) -> ConnectionPlan:
+    return plan_connection(s, now=now, interval=INTERVAL, id_order=ORDER)
 
 
 def record(
-    state: StreamState,
+    s: StreamState,
     connection: ConnectionPlan,
-    result: ReadResult | None,
+    outcome: ReadResult | None,
     *,
     duration: float = 30.0,
     jitter: float = 0.5,
     refused: str | None = None,
-):
+) -> Decision:
     return record_result(
-        state,
+        s,
         connection,
-        result,
+        outcome,
         id_order=ORDER,
         jitter=jitter,
         duration=duration,
@@ -50,368 +122,522 @@ def record(
     )
 
 
-def drop_signal(position: str | None, *, estimate: int | None = None) -> ReadResult:
-    return ReadResult(
-        outcome=Outcome.DROP_SIGNAL,
-        last_cursor=position,
-        events_read=5,
-        new_rows=5,
-        drop_position=position,
-        dropped_estimate=estimate,
-    )
+def interrupts(s: StreamState, connection: ConnectionPlan, now: datetime = NOW) -> bool:
+    return should_interrupt(s, connection, now=now, interval=INTERVAL)
 
 
-def replaying(fence: str = "100", cursor: str | None = None) -> StreamState:
-    """A state in the middle of a lagged replay that has already been reach-checked."""
-    return StreamState(
-        live_cursor=fence,
-        fence_id=fence,
-        replay_active=True,
-        replay_from="40",
-        replay_cursor=cursor,
-        replay_checked=True,
-        replay_for_gap=True,
-        last_lagged_at=NOW.isoformat(),
-    )
+# --- no gap: live ------------------------------------------------------------------------
 
 
-# --- plain outcomes on a live stream -----------------------------------------------------
+def test_a_stream_with_no_gap_reads_live() -> None:
+    s = state()
+    assert plan(s) == ConnectionPlan(route=Route.LIVE, known_gaps=[])
+    assert s.counters.lagged_replays == 0 and s.last_lagged_at is None
+    assert seconds_until_repair(s, NOW, INTERVAL) is None
+    assert not interrupts(s, LIVE)
 
 
 @pytest.mark.parametrize("outcome", [Outcome.DROPPED, Outcome.ROTATED, Outcome.CANCELLED])
 def test_plain_end_reconnects_live_immediately(outcome: Outcome) -> None:
-    state = StreamState(live_cursor="10")
-    result = ReadResult(outcome=outcome, start_cursor="10", last_cursor="25", events_read=15)
-    decision = record(state, LIVE, result)
-    assert decision.delay == 0.0
-    assert decision.persist_fence is None and decision.clear_fence is None
-    assert state.live_cursor == "25"
-    assert state.counters.events_read == 15
-    assert plan(state) == ConnectionPlan(route=Route.LIVE)
+    s = state("10")
+    decision = record(s, LIVE, result(outcome, "25", read=15, new_rows=12, start_cursor="10"))
+    assert decision == Decision()
+    assert s.live_cursor == "25" and s.last_outcome == outcome.value
+    assert (s.counters.events_read, s.counters.events_persisted, s.counters.duplicates) == (
+        15,
+        12,
+        3,
+    )
+    assert plan(s).route is Route.LIVE
 
 
-def test_live_cursor_only_moves_forward_numerically() -> None:
-    state = StreamState(live_cursor="1000")
-    record(state, LIVE, ReadResult(outcome=Outcome.DROPPED, last_cursor="999", events_read=1))
-    assert state.live_cursor == "1000"
+def test_live_cursor_only_moves_forward_by_the_id_order() -> None:
+    s = state("1000")
+    record(s, LIVE, result(Outcome.DROPPED, "999", read=1))
+    assert s.live_cursor == "1000"
+    record(s, LIVE, result(Outcome.DROPPED, None, read=1))
+    assert s.live_cursor == "1000"
+    record(s, LIVE, result(Outcome.DROPPED, "1001", read=1))
+    assert s.live_cursor == "1001"
+
+
+def test_the_result_s_lagging_id_and_error_are_kept_for_the_status() -> None:
+    s = state()
+    record(s, LIVE, result(Outcome.DROPPED, read=1, lagging_id="70", error="connection reset"))
+    assert (s.lagging_id, s.last_error) == ("70", "connection reset")
+    record(s, LIVE, result(Outcome.ROTATED, read=1))
+    assert (s.lagging_id, s.last_error) == ("70", "connection reset")
 
 
 def test_server_retry_sets_the_delay_after_a_plain_drop() -> None:
-    state = StreamState()
-    result = ReadResult(outcome=Outcome.DROPPED, last_cursor="3", events_read=3, retry_ms=2500)
-    assert record(state, LIVE, result).delay == 2.5
-    assert state.failures == 0
+    s = state()
+    assert record(s, LIVE, result(Outcome.DROPPED, "3", read=3, retry_ms=2500)).delay == 2.5
+    assert s.failures == 0
 
 
 def test_rotation_ignores_retry_and_reconnects_now() -> None:
-    state = StreamState()
-    result = ReadResult(outcome=Outcome.ROTATED, last_cursor="3", events_read=3, retry_ms=2500)
-    assert record(state, LIVE, result).delay == 0.0
+    s = state()
+    assert record(s, LIVE, result(Outcome.ROTATED, "3", read=3, retry_ms=2500)).delay == 0.0
 
 
 def test_unhealthy_drop_backs_off_and_counts_a_failure() -> None:
-    state = StreamState(live_cursor="9")
-    result = ReadResult(outcome=Outcome.DROPPED, last_cursor="9", error="connection reset")
-    first = record(state, LIVE, result, duration=0.2, jitter=0.0)
-    second = record(state, LIVE, result, duration=0.2, jitter=0.0)
-    assert state.failures == 2 and state.counters.failures == 2
-    assert 0 < first.delay < second.delay
-    healthy = ReadResult(outcome=Outcome.DROPPED, last_cursor="12", events_read=3)
-    assert record(state, LIVE, healthy).delay == 0.0
-    assert state.failures == 0
+    s = state("9")
+    failed = result(Outcome.DROPPED, "9", error="connection reset")
+    first = record(s, LIVE, failed, duration=0.2, jitter=0.0)
+    second = record(s, LIVE, failed, duration=0.2, jitter=0.0)
+    assert s.failures == 2 and s.counters.failures == 2
+    assert (first.delay, second.delay) == (BACKOFF_INITIAL / 2, BACKOFF_INITIAL)
+    # the server's retry wins when it is longer
+    third = record(s, LIVE, result(Outcome.DROPPED, retry_ms=9000), duration=0.2, jitter=0.0)
+    assert third.delay == 9.0 and s.failures == 3
+    assert record(s, LIVE, result(Outcome.DROPPED, "12", read=3)).delay == 0.0
+    assert s.failures == 0
 
 
-def test_cancelled_without_result_keeps_the_state() -> None:
-    state = StreamState(live_cursor="7")
-    decision = record(state, LIVE, None)
-    assert state.live_cursor == "7" and state.last_outcome == "cancelled"
+def test_a_long_connection_that_read_nothing_is_healthy() -> None:
+    s = state()
+    decision = record(s, LIVE, result(Outcome.DROPPED), duration=HEALTHY_CONNECTION_SECONDS)
+    assert decision.delay == 0.0 and s.failures == 0
+
+
+# --- a lost result ----------------------------------------------------------------------
+
+
+def test_a_lost_result_reads_the_gaps_from_the_store() -> None:
+    s = state("7")
+    decision = record(s, LIVE, None)
+    assert decision.refresh_gaps and s.gaps_stale
     assert decision.delay == 0.0
-    assert plan(state).route is Route.LIVE
+    assert (s.live_cursor, s.last_outcome) == ("7", "cancelled")
+    # the workflow then folds what the store says, and the repair starts
+    fold_gaps(s, summary(view()))
+    assert not s.gaps_stale and s.repair_wanted
+    assert plan(s).route is Route.LAGGED
+
+
+def test_a_result_without_gaps_also_reads_them_from_the_store() -> None:
+    s = state()
+    decision = record(s, LIVE, result(Outcome.DROPPED, "101", read=1, gaps=None))
+    assert decision.refresh_gaps and s.gaps_stale and s.live_cursor == "101"
+
+
+def test_a_result_with_gaps_needs_no_refresh() -> None:
+    s = state()
+    s.gaps_stale = True
+    decision = record(s, LIVE, result(Outcome.DROPPED, "101", read=1))
+    assert not decision.refresh_gaps and not s.gaps_stale
 
 
 # --- retry later and backoff -------------------------------------------------------------
 
 
 def test_retry_later_honours_retry_after_and_backs_off() -> None:
-    state = StreamState(live_cursor="5")
-    result = ReadResult(outcome=Outcome.RETRY_LATER, retry_after=30.0, status_code=429)
-    assert record(state, LIVE, result, jitter=0.0).delay == 30.0
-    decisions = [
-        record(state, LIVE, ReadResult(outcome=Outcome.RETRY_LATER), jitter=0.99).delay
-        for _ in range(10)
-    ]
-    assert decisions == sorted(decisions)
-    assert max(decisions) <= BACKOFF_CAP
-    assert state.failures == 11
-    assert plan(state).route is Route.LIVE
+    s = state("5")
+    first = record(s, LIVE, result(Outcome.RETRY_LATER, retry_after=30.0, status_code=429))
+    assert first.delay == 30.0
+    delays = [record(s, LIVE, result(Outcome.RETRY_LATER), jitter=0.99).delay for _ in range(10)]
+    assert delays == sorted(delays)
+    assert delays[-1] == pytest.approx(BACKOFF_CAP * (0.5 + 0.5 * 0.99))
+    assert s.failures == 11 and s.counters.failures == 11
+    assert plan(s).route is Route.LIVE
 
 
 @pytest.mark.parametrize("failures", [1, 2, 3, 5, 8, 30, 1000])
 @pytest.mark.parametrize("jitter", [0.0, 0.3, 0.999])
 def test_backoff_bounds(failures: int, jitter: float) -> None:
-    base = min(BACKOFF_CAP, 2.0 ** (failures - 1))
+    base = min(BACKOFF_CAP, BACKOFF_INITIAL * 2.0 ** min(failures - 1, 16))
     delay = backoff_delay(failures, jitter=jitter)
-    assert base / 2 <= delay <= base
-    assert delay <= BACKOFF_CAP
+    assert delay == pytest.approx(base * (0.5 + 0.5 * jitter))
+    assert base / 2 <= delay <= base <= BACKOFF_CAP
 
 
 def test_backoff_never_undercuts_retry_after_and_zero_failures_is_immediate() -> None:
     assert backoff_delay(1, jitter=0.5, retry_after=120.0) == 120.0
+    assert backoff_delay(5, jitter=0.5, retry_after=1.0) == 12.0
     assert backoff_delay(0, jitter=0.9) == 0.0
+    assert backoff_delay(1, jitter=-3.0) == 0.5  # jitter is clamped to [0, 1]
+    assert backoff_delay(1, jitter=7.0) == 1.0
 
 
-def test_retry_later_in_a_replay_retries_the_same_replay_connection() -> None:
-    state = replaying(cursor="70")
-    result = ReadResult(outcome=Outcome.RETRY_LATER, retry_after=5.0)
-    connection = ConnectionPlan(route=Route.EXPLICIT, start_id="70", fence_id="100", replay=True)
-    record(state, connection, result)
-    assert state.replay_active
-    nxt = plan(state)
-    assert (nxt.route, nxt.start_id, nxt.fence_id) == (Route.EXPLICIT, "70", "100")
-
-
-# --- 204 and refusals ----------------------------------------------------------------------
+# --- 204, refusals, display --------------------------------------------------------------
 
 
 def test_no_content_stops_until_resumed() -> None:
-    state = StreamState(live_cursor="5")
-    record(state, LIVE, ReadResult(outcome=Outcome.NO_CONTENT, status_code=204))
-    assert state.hold == HOLD_STOPPED_BY_SERVER
-    assert display_state(state, connected=False, waiting=False) == "stopped-by-server"
+    s = state("5")
+    decision = record(s, LIVE, result(Outcome.NO_CONTENT, status_code=204))
+    assert s.hold == HOLD_STOPPED_BY_SERVER and decision.delay == 0.0 and s.failures == 0
+    assert display_state(s, connected=False, waiting=False) == "stopped-by-server"
 
 
-def test_refusal_parks_with_the_message() -> None:
-    state = StreamState(live_cursor="5")
-    record(state, LIVE, None, refused="StreamRefusedError: HTTP 401")
-    assert state.hold == HOLD_PARKED
-    assert state.last_error == "StreamRefusedError: HTTP 401"
-    assert display_state(state, connected=False, waiting=False) == "parked"
-    assert state.live_cursor == "5"
+def test_refusal_parks_with_the_message_and_rereads_the_gaps() -> None:
+    s = state("5")
+    decision = record(s, LIVE, None, refused="StreamRefusedError: HTTP 401")
+    assert s.hold == HOLD_PARKED and s.last_outcome == "refused"
+    assert s.last_error == "StreamRefusedError: HTTP 401"
+    assert s.failures == 1 and s.counters.failures == 1
+    assert decision.refresh_gaps and s.gaps_stale
+    assert display_state(s, connected=False, waiting=False) == "parked"
+    assert s.live_cursor == "5"
 
 
 def test_display_state_precedence() -> None:
-    state = StreamState()
-    assert display_state(state, connected=True, waiting=False) == "reading"
-    assert display_state(state, connected=False, waiting=True) == "waiting"
-    assert display_state(state, connected=False, waiting=False) == "connecting"
-    state.paused = True
-    assert display_state(state, connected=True, waiting=False) == "paused"
-    state.stop_requested = True
-    assert display_state(state, connected=False, waiting=False) == "stopped"
+    s = state()
+    assert display_state(s, connected=True, waiting=False) == "reading"
+    assert display_state(s, connected=False, waiting=True) == "waiting"
+    assert display_state(s, connected=False, waiting=False) == "connecting"
+    s.hold = HOLD_PARKED
+    assert display_state(s, connected=False, waiting=True) == "parked"
+    s.paused = True
+    assert display_state(s, connected=True, waiting=False) == "paused"
+    stopping = state(stop_requested=True)
+    assert display_state(stopping, connected=True, waiting=False) == "reading"  # flushing
+    assert display_state(stopping, connected=False, waiting=False) == "stopped"
 
 
-# --- drop signals and the throttle -------------------------------------------------------
+# --- a gap open: the repair and its throttle ---------------------------------------------
 
 
-def test_drop_signal_fences_and_takes_the_lagged_route() -> None:
-    state = StreamState(live_cursor="50")
-    decision = record(state, LIVE, drop_signal("60", estimate=7))
-    assert decision.persist_fence == "60"
-    assert state.fence_id == "60" and state.pending_lagged
-    assert state.counters.drop_signals == 1 and state.gap_estimate == 7
-    nxt = plan(state)
-    assert (nxt.route, nxt.fence_id, nxt.replay, nxt.replay_started) == (
+def test_a_gap_open_takes_the_lagged_route_and_counts_a_new_lagged_reconnect() -> None:
+    s = state(gaps=summary(view("g1"), view("g2", "60", "70")))
+    nxt = plan(s)
+    assert nxt == ConnectionPlan(
+        route=Route.LAGGED, repairs=True, lagged_started=True, known_gaps=["g1", "g2"]
+    )
+    assert s.counters.lagged_replays == 1 and s.last_lagged_at == NOW.isoformat()
+    assert not interrupts(s, nxt)  # it is the repair
+
+
+def test_a_drop_signal_on_a_live_connection_starts_a_repair() -> None:
+    s = state("90")
+    decision = record(s, LIVE, dropped("100", summary(view())))
+    assert decision.delay == 0.0 and not decision.refresh_gaps
+    assert s.counters.drop_signals == 1 and s.counters.gaps_open == 1
+    assert not s.repair_resume
+    nxt = plan(s)
+    assert (nxt.route, nxt.repairs, nxt.lagged_started, nxt.known_gaps) == (
         Route.LAGGED,
-        "60",
+        True,
+        True,
+        ["g1"],
+    )
+
+
+def test_a_second_drop_signal_inside_the_interval_keeps_reading_live() -> None:
+    s = state("90", last_lagged_at=at(-10).isoformat())
+    record(s, LIVE, dropped("100", summary(view())))
+    assert seconds_until_repair(s, NOW, INTERVAL) == pytest.approx(50.0)
+    live = plan(s)
+    assert live == ConnectionPlan(route=Route.LIVE, known_gaps=["g1"])
+    assert s.counters.lagged_replays == 0
+    assert not interrupts(s, live, at(49))
+    assert interrupts(s, live, at(50))  # the repair is due: cut the live connection
+    assert seconds_until_repair(s, at(50), INTERVAL) == 0.0
+    assert seconds_until_repair(s, at(80), INTERVAL) == 0.0
+    repair = plan(s, at(50))
+    assert repair.route is Route.LAGGED and repair.lagged_started
+    assert s.last_lagged_at == at(50).isoformat() and s.counters.lagged_replays == 1
+
+
+def test_a_repair_cut_short_by_a_disconnect_resumes_at_once() -> None:
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    record(s, repair, result(Outcome.DROPPED, "45", read=5, gaps=summary(view(resume="45"))))
+    assert s.repair_resume and seconds_until_repair(s, at(1), INTERVAL) == pytest.approx(59.0)
+    again = plan(s, at(1))  # well inside the interval
+    assert (again.route, again.repairs, again.lagged_started) == (Route.LAGGED, True, False)
+    assert s.counters.lagged_replays == 1 and s.last_lagged_at == NOW.isoformat()
+    assert not s.repair_resume
+    # the resumed repair is cut again, by a rotation: still no new lagged reconnect
+    record(s, again, result(Outcome.ROTATED, "48", read=3, gaps=summary(view(resume="48"))))
+    assert plan(s, at(2)).lagged_started is False
+    assert s.counters.lagged_replays == 1
+
+
+def test_a_repair_whose_result_was_lost_resumes_once_the_store_says_it_is_open() -> None:
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    s.paused = True
+    assert interrupts(s, repair)
+    decision = record(s, repair, None)  # cancelled, its result lost with the cancel
+    assert decision.refresh_gaps and s.repair_resume
+    fold_gaps(s, summary(view(resume="45")))
+    assert s.repair_resume
+    s.paused = False
+    again = plan(s, at(1))
+    assert (again.route, again.lagged_started) == (Route.LAGGED, False)
+    # ... and when the store says the repair got through, there is nothing to resume
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    record(s, repair, None)
+    fold_gaps(s, summary(repaired=1))
+    assert not s.repair_resume and plan(s, at(1)).route is Route.LIVE
+
+
+def test_a_drop_signal_during_a_repair_is_throttled() -> None:
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    record(s, repair, dropped("47", summary(view(resume="45"), view("g2", "47", None))))
+    assert not s.repair_resume and s.counters.drop_signals == 1
+    live = plan(s, at(5))
+    assert live.route is Route.LIVE and live.known_gaps == ["g1", "g2"]
+    assert interrupts(s, live, at(60)) and not interrupts(s, live, at(59))
+    assert plan(s, at(60)).lagged_started and s.counters.lagged_replays == 2
+
+
+def test_a_repair_that_closed_every_gap_goes_live_and_leaves_nothing_to_resume() -> None:
+    s = state(gaps=summary(view()))
+    repair = plan(s)
+    closed = summary(repaired=1, events_recovered=4)
+    record(s, repair, result(Outcome.DROPPED, "120", read=30, gaps=closed))
+    assert not s.repair_wanted and not s.repair_resume
+    assert (s.counters.gaps_open, s.counters.gaps_repaired, s.counters.events_recovered) == (
+        0,
+        1,
+        4,
+    )
+    assert plan(s, at(1)).route is Route.LIVE
+    # a gap found later (a refresh) waits for the throttle like any other
+    fold_gaps(s, summary(view("g2", "130", "140"), repaired=1, events_recovered=4))
+    assert plan(s, at(2)).route is Route.LIVE
+    assert plan(s, at(60)).lagged_started
+
+
+def test_a_recorded_gap_ending_a_live_connection_is_not_a_drop_signal() -> None:
+    s = state()
+    record(s, LIVE, result(Outcome.DROP_SIGNAL, gaps=summary(view()), drop=RECORDED_GAP))
+    assert s.counters.drop_signals == 0
+    assert plan(s).route is Route.LAGGED
+    record(s, LIVE, dropped("101", summary(view()), kind="id_gap"))
+    record(s, LIVE, result(Outcome.DROP_SIGNAL, gaps=summary(view())))  # no report
+    assert s.counters.drop_signals == 2
+
+
+def test_should_interrupt_for_signals_whatever_the_route() -> None:
+    repair = ConnectionPlan(route=Route.LAGGED, repairs=True)
+    for name, value in [
+        ("stop_requested", True),
+        ("paused", True),
+        ("pending_replay", ReplaySignal()),
+    ]:
+        s = state()
+        setattr(s, name, value)
+        assert interrupts(s, LIVE) and interrupts(s, repair), name
+
+
+def test_the_open_gap_count_alone_wants_a_repair() -> None:
+    """More gaps open than the summary names: the totals still ask for the repair."""
+    s = state(gaps=summary(open=3))
+    assert s.repair_wanted and plan(s).route is Route.LAGGED
+
+
+# --- counters from the store's gap totals ------------------------------------------------
+
+
+def test_gap_totals_drive_the_counters_and_the_new_unrecoverable_deltas() -> None:
+    s = state()
+    first = summary(
+        view(),
+        repaired=2,
+        unrecoverable=2,
+        events_unrecoverable=5,
+        unknown_size=1,
+        events_recovered=9,
+    )
+    decision = record(s, LIVE, result(Outcome.DROPPED, "101", read=1, gaps=first))
+    c = s.counters
+    assert (c.gaps_open, c.gaps_repaired, c.gaps_unrecoverable, c.gaps_unknown_size) == (1, 2, 2, 1)
+    assert (c.events_unrecoverable, c.events_recovered) == (5, 9)
+    assert (decision.new_unrecoverable_events, decision.new_unrecoverable_gaps) == (5, 2)
+    # the same totals again: nothing new
+    decision = record(s, LIVE, result(Outcome.DROPPED, "102", read=1, gaps=first))
+    assert (decision.new_unrecoverable_events, decision.new_unrecoverable_gaps) == (0, 0)
+    # a gap of unknown size: a new gap, no new events
+    more = summary(unrecoverable=3, events_unrecoverable=5, unknown_size=2, repaired=3)
+    decision = record(s, LIVE, result(Outcome.DROPPED, "103", read=1, gaps=more))
+    assert (decision.new_unrecoverable_events, decision.new_unrecoverable_gaps) == (0, 1)
+    assert (c.gaps_open, c.gaps_unknown_size) == (0, 2)
+    most = summary(unrecoverable=4, events_unrecoverable=12, unknown_size=2, repaired=3)
+    decision = record(s, LIVE, result(Outcome.DROPPED, "104", read=1, gaps=most))
+    assert (decision.new_unrecoverable_events, decision.new_unrecoverable_gaps) == (7, 1)
+    assert c.events_unrecoverable == 12
+
+
+def test_totals_that_shrink_report_no_negative_deltas() -> None:
+    s = state()
+    fold_gaps(s, summary(unrecoverable=2, events_unrecoverable=8))
+    decision = Decision()
+    fold_gaps(s, summary(unrecoverable=1, events_unrecoverable=3), decision)
+    assert (decision.new_unrecoverable_events, decision.new_unrecoverable_gaps) == (0, 0)
+    assert (s.counters.gaps_unrecoverable, s.counters.events_unrecoverable) == (1, 3)
+
+
+def test_fold_gaps_without_a_decision_still_adopts_the_totals() -> None:
+    s = state()
+    s.gaps_stale = True
+    fold_gaps(s, summary(view(), unrecoverable=1, events_unrecoverable=4))
+    assert not s.gaps_stale and s.gaps.open_ids == ["g1"]
+    assert (s.counters.gaps_open, s.counters.events_unrecoverable) == (1, 4)
+
+
+def test_counters_sum_over_connections_but_gap_counters_mirror_the_store() -> None:
+    s = state()
+    gaps = summary(repaired=1, events_recovered=3)
+    record(s, LIVE, result(Outcome.DROPPED, "101", read=10, new_rows=8, gaps=gaps))
+    record(s, LIVE, result(Outcome.DROPPED, "105", read=4, new_rows=4, gaps=gaps))
+    c = s.counters
+    assert (c.events_read, c.events_persisted, c.duplicates) == (14, 12, 2)
+    assert (c.gaps_repaired, c.events_recovered) == (1, 3)
+
+
+# --- requested replays -------------------------------------------------------------------
+
+
+def test_a_replay_signal_with_no_payload_is_a_lagged_replay_to_the_live_cursor() -> None:
+    s = state("90", pending_replay=ReplaySignal(), last_lagged_at=at(-5).isoformat())
+    nxt = plan(s)  # a request is not throttled
+    assert nxt == ConnectionPlan(
+        route=Route.LAGGED,
+        repairs=True,
+        replay=True,
+        lagged_started=True,
+        replay_started=True,
+        known_gaps=[],
+    )
+    assert s.pending_replay is None
+    assert s.replay == ReplayRequest(from_id=None, target="90")
+    assert (s.counters.lagged_replays, s.counters.explicit_replays) == (1, 0)
+    assert s.last_lagged_at == NOW.isoformat()
+
+
+def test_a_replay_signal_from_an_id_is_explicit() -> None:
+    s = state("90", pending_replay=ReplaySignal(from_id="12"))
+    nxt = plan(s)
+    assert nxt == ConnectionPlan(
+        route=Route.EXPLICIT, start_id="12", replay=True, replay_started=True, known_gaps=[]
+    )
+    assert s.replay == ReplayRequest(from_id="12", target="90")
+    assert (s.counters.lagged_replays, s.counters.explicit_replays) == (0, 1)
+    assert s.last_lagged_at is None  # no throttle spent
+
+
+def test_a_replay_resumes_from_its_progress_until_it_reaches_its_target() -> None:
+    s = state("90", pending_replay=ReplaySignal(from_id="12"))
+    first = plan(s)
+    decision = record(s, first, result(Outcome.DROPPED, "50", read=38))
+    assert not decision.replay_finished and s.replay is not None and s.replay.progress == "50"
+    assert s.live_cursor == "90"  # a replay never moves the live cursor back
+    nxt = plan(s)
+    assert nxt == ConnectionPlan(route=Route.EXPLICIT, start_id="50", replay=True, known_gaps=[])
+    assert s.counters.explicit_replays == 1
+    # cancelled (a pause): its progress still counts
+    record(s, nxt, result(Outcome.CANCELLED, "75", read=25))
+    assert plan(s).start_id == "75"
+    # a result that lost ground does not move the progress back
+    record(s, nxt, result(Outcome.DROPPED, "60", read=1))
+    assert s.replay is not None and s.replay.progress == "75"
+    decision = record(s, nxt, result(Outcome.ROTATED, "90", read=15))
+    assert decision.replay_finished and s.replay is None
+    assert plan(s) == ConnectionPlan(route=Route.LIVE, known_gaps=[])
+
+
+def test_a_replay_past_its_target_is_finished() -> None:
+    s = state("90", pending_replay=ReplaySignal(from_id="12"))
+    decision = record(s, plan(s), result(Outcome.DROPPED, "130", read=118))
+    assert decision.replay_finished and s.replay is None and s.live_cursor == "130"
+
+
+def test_a_replay_that_could_not_connect_retries_the_same_start() -> None:
+    s = state("90", pending_replay=ReplaySignal(from_id="12"))
+    first = plan(s)
+    decision = record(s, first, result(Outcome.RETRY_LATER, retry_after=5.0, status_code=503))
+    assert decision.delay == 5.0 and s.replay is not None and not decision.replay_finished
+    assert plan(s).start_id == "12"
+
+
+def test_a_replay_with_no_target_ends_after_one_connection() -> None:
+    s = state(None, pending_replay=ReplaySignal(from_id="12"))
+    decision = record(s, plan(s), result(Outcome.DROPPED, "20", read=8))
+    assert decision.replay_finished and s.replay is None
+
+
+def test_a_lagged_replay_resumes_explicitly_from_its_progress() -> None:
+    s = state("90", pending_replay=ReplaySignal())
+    first = plan(s)
+    record(s, first, result(Outcome.DROPPED, "60", read=20))
+    nxt = plan(s, at(1))
+    assert nxt == ConnectionPlan(route=Route.EXPLICIT, start_id="60", replay=True, known_gaps=[])
+    assert s.counters.lagged_replays == 1
+
+
+def test_a_lagged_replay_that_got_nowhere_retries_lagged_without_counting() -> None:
+    s = state("90", pending_replay=ReplaySignal())
+    first = plan(s)
+    record(s, first, result(Outcome.DROPPED))
+    nxt = plan(s, at(1))
+    assert nxt == ConnectionPlan(route=Route.LAGGED, repairs=True, replay=True, known_gaps=[])
+    assert s.counters.lagged_replays == 1
+
+
+def test_a_lagged_replay_cut_short_with_a_gap_open_resumes_the_repair() -> None:
+    s = state("90", gaps=summary(view()), pending_replay=ReplaySignal())
+    first = plan(s)
+    record(s, first, result(Outcome.DROPPED, "45", read=5, gaps=summary(view(resume="45"))))
+    nxt = plan(s, at(1))
+    assert (nxt.route, nxt.repairs, nxt.replay, nxt.lagged_started) == (
+        Route.LAGGED,
+        True,
+        True,
+        False,
+    )
+    assert s.counters.lagged_replays == 1
+
+
+def test_an_explicit_replay_repairs_only_when_it_starts_before_every_open_gap() -> None:
+    gaps = summary(view("g1", "40", "50"), view("g2", "60", "70", resume="65"))
+    s = state("90", gaps=gaps, pending_replay=ReplaySignal(from_id="40"))
+    covering = plan(s)
+    assert covering.repairs and covering.known_gaps == ["g1", "g2"]
+    assert not interrupts(s, covering, at(600))
+    s = state("90", gaps=gaps, pending_replay=ReplaySignal(from_id="41"))
+    partial = plan(s)
+    assert not partial.repairs
+    assert interrupts(s, partial)  # the repair is due: it takes over
+    repair = plan(s)
+    assert repair.route is Route.LAGGED and repair.lagged_started
+    assert repair.replay is False  # an explicit replay is not the lagged one
+    assert s.replay is not None and s.replay.from_id == "41"
+
+
+def test_a_replay_signal_during_a_repair_interrupts_and_wins() -> None:
+    s = state("90", gaps=summary(view()))
+    repair = plan(s)
+    s.pending_replay = ReplaySignal(from_id="5")
+    assert interrupts(s, repair)
+    record(s, repair, result(Outcome.CANCELLED, "44", read=4, gaps=summary(view(resume="44"))))
+    assert s.repair_resume
+    nxt = plan(s, at(1))
+    assert (nxt.route, nxt.start_id, nxt.replay_started, nxt.repairs) == (
+        Route.EXPLICIT,
+        "5",
         True,
         True,
     )
-    assert not state.pending_lagged and state.last_lagged_at == NOW.isoformat()
-    assert state.counters.lagged_replays == 1
-
-
-def test_drop_signal_without_position_has_nothing_to_fence() -> None:
-    state = StreamState()
-    decision = record(state, LIVE, drop_signal(None))
-    assert decision.persist_fence is None and state.fence_id is None
-    assert plan(state).route is Route.LAGGED
-
-
-def test_drop_signal_inside_the_interval_is_deferred_not_dropped() -> None:
-    state = StreamState(live_cursor="50", last_lagged_at=(NOW - timedelta(seconds=10)).isoformat())
-    record(state, LIVE, drop_signal("60"))
-    assert state.pending_lagged
-    assert seconds_until_lagged(state, NOW, INTERVAL) == pytest.approx(50.0)
-    assert plan(state).route is Route.LIVE
-    assert state.pending_lagged  # still owed
-    later = NOW + timedelta(seconds=50)
-    assert seconds_until_lagged(state, later, INTERVAL) == 0.0
-    nxt = plan(state, later)
-    assert nxt.route is Route.LAGGED and nxt.fence_id == "60"
-    assert not state.pending_lagged
-
-
-def test_no_pending_lagged_means_no_timer() -> None:
-    assert seconds_until_lagged(StreamState(), NOW, INTERVAL) is None
-
-
-def test_second_drop_moves_the_fence_forward_only() -> None:
-    state = StreamState(live_cursor="50", fence_id="60", pending_lagged=True)
-    decision = record(state, LIVE, drop_signal("55"))
-    assert state.fence_id == "60" and decision.persist_fence is None
-    decision = record(state, LIVE, drop_signal("80", estimate=3))
-    assert state.fence_id == "80" and decision.persist_fence == "80"
-
-
-# --- replays -----------------------------------------------------------------------------
-
-
-def test_replay_interrupted_by_a_drop_resumes_from_its_progress() -> None:
-    state = StreamState(live_cursor="100")
-    record(state, LIVE, drop_signal("100"))
-    lagged = plan(state)
-    result = ReadResult(
-        outcome=Outcome.DROPPED,
-        start_cursor="40",
-        last_cursor="70",
-        events_read=30,
-        recovered_rows=4,
-        cursor_source="lagging",
+    # the replay re-reads the gap itself; it goes on until it reaches 90
+    record(s, nxt, result(Outcome.ROTATED, "30", read=25, gaps=summary(view(resume="44"))))
+    assert (plan(s, at(2)).route, s.replay.progress if s.replay else None) == (
+        Route.EXPLICIT,
+        "30",
     )
-    decision = record(state, lagged, result)
-    assert decision.clear_fence is None and state.replay_active
-    assert state.counters.events_recovered == 4
-    assert state.live_cursor == "100"  # a replay never moves the live cursor back
-    nxt = plan(state)
-    assert (nxt.route, nxt.start_id, nxt.fence_id) == (Route.EXPLICIT, "70", "100")
-    # interrupted again: resume from the newer progress
-    record(state, nxt, ReadResult(outcome=Outcome.ROTATED, start_cursor="70", last_cursor="90"))
-    assert plan(state).start_id == "90"
 
 
-def test_replay_cancelled_for_pause_resumes_the_replay() -> None:
-    state = replaying(cursor="70")
-    connection = ConnectionPlan(route=Route.EXPLICIT, start_id="70", fence_id="100", replay=True)
-    record(state, connection, ReadResult(outcome=Outcome.CANCELLED, last_cursor="75"))
-    assert plan(state).start_id == "75"
-
-
-def test_lagged_connection_that_never_connected_retries_lagged() -> None:
-    state = StreamState(live_cursor="100", fence_id="100", pending_lagged=True)
-    lagged = plan(state)
-    record(state, lagged, None)
-    assert state.replay_active
-    assert plan(state).route is Route.LAGGED
-
-
-def test_passed_fence_clears_it_and_goes_live() -> None:
-    state = replaying(cursor="70")
-    connection = ConnectionPlan(route=Route.EXPLICIT, start_id="70", fence_id="100", replay=True)
-    result = ReadResult(
-        outcome=Outcome.DROPPED,
-        start_cursor="70",
-        last_cursor="130",
-        events_read=60,
-        passed_fence=True,
-        recovered_rows=3,
-    )
-    decision = record(state, connection, result)
-    assert decision.clear_fence == "100" and decision.replay_finished
-    assert not decision.unrecoverable
-    assert state.fence_id is None and not state.replay_active
-    assert state.live_cursor == "130" and state.counters.events_recovered == 3
-    assert plan(state).route is Route.LIVE
-
-
-def test_replay_progress_at_the_fence_counts_as_passed() -> None:
-    state = replaying(cursor="70")
-    connection = ConnectionPlan(route=Route.EXPLICIT, start_id="70", fence_id="100", replay=True)
-    decision = record(state, connection, ReadResult(outcome=Outcome.DROPPED, last_cursor="100"))
-    assert decision.clear_fence == "100" and not state.replay_active
-
-
-@pytest.mark.parametrize("start_cursor", [None, "100", "120"])
-def test_lagged_route_that_cannot_reach_back_is_unrecoverable(start_cursor: str | None) -> None:
-    state = StreamState(live_cursor="100")
-    record(state, LIVE, drop_signal("100", estimate=12))
-    lagged = plan(state)
-    result = ReadResult(outcome=Outcome.DROPPED, start_cursor=start_cursor, last_cursor="130")
-    decision = record(state, lagged, result)
-    assert decision.unrecoverable and decision.clear_fence == "100"
-    assert state.counters.gaps_unrecoverable == 1
-    assert state.counters.events_unrecoverable == 12
-    assert state.fence_id is None and not state.replay_active
-    assert plan(state).route is Route.LIVE
-
-
-def test_unknown_estimate_counts_the_gap_only() -> None:
-    state = StreamState(live_cursor="100")
-    record(state, LIVE, drop_signal("100"))
-    decision = record(state, plan(state), ReadResult(outcome=Outcome.DROPPED, start_cursor=None))
-    assert decision.unrecoverable
-    assert state.counters.gaps_unrecoverable == 1 and state.counters.events_unrecoverable == 0
-
-
-def test_history_truncated_during_a_gap_replay_is_unrecoverable() -> None:
-    state = replaying(cursor="70")
-    connection = ConnectionPlan(route=Route.EXPLICIT, start_id="70", fence_id="100", replay=True)
-    result = ReadResult(outcome=Outcome.DROPPED, last_cursor="110", history_truncated=True)
-    decision = record(state, connection, result)
-    assert decision.unrecoverable and decision.clear_fence == "100"
-    assert state.counters.gaps_unrecoverable == 1
-
-
-def test_drop_signal_during_a_replay_restarts_it_from_its_origin_when_allowed() -> None:
-    state = replaying(cursor="70")
-    connection = ConnectionPlan(route=Route.EXPLICIT, start_id="70", fence_id="100", replay=True)
-    decision = record(state, connection, drop_signal("80"))
-    assert state.fence_id == "100" and decision.persist_fence is None
-    assert state.pending_lagged
-    # inside the interval: keep replaying from the progress
-    nxt = plan(state, NOW + timedelta(seconds=5))
-    assert (nxt.route, nxt.start_id) == (Route.EXPLICIT, "80")
-    # once allowed: re-read the whole replay
-    nxt = plan(state, NOW + timedelta(seconds=INTERVAL))
-    assert (nxt.route, nxt.start_id, nxt.replay_started) == (Route.EXPLICIT, "40", True)
-    assert not state.pending_lagged
-
-
-def test_drop_signal_in_the_connection_that_passed_the_fence_starts_a_new_gap() -> None:
-    state = replaying(cursor="70")
-    connection = ConnectionPlan(route=Route.EXPLICIT, start_id="70", fence_id="100", replay=True)
-    result = drop_signal("140")
-    result.passed_fence = True
-    decision = record(state, connection, result)
-    assert decision.clear_fence == "100" and decision.persist_fence == "140"
-    assert state.fence_id == "140" and state.pending_lagged and not state.replay_active
-
-
-# --- replay signals ------------------------------------------------------------------------
-
-
-def test_replay_signal_without_arguments_is_lagged_fenced_at_the_live_cursor() -> None:
-    state = StreamState(live_cursor="90", pending_replay=ReplaySignal())
-    nxt = plan(state)
-    assert (nxt.route, nxt.fence_id, nxt.persist_fence) == (Route.LAGGED, "90", "90")
-    assert state.pending_replay is None and state.counters.lagged_replays == 1
-
-
-def test_replay_signal_from_id_is_explicit() -> None:
-    state = StreamState(live_cursor="90", pending_replay=ReplaySignal(from_id="12"))
-    nxt = plan(state)
-    assert (nxt.route, nxt.start_id, nxt.fence_id) == (Route.EXPLICIT, "12", "90")
-    record(state, nxt, ReadResult(outcome=Outcome.DROPPED, start_cursor="12", last_cursor="50"))
-    assert plan(state).start_id == "50"
-
-
-def test_requested_replay_that_cannot_reach_back_is_not_a_lost_gap() -> None:
-    state = StreamState(pending_replay=ReplaySignal())
-    nxt = plan(state)
-    assert nxt.fence_id is None
-    decision = record(state, nxt, ReadResult(outcome=Outcome.DROPPED, start_cursor=None))
-    assert not decision.unrecoverable and state.counters.gaps_unrecoverable == 0
-    assert not state.replay_active
-
-
-def test_replay_signal_wins_over_a_pending_lagged_reconnect() -> None:
-    state = StreamState(live_cursor="90", pending_lagged=True, pending_replay=ReplaySignal("5"))
-    assert plan(state).start_id == "5"
-    assert state.pending_lagged
-
-
-def test_lagged_connection_cancelled_before_resolving_its_cursor_says_nothing() -> None:
-    state = StreamState(live_cursor="100", fence_id="100", pending_lagged=True)
-    lagged = plan(state)
-    decision = record(state, lagged, ReadResult(outcome=Outcome.CANCELLED))
-    assert not decision.unrecoverable and state.replay_active
-    assert plan(state).route is Route.LAGGED
+def test_a_drop_signal_during_a_requested_replay_keeps_the_replay() -> None:
+    s = state("90", pending_replay=ReplaySignal(from_id="12"))
+    first = plan(s)
+    record(s, first, dropped("40", summary(view("g1", "12", None))))
+    assert s.replay is not None and s.replay.progress == "40"
+    assert s.counters.drop_signals == 1
+    repair = plan(s, at(1))  # never lagged yet: the repair may start now
+    assert repair.route is Route.LAGGED and repair.lagged_started
+    record(s, repair, result(Outcome.ROTATED, "95", read=80, gaps=summary(repaired=1)))
+    assert s.replay is not None  # the repair was not the replay's connection
+    assert plan(s, at(2)).start_id == "40"
