@@ -23,7 +23,7 @@ from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.checkpoint import CheckpointActivities
-from activities.read import StreamReader
+from activities.read import MAX_CONNECTIONS_PER_WORKER, StreamReader
 from activities.schedule import ScheduleActivities
 from durable_sse.codec import data_converter_from_env
 from durable_sse.errors import ConfigError
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 HEARTBEAT_THROTTLE = timedelta(milliseconds=500)
 """Cancellation reaches an activity only on a heartbeat: keep signals prompt (~1 s)."""
 DEPENDENCY_WAIT = 60.0
+STORE_SLOTS = 100
+"""Activity slots beyond the connections: checkpoint, gap and schedule activities."""
 
 
 @dataclass
@@ -103,7 +105,9 @@ def build_worker(
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     options.setdefault("graceful_shutdown_timeout", timedelta(seconds=0))
-    options.setdefault("max_concurrent_activities", 5000)
+    # A worker takes no more connections than it can heartbeat in time (see
+    # MAX_CONNECTIONS_PER_WORKER), plus room for the short store activities.
+    options.setdefault("max_concurrent_activities", MAX_CONNECTIONS_PER_WORKER + STORE_SLOTS)
     # One cached run per stream plus its checkpoint runs: at the SDK's default (1,000) a
     # worker with a thousand streams would evict and replay histories on every activation.
     options.setdefault("max_cached_workflows", 5000)

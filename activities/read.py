@@ -141,6 +141,11 @@ class StreamReader:
         return [self.read_stream]
 
 
+MAX_CONNECTIONS_PER_WORKER = int(HEARTBEAT_BUDGET * MAX_HEARTBEAT_INTERVAL)
+"""Connections one worker takes (2,500): more could not each heartbeat every
+``MAX_HEARTBEAT_INTERVAL`` within the budget. ``worker.py`` sizes its activity slots by it."""
+
+
 def heartbeat_interval(open_connections: int) -> float:
     """Seconds between one connection's heartbeats when the worker holds
     ``open_connections``: stretched to stay within ``HEARTBEAT_BUDGET``, never past

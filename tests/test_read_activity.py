@@ -28,7 +28,9 @@ from temporalio.testing import ActivityEnvironment
 
 import activities.read as read_module
 from activities.read import (
+    HEARTBEAT_BUDGET,
     HEARTBEAT_INTERVAL,
+    MAX_CONNECTIONS_PER_WORKER,
     MAX_HEARTBEAT_INTERVAL,
     StreamReader,
     heartbeat_interval,
@@ -923,6 +925,16 @@ def test_the_heartbeat_interval_stretches_but_never_past_half_the_heartbeat_time
     assert heartbeat_interval(1000) == 2.0  # 1000 connections in a budget of 500/s
     # 5000 connections stretched it to the whole 10 s timeout before.
     assert heartbeat_interval(5000) == heartbeat_interval(10**6) == MAX_HEARTBEAT_INTERVAL
+
+
+def test_a_worker_takes_no_more_connections_than_it_can_heartbeat_in_time() -> None:
+    import worker
+
+    most = MAX_CONNECTIONS_PER_WORKER
+    assert most / heartbeat_interval(most) <= HEARTBEAT_BUDGET  # within the budget
+    assert heartbeat_interval(most) <= MAX_HEARTBEAT_INTERVAL  # and in time
+    assert (most + 1) / MAX_HEARTBEAT_INTERVAL > HEARTBEAT_BUDGET  # one more would not be
+    assert worker.MAX_CONNECTIONS_PER_WORKER == most and worker.STORE_SLOTS > 0
 
 
 class Blocker:
