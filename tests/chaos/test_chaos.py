@@ -724,9 +724,10 @@ async def test_11_seeded_mixed_faults_count_every_loss_exactly(
     may be too short for some repairs, all chosen by the seed: nothing the history still
     holds is lost, and what it no longer holds is counted exactly (contiguous ids)."""
     rng = random.Random(seed)
-    # Long enough to outlast a proxy stall (so only drops, not stalls, can outrun it), short
-    # enough that a large drop whose repair waits out the throttle may.
-    history = int(sizes.rate * rng.choice([4.0, 6.0, 10.0]))
+    # Longer than the replay window (2 s) and a stall with its reconnect, so only drops
+    # can outrun it (the checker knows drops, not a history outrun by a slow reconnect),
+    # and often short enough that a large drop whose repair waits out the throttle does.
+    history = int(sizes.rate * rng.choice([2.5, 3.0, 6.0]))
     name = new_stream(source, "mixed", sizes, history=history)
     drops: list[int] = []
     async with (
@@ -751,7 +752,8 @@ async def test_11_seeded_mixed_faults_count_every_loss_exactly(
                 drops.append(await drop_for_real(source, name, count, rate=sizes.rate))
 
         injected, _ = await asyncio.gather(
-            proxy.run_chaos(seed, faults=max(10, int(sizes.seconds * 2))), drops_now_and_then()
+            proxy.run_chaos(seed, faults=max(10, int(sizes.seconds * 2)), stall=(0.2, 0.6)),
+            drops_now_and_then(),
         )
         status = await drain_and_stop(
             handle, source, chaos_log, name, timeout=180, min_events=sizes.min_events
