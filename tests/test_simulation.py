@@ -156,7 +156,7 @@ def _close_on_any_read(self, gap):  # noqa: ANN001, ANN202
     return self.covered_from is not None and gap.gap_id not in self.opened
 
 
-def _forget_drop_signals(self, kind, *, announced=None, detail=""):  # noqa: ANN001, ANN202
+def _forget_drop_signals(self, kind, *, announced=None, detail="", **_):  # noqa: ANN001, ANN202
     return gaps.Gap(gap_id="forgotten", stream="sim", kind=kind.value, start_id=None)
 
 
