@@ -77,8 +77,9 @@ class GapKind(StrEnum):
     """A gap fence left by a schema-1 database, turned into a record at migration."""
     RETRY = "retry"
     """What an attempt that died had read: it may have read a drop notice it never
-    recorded, so the span is re-read like a gap. Nothing is known lost: if the history
-    no longer holds it, it closes without a count."""
+    recorded, so the span is re-read like a gap. If the history no longer holds it, it is
+    reported as unrecoverable of unknown size (exact with contiguous ids): a notice may
+    have died with the worker, and loud beats silent."""
 
 
 @dataclass
@@ -234,11 +235,6 @@ def apply_change(
 
 def _close(record: Gap, *, order: IdOrder | str, now: str, stored: StoredIds | None) -> None:
     record.closed_at = now
-    if record.kind == GapKind.RETRY and stored is None:
-        # Only a suspicion: re-read, or no longer in the history; no loss was ever known.
-        record.missing = 0
-        record.state = GapState.REPAIRED
-        return
     if stored is not None:
         span = numeric_span(record)
         if span is not None:
@@ -584,10 +580,13 @@ class GapTracker:
         if reached:
             self.covered_from = cursor
             return
-        # The server skipped ids stored after the cursor (its history is shorter), or
-        # nothing stored after the cursor can show it did not: evidence from here on.
+        # Evidence from here on only. The server skipped ids stored after the cursor: its
+        # history may be shorter (a strike for the gaps this connection set out to
+        # repair). Nothing stored after the cursor to compare with: nothing is shown
+        # either way, and an unrepaired gap waits for a repair that starts before it.
         self.covered_from = event_id
-        self._lose_covered(cursor, event_id, definite=False)
+        if witness is not None:
+            self._lose_covered(cursor, event_id, definite=False)
 
     def id_read(self, event_id: str) -> None:
         """Every id read, in order (the first after a notice is the hole's end)."""
@@ -610,10 +609,11 @@ class GapTracker:
         bound = self.context.floor
         if start is None or bound is None or compare_ids(bound, start, self.order) <= 0:
             return None
-        # Up to the newest stored id: what the dead attempt committed. A notice it read
-        # after that is about ids not committed, which the next read fetches anyway.
+        # Through the newest stored id (what the dead attempt committed) and one id past
+        # it: a late notice it read may be about the ids right after, which a history
+        # cut short could take before anyone reads them.
         gap = self._open(
-            GapKind.RETRY, start=start, end=bound, notice=bound, announced=None, detail=detail
+            GapKind.RETRY, start=start, end=None, notice=bound, announced=None, detail=detail
         )
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
         return gap

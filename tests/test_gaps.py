@@ -355,13 +355,15 @@ def test_recovered_rows_of_the_closing_batch_count_before_the_loss() -> None:
     assert (record.state, record.recovered, record.missing) == (GapState.UNRECOVERABLE, 3, 2)
 
 
-def test_a_retry_gap_closes_without_a_count_unless_ids_are_contiguous() -> None:
-    """A retry gap is a suspicion (a dead attempt may have read a notice): nothing is
-    known lost, so it closes repaired even beyond the history; contiguous ids still
-    count what is missing exactly."""
+def test_a_retry_gap_beyond_the_history_is_loud_unless_ids_are_contiguous() -> None:
+    """A retry gap is a suspicion (a dead attempt may have read a notice and died with
+    it): re-read, it is repaired; beyond the history it is unrecoverable of unknown size,
+    since a notice may have died with the worker; contiguous ids count exactly."""
     suspicion = dataclasses.replace(gap(), kind=GapKind.RETRY.value)
+    reread = apply(dataclasses.replace(suspicion), GapChange("g", close=True))
+    assert reread is not None and (reread.state, reread.missing) == (GapState.REPAIRED, 0)
     closed = apply(dataclasses.replace(suspicion), GapChange("g", lost_to="29", close=True))
-    assert closed is not None and (closed.state, closed.missing) == (GapState.REPAIRED, 0)
+    assert closed is not None and (closed.state, closed.missing) == (GapState.UNRECOVERABLE, None)
     counted = apply(
         dataclasses.replace(suspicion),
         GapChange("g", close=True, contiguous=True),
@@ -840,11 +842,13 @@ def test_a_last_strike_after_a_drop_signal_is_not_taken() -> None:
 
 
 def test_first_event_with_no_witness_is_evidence_from_itself_on() -> None:
-    """Nothing stored after the cursor can show the history reached it."""
+    """Nothing stored after the cursor can show the history reached it, nor that it did
+    not: no evidence before the first id, and no strike either (a connection from the
+    newest stored id must not count against a gap it cannot check)."""
     t = tracker("45", floor="40", gaps=[gap("a", "50", "55")])
     t.first_event("60")
-    assert (t.covered_from, t.short_history) == ("60", True)  # a strike for "a"
-    assert [c.short_to for c in t.pending_changes()] == ["60"]
+    assert (t.covered_from, t.short_history) == ("60", False)
+    assert t.pending_changes() == []
     older = tracker("45", floor="40", gaps=[gap("a", "20", "30")])
     older.first_event("60")
     assert (older.covered_from, older.short_history) == ("60", False)
@@ -1046,10 +1050,11 @@ def test_a_retried_attempt_suspects_what_the_dead_one_read() -> None:
     t = tracker("40", lagging="30", floor="90")
     suspicion = t.suspect("an attempt died")
     assert suspicion is not None
+    # Through the floor and one id past it (a late notice may be about the next ids).
     assert (suspicion.kind, suspicion.start_id, suspicion.end_id, suspicion.notice_id) == (
         "retry",
         "40",
-        "90",
+        None,
         "90",
     )
     assert suspicion.gap_id in t.gaps and t.opened == []  # this connection may prove it

@@ -508,6 +508,7 @@ def test_a_retried_attempt_records_what_the_dead_one_read_with_its_first_batch()
     [batch] = cut(i)
     opened, reread = batch.gap_changes
     assert opened.opened is not None and opened.opened.kind == GapKind.RETRY.value
-    assert (opened.opened.start_id, opened.opened.end_id) == ("40", "90")
+    gap = opened.opened
+    assert (gap.start_id, gap.end_id, gap.notice_id) == ("40", None, "90")
     # it re-reads the suspected span itself: the same batch moves its resume point
     assert (reread.gap_id, reread.reread_to, reread.close) == (opened.gap_id, "70", False)

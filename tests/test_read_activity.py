@@ -428,22 +428,33 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     assert retry_beats[0]["start_cursor"] == "10"  # a third attempt would start there too
     assert await stored_ids(pg_event_log, stream_name) == numbers(11, 60)
     # What the dead attempt read was a gap to re-read (it may hide a notice it never
-    # wrote), recorded by the retry and closed by its continuous re-read.
+    # wrote), recorded by the retry and re-read by it up to the floor; it closes once a
+    # read gets one id past it (the retry was cut right at 60).
     (suspect,) = await gap_rows(pg_event_log, stream_name)
-    assert (suspect["kind"], suspect["start_id"], suspect["end_id"]) == ("retry", "10", "60")
-    assert (suspect["state"], suspect["missing"], suspect["closed"]) == ("repaired", 0, True)
+    assert (suspect["kind"], suspect["start_id"], suspect["notice_id"]) == ("retry", "10", "60")
+    assert (suspect["state"], suspect["reread_to"]) == ("open", "60")
 
     # Never from before the lagging id: what lies before it is past the replay window.
     await pg_event_log.advance_lagging(stream_name, "numeric", window=0, now=datetime.now(UTC))
     env = ActivityEnvironment()
     env.info = dataclasses.replace(env.info, attempt=3, heartbeat_details=[last])
-    bounded, _ = await read(reader, spec, env=env, route=Route.LIVE)
+    # The workflow knows the open suspicion by now (the retry's result listed it).
+    known = [suspect["gap_id"]]
+    bounded, _ = await read(reader, spec, env=env, route=Route.LIVE, known_gaps=known)
     assert (bounded.cursor_source, bounded.start_cursor, bounded.last_cursor) == (
         "lagging",
         "60",
         "110",
     )
     assert await stored_ids(pg_event_log, stream_name) == numbers(11, 110)
+    # A connection from the newest stored id cannot show the history reached it: the
+    # suspicion waits for a repair, which starts one stored id before it and closes it.
+    (still,) = await gap_rows(pg_event_log, stream_name)
+    assert still["state"] == "open"
+    repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=known)
+    assert (repair.cursor_source, repair.start_cursor) == ("gap", "59")
+    (closed,) = await gap_rows(pg_event_log, stream_name)
+    assert (closed["state"], closed["missing"], closed["closed"]) == ("repaired", 0, True)
 
 
 async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
