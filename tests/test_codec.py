@@ -15,16 +15,15 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from temporalio import activity, workflow
+from temporalio import workflow
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import RetryPolicy
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
-from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from durable_sse.binaries import temporal_dev_server
+from tests.codec_workflows import MarkerWorkflow, fail_loudly
 
 with workflow.unsafe.imports_passed_through():
     import httpx
@@ -161,31 +160,6 @@ async def test_data_converter_only_changes_when_the_key_is_set() -> None:
 
 
 # -- end to end on a dev server -------------------------------------------------------------
-
-
-@activity.defn
-async def fail_loudly(marker: str) -> None:
-    raise ApplicationError(f"could not reach https://{marker}.example", non_retryable=True)
-
-
-@workflow.defn
-class MarkerWorkflow:
-    """Carries the marker as input, through an activity failure, into the result."""
-
-    @workflow.run
-    async def run(self, marker: str) -> str:
-        try:
-            await workflow.execute_activity(
-                fail_loudly,
-                marker,
-                start_to_close_timeout=timedelta(seconds=10),
-                retry_policy=RetryPolicy(maximum_attempts=1),
-            )
-        except ActivityError as err:
-            cause = err.cause
-            message = cause.message if isinstance(cause, ApplicationError) else str(cause)
-            return f"recovered {marker}: {message}"
-        return "unexpected success"
 
 
 @pytest.fixture(scope="module")
