@@ -271,7 +271,7 @@ async def _signal_latency(
     await _collect(name, 0, lambda: len(CONNECTIONS[name]) >= 1)
     await asyncio.sleep(1.0)
     latencies = []
-    for _ in range(samples):
+    for sample in range(samples):
         before = len(CONNECTIONS[name])
         newest = source.describe(name)["newest"]
         sent = time.time()
@@ -284,11 +284,11 @@ async def _signal_latency(
         first = next(c.first_event for c in CONNECTIONS[name][before:] if c.first_event)
         latencies.append(first - sent)
 
-        async def replay_done() -> bool:
+        async def replay_counted(sample: int = sample) -> bool:
             status = await handle.query("status", result_type=StreamStatus)
-            return status.fence_id is None
+            return status.counters.explicit_replays > sample
 
-        await wait_until(replay_done, timeout=60, what="the replay to end", every=0.1)
+        await wait_until(replay_counted, timeout=60, what="the replay to be counted", every=0.1)
         await asyncio.sleep(0.5)
     await handle.signal("stop")
     await handle.result()
