@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from durable_sse.errors import (
@@ -136,6 +136,8 @@ def next_request(cursor: str) -> None:
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chunks=bodies(), limits=LIMITS, resume_from=event_ids())
+# A BOM split across chunks was once held as 2 bytes of a line under a 1-byte line cap.
+@example(chunks=[b"\xef\xbb", b"\xbf"], limits=Limits(1, 1, 1), resume_from=b"")
 def test_hostile_input_raises_only_documented_errors(
     chunks: list[bytes], limits: Limits, resume_from: bytes
 ) -> None:

@@ -235,8 +235,10 @@ class SSEDecoder:
         """Strip one UTF-8 BOM at stream start, even when it is split across chunks."""
         head = b"".join(self._pending) + chunk if self._pending else chunk
         if len(head) < len(BOM) and BOM.startswith(head):
+            # Held until the next chunk says whether it is a BOM. Not a line's bytes yet
+            # (the next feed takes them back here), so the line cap does not count them.
             self._pending = [head]
-            self._pending_len = len(head)
+            self._pending_len = 0
             return b""
         self._pending.clear()
         self._pending_len = 0
