@@ -372,6 +372,13 @@ class World:
         self.tally.add("attempt crashed")
         if self.rng.random() >= self.faults.zombie:
             attempt.inflight_lost()  # the process is gone with what it had not committed
+            if not attempt.committed_any:
+                # It committed nothing, so nothing durable shows that it read anything:
+                # a notice it took died with it, like a notice lost with its connection.
+                # (One that committed leaves a retry suspicion past what it stored.)
+                connection = attempt.connection
+                for notice in connection.announced[: connection.taken]:
+                    notice.read = False
         else:
             attempt.lifetime = self.rng.randint(1, 30)
             attempt.zombie = True
@@ -514,6 +521,7 @@ class Attempt:
         self.inflight: list[Batch] = []
         self.heartbeat: ReadProgress | None = None
         self.finished = False
+        self.committed_any = False
         self.zombie = False
         self.lifetime = 0
         self.connection: SimConnection
@@ -609,6 +617,7 @@ class Attempt:
         batch = self.inflight.pop(0)
         world = self.world
         new_rows = world.log.commit(batch.records, batch.gap_changes, now=world.now)
+        self.committed_any = True
         first = self.first_id is None and self.start_cursor is None
         if batch.gap_changes:
             world.note(
