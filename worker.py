@@ -23,7 +23,7 @@ from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.checkpoint import CheckpointActivities
-from activities.read import MAX_CONNECTIONS_PER_WORKER, StreamReader
+from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
 from activities.schedule import ScheduleActivities
 from durable_sse.codec import data_converter_from_env
 from durable_sse.errors import ConfigError
@@ -86,9 +86,13 @@ def build_worker(
     task_queue: str,
     allowed_hosts: tuple[str, ...] | None = None,
     secrets: DeclaredSecrets | None = None,
+    progress_interval: float = PROGRESS_INTERVAL,
     **options: Any,
 ) -> Worker:
-    """The worker; without ``secrets`` no stream may name any secret."""
+    """The worker; without ``secrets`` no stream may name any secret.
+
+    ``progress_interval``: seconds between a connection's progress reports (tests shorten
+    it)."""
     reader = StreamReader(
         http=resources.http,
         event_log=resources.event_log,
@@ -96,6 +100,7 @@ def build_worker(
         l2=resources.l2,
         secrets=secrets,
         allowed_hosts=allowed_hosts,
+        progress_interval=progress_interval,
     )
     activities = [
         *reader.activities(),

@@ -297,6 +297,7 @@ STATUS_COLUMNS = (
     ("cursor", lambda s: control.current_counts(s)[0] or "-"),
     ("lagging id", lambda s: s.get("lagging_id") or "-"),
     ("persisted", lambda s: control.current_counts(s)[1]),
+    ("lag", lambda s: control.lag_text(s)),
     ("drops", lambda s: s["counters"]["drop_signals"]),
     ("open gaps", control.open_gaps_text),
     ("recovered", lambda s: s["counters"]["events_recovered"]),

@@ -132,15 +132,11 @@ async def replay(
 
 
 async def stream_status(client: Client, name: str) -> dict[str, Any]:
-    """The workflow's ``status`` plus the running connection's heartbeat (``in_flight``).
-
-    The workflow learns a connection's counts when it ends; its heartbeat details say
-    what it has committed so far, so ``persisted`` and ``cursor`` here are current.
-    """
+    """The workflow's ``status``: current while a connection runs (its progress reports
+    are folded in; ``progress_at`` says when the last one came)."""
     handle = client.get_workflow_handle(stream_workflow_id(name))
     try:
         status = await handle.query("status", result_type=StreamStatus)
-        description = await handle.describe()
     except RPCError as error:
         raise _translate(error, name) from None
     except (KeyError, ValueError) as error:
@@ -151,24 +147,18 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
     # The name its workflow id owns: a workflow whose input names another stream is
     # shown under its own name (parked, saying why), not as a second row of that stream.
     result["name"] = name
-    result["in_flight"] = None
-    for pending in description.raw_description.pending_activities:
-        if pending.activity_type.name == "read_stream" and pending.heartbeat_details.payloads:
-            details = await client.data_converter.decode(pending.heartbeat_details.payloads)
-            if details and isinstance(details[0], dict):
-                result["in_flight"] = details[0]
     return result
 
 
 def current_counts(status: dict[str, Any]) -> tuple[str | None, int]:
-    """(cursor, events persisted) including the running connection's committed work."""
-    persisted = status["counters"]["events_persisted"]
-    cursor = status.get("live_cursor")
-    in_flight = status.get("in_flight")
-    if in_flight:
-        persisted += in_flight.get("new_rows", 0)
-        cursor = in_flight.get("cursor") or cursor
-    return cursor, persisted
+    """(cursor, events persisted), the running connection's last report included."""
+    return status.get("live_cursor"), status["counters"]["events_persisted"]
+
+
+def lag_text(status: dict[str, Any]) -> str:
+    """The running connection's commit lag (its newest event's arrival to its commit)."""
+    lag = status.get("commit_lag")
+    return "-" if lag is None else f"{lag:.1f}s"
 
 
 def open_gaps_text(status: dict[str, Any]) -> str:

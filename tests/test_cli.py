@@ -154,7 +154,8 @@ def status_row(name: str, **changes: Any) -> dict[str, Any]:
         "open_gaps": [],
         "repair_pending": False,
         "last_error": None,
-        "in_flight": None,
+        "progress_at": None,
+        "commit_lag": None,
         "counters": counters,
     }
     status.update(changes)
@@ -202,7 +203,8 @@ def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
         table = format_status_table(statuses, width=width)
         header, *lines = table.splitlines()
         assert header.split() == [
-            "stream", "state", "route", "cursor", "lagging", "id", "persisted", "drops",
+            "stream", "state", "route", "cursor", "lagging", "id", "persisted", "lag",
+            "drops",
             "open", "gaps", "recovered", "lost", "last", "error",
         ]  # fmt: skip
         assert " ".join(table.split()).count(REFUSAL) == 1, table  # whole, wrapped or not
