@@ -22,6 +22,7 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
+from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
 from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
 from activities.schedule import ScheduleActivities
@@ -106,6 +107,7 @@ def build_worker(
         *reader.activities(),
         *CheckpointActivities(resources.event_log).activities(),
         *ScheduleActivities(client, task_queue).activities(),
+        *SearchAttributeActivities(client).activities(),
     ]
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)

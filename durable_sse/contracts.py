@@ -15,6 +15,10 @@ from durable_sse.spec import StreamSpec
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
 SCHEDULE_ID_PREFIX = "sse-checkpoint:"
+STREAM_STATE_ATTRIBUTE = "SseStreamState"
+"""Keyword search attribute a stream's workflow keeps set to its state (``reading``,
+``waiting``, ``paused``, ``parked``, ``stopped-by-server``, ``stopped``) where the namespace
+has it registered (activities/attributes.py)."""
 
 
 def stream_workflow_id(name: str) -> str:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durable_sse.codec import data_converter_from_env
-from durable_sse.contracts import StreamStatus, stream_workflow_id
+from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
 from durable_sse.errors import DurableSSEError
 from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
 
@@ -42,6 +42,20 @@ async def connect(address: str, namespace: str, *, timeout: float = 5.0) -> Clie
         raise TemporalUnreachableError(
             f"cannot reach Temporal at {address} (namespace {namespace}): {detail}"
         ) from None
+
+
+STREAMS_QUERY = f'WorkflowType="{STREAM_WORKFLOW}"'
+PARKED_QUERY = f'{STREAMS_QUERY} AND {STREAM_STATE_ATTRIBUTE}="parked"'
+
+
+def web_ui_links(ui: str, namespace: str) -> dict[str, str]:
+    """Web UI lists of the streams only, and of the parked ones only (URL-encoded queries;
+    the second needs the ``SseStreamState`` search attribute registered)."""
+    base = f"{ui.rstrip('/')}/namespaces/{quote(namespace, safe='')}/workflows?query="
+    return {
+        "streams": base + quote(STREAMS_QUERY, safe=""),
+        "parked streams": base + quote(PARKED_QUERY, safe=""),
+    }
 
 
 def static_summary(spec: StreamSpec) -> str:

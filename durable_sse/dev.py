@@ -34,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse import control
 from durable_sse.binaries import redis_server, temporal_dev_server
+from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 from durable_sse.embedded import EmbeddedPostgres
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.logs import configure_logging
@@ -168,6 +169,10 @@ async def start_temporal(stack: DevStack, env: dict[str, str]) -> tuple[str, str
             str(stack.options.state_dir / "temporal.db"),
             "--log-level",
             "warn",
+            # The state column of Temporal's own lists (the Web UI, `temporal workflow
+            # list --query`): see activities/attributes.py.
+            "--search-attribute",
+            f"{STREAM_STATE_ATTRIBUTE}=Keyword",
         ],
     )
     await _wait_port("the Temporal dev server", "127.0.0.1", port, process)
@@ -296,7 +301,8 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
             await control.start_stream(client, spec, task_queue=settings.task_queue)
         print(f"Temporal Web UI: {ui or '(external Temporal at ' + address + ')'}", flush=True)
         if ui:
-            print(f"  streams: {ui}/namespaces/{settings.temporal_namespace}/workflows", flush=True)
+            for what, link in control.web_ui_links(ui, settings.temporal_namespace).items():
+                print(f"  {what}: {link}", flush=True)
         print(f"SSE source: http://127.0.0.1:{source.port}/streams", flush=True)
         print(f"Redis: {redis_url}   event log: {database_url}", flush=True)
         print(f"state directory: {options.state_dir} (Ctrl-C stops everything)", flush=True)

@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.attributes import SearchAttributeActivities
 from durable_sse import control
 from durable_sse.cli import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE, format_status_table
 from durable_sse.contracts import (
@@ -367,7 +368,13 @@ async def stream_worker(temporal: WorkflowEnvironment) -> AsyncIterator[str]:
         temporal.client,
         task_queue=queue,
         workflows=[StreamWorkflow],
-        activities=[read_until_cancelled, ensure_schedule, delete_schedule, no_checkpoint],
+        activities=[
+            read_until_cancelled,
+            ensure_schedule,
+            delete_schedule,
+            no_checkpoint,
+            *SearchAttributeActivities(temporal.client).activities(),
+        ],
         max_heartbeat_throttle_interval=timedelta(milliseconds=100),
         default_heartbeat_throttle_interval=timedelta(milliseconds=100),
     ):

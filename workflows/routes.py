@@ -406,6 +406,16 @@ def display_state(state: StreamState, *, connected: bool, waiting: bool) -> str:
     return "connecting"
 
 
+def attribute_state(display: str) -> str:
+    """The ``SseStreamState`` search attribute for a ``status`` state word.
+
+    ``connecting`` (between two connections, usually within one workflow task) counts as
+    ``reading``: the attribute changes when the stream's condition does, not on every
+    reconnect, and each change costs a history event.
+    """
+    return "reading" if display == "connecting" else display
+
+
 def copy_state(state: StreamState) -> StreamState:
     """A deep copy (tests compare before/after)."""
     return copy.deepcopy(state)

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.converter import value_to_type
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     # name: the converter resolves their type hints in the sandbox's module table.
     import durable_sse.gaps  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
     from durable_sse.contracts import (
+        STREAM_STATE_ATTRIBUTE,
         ConnectionProgress,
         Outcome,
         ReadInput,
@@ -54,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         HOLD_PARKED,
         ConnectionPlan,
         StreamState,
+        attribute_state,
         display_state,
         fold_gaps,
         live_view,
@@ -64,6 +66,14 @@ with workflow.unsafe.imports_passed_through():
     )
 
 __all__ = ["StreamState", "StreamWorkflow"]
+
+STREAM_STATE = SearchAttributeKey.for_keyword(STREAM_STATE_ATTRIBUTE)
+STATE_ATTRIBUTE_PATCH = "sse-stream-state-attribute"
+"""Runs started before the search attribute existed replay without its check and upserts."""
+ATTRIBUTE_CHECK_TIMEOUT = timedelta(seconds=10)
+ATTRIBUTE_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2)
+"""Two tries, then the run goes without the attribute (a worker of an older version that
+lacks the activity, a namespace that refuses the listing): never a hung stream."""
 
 NON_RETRYABLE_ERRORS = ["StreamRefusedError", "ConfigError"]
 READ_RETRY = RetryPolicy(
@@ -101,11 +111,16 @@ class StreamWorkflow:
         """The running connection's last report (display only)."""
         self._running: int | None = None
         """The running connection's number (``ReadInput.connection``)."""
+        self._attribute = False
+        """The namespace has ``SseStreamState`` registered: upsert it on every change."""
+        self._attribute_value: str | None = None
 
     @workflow.run
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
         s = self._state
         spec = self._spec
+        if workflow.patched(STATE_ATTRIBUTE_PATCH):
+            self._attribute = await self._attribute_registered()
         try:
             if self._spec_error is not None:
                 raise self._spec_error
@@ -500,6 +515,27 @@ class StreamWorkflow:
             or info.get_current_history_length() >= self._state.max_history_events
         )
 
+    async def _attribute_registered(self) -> bool:
+        """Whether to keep ``SseStreamState`` set: asked once per run."""
+        try:
+            registered = await workflow.execute_activity(
+                "stream_state_attribute_registered",
+                result_type=bool,
+                start_to_close_timeout=ATTRIBUTE_CHECK_TIMEOUT,
+                retry_policy=ATTRIBUTE_CHECK_RETRY,
+            )
+        except ActivityError as error:
+            workflow.logger.warning(
+                "%s is not set: cannot tell whether it is registered (%s)",
+                STREAM_STATE_ATTRIBUTE,
+                error.cause or error,
+            )
+            return False
+        if registered:
+            # Continue-as-new carries the attribute over: no upsert unless it changes.
+            self._attribute_value = workflow.info().typed_search_attributes.get(STREAM_STATE)
+        return bool(registered)
+
     def _ref(self) -> StreamRef:
         return StreamRef(name=self._spec.name, id_order=self._spec.id_order)
 
@@ -535,6 +571,11 @@ class StreamWorkflow:
         if status.last_error:
             lines.append(f"last error: {status.last_error}")
         workflow.set_current_details("\n\n".join(lines))
+        if self._attribute:
+            value = attribute_state(status.state)
+            if value != self._attribute_value:
+                workflow.upsert_search_attributes([STREAM_STATE.value_set(value)])
+                self._attribute_value = value
 
 
 class _StopRequested(Exception):
