@@ -15,10 +15,14 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durable_sse import temporal_client
 from durable_sse.codec import data_converter_from_env
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
 from durable_sse.errors import DurableSSEError
 from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
+from durable_sse.temporal_client import TemporalConnectionError, TemporalTarget
+
+__all__ = ["TemporalConnectionError", "connect"]
 
 STREAM_WORKFLOW = "StreamWorkflow"
 
@@ -27,21 +31,12 @@ class StreamNotFoundError(DurableSSEError):
     """No running workflow for this stream name."""
 
 
-class TemporalUnreachableError(DurableSSEError):
-    """Temporal did not answer."""
-
-
-async def connect(address: str, namespace: str, *, timeout: float = 5.0) -> Client:
-    try:
-        connecting = Client.connect(
-            address, namespace=namespace, data_converter=data_converter_from_env()
-        )
-        return await asyncio.wait_for(connecting, timeout)
-    except (TimeoutError, RuntimeError, RPCError) as error:
-        detail = str(error) or "no answer"
-        raise TemporalUnreachableError(
-            f"cannot reach Temporal at {address} (namespace {namespace}): {detail}"
-        ) from None
+async def connect(target: TemporalTarget, *, timeout: float = 5.0) -> Client:
+    """A client of ``target`` (see :mod:`durable_sse.temporal_client`); a failure is a
+    one-line :class:`TemporalConnectionError` naming the address and the namespace."""
+    return await temporal_client.connect(
+        target, data_converter=data_converter_from_env(), timeout=timeout
+    )
 
 
 STREAMS_QUERY = f'WorkflowType="{STREAM_WORKFLOW}"'
