@@ -27,6 +27,7 @@ from durable_sse.eventlog import EventLog
 from durable_sse.settings import Settings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
+from tests.test_e2e import capture_history
 from worker import WorkerResources, build_worker
 
 pytestmark = pytest.mark.slow
@@ -189,6 +190,7 @@ async def test_status_details_and_cli_move_while_the_connection_stays_open(
     )
     await handle.signal("stop")
     final = await handle.result()
+    await capture_history(handle, "stream_progress_reports")
     # The result, not the reports, is what the state keeps: nothing counted twice.
     assert final.counters.events_persisted == await stored_rows(event_log, final.name)
 

@@ -20,6 +20,7 @@ from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_w
 from durable_sse.settings import Settings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
+from tests.test_e2e import capture_history
 from worker import WorkerResources, build_worker
 from workflows.stream import STREAM_STATE
 
@@ -121,6 +122,7 @@ async def test_the_list_shows_parked_streams_apart_where_the_attribute_is_regist
             await handle.result()
         await until_listed(client, state_query("stopped"), set(ids.values()))
 
+    await capture_history(ok, "stream_state_attribute")
     # One upsert per change of condition, not per reconnect or report.
     assert await upserts(ok) == ["reading", "paused", "reading", "stopped"]
     assert await upserts(parked) == ["reading", "parked", "stopped"]
