@@ -77,7 +77,9 @@ async def default(
         yield running
 
 
-async def start(running: Running, source: SSESource, rate: float) -> WorkflowHandle:
+async def start(
+    running: Running, source: SSESource, rate: float, *, replay_window: float = 600.0
+) -> WorkflowHandle:
     name = "live-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=rate, keepalive=1, retry_ms=None))
     spec = StreamSpec(
@@ -86,6 +88,7 @@ async def start(running: Running, source: SSESource, rate: float) -> WorkflowHan
         id_order="numeric",
         max_connection_age=3600.0,
         batch_max_delay=0.05,
+        replay_window=replay_window,
     )
     return await running.client.start_workflow(
         "StreamWorkflow",
@@ -193,6 +196,29 @@ async def test_status_details_and_cli_move_while_the_connection_stays_open(
     await capture_history(handle, "stream_progress_reports")
     # The result, not the reports, is what the state keeps: nothing counted twice.
     assert final.counters.events_persisted == await stored_rows(event_log, final.name)
+
+
+async def test_the_lagging_id_moves_in_the_views_while_the_connection_stays_open(
+    quick: Running, source: SSESource
+) -> None:
+    """The checkpoint schedule moves the lagging id every replay window (here 2 s); the
+    views learn it from the next report, not when the connection ends."""
+    handle = await start(quick, source, rate=50, replay_window=2.0)
+    first = await poll(
+        handle, lambda s: s.lagging_id is not None, timeout=30, what="a lagging id in the view"
+    )
+    later = await poll(
+        handle,
+        lambda s: s.lagging_id is not None and int(s.lagging_id) > int(first.lagging_id),
+        timeout=30,
+        what="the lagging id to move in the view",
+    )
+    assert first.counters.connections == later.counters.connections == 1
+    assert int(later.lagging_id) <= int(later.live_cursor)
+    details = str((await handle.query("__temporal_workflow_metadata")).current_details)
+    assert "lagging: `-`" not in details, details
+    await handle.signal("stop")
+    await handle.result()
 
 
 async def test_quiet_streams_send_no_reports(quick: Running, source: SSESource) -> None:
