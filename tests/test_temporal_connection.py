@@ -439,3 +439,13 @@ async def test_mutual_tls_with_the_temporal_cli_variables_and_a_profile(
     with pytest.raises(SystemExit) as ended:
         await worker_module.connect_client(Settings.from_env(no_cert), timeout=1)
     assert "\n" not in str(ended.value) and mtls_address in str(ended.value)
+
+
+async def test_dev_uses_the_temporal_a_profile_names_instead_of_starting_one(
+    tmp_path: Path,
+) -> None:
+    from durable_sse.dev import DevOptions, DevStack, start_temporal
+
+    stack = DevStack(DevOptions(state_dir=tmp_path, profile="cloud"))
+    assert await start_temporal(stack, {}) == (None, None)
+    assert stack.processes == []  # nothing started
