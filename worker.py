@@ -22,9 +22,11 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
+from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
-from activities.read import MAX_CONNECTIONS_PER_WORKER, StreamReader
+from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
 from activities.schedule import ScheduleActivities
+from durable_sse import temporal_client
 from durable_sse.codec import data_converter_from_env
 from durable_sse.errors import ConfigError
 from durable_sse.eventlog import EventLog
@@ -86,9 +88,13 @@ def build_worker(
     task_queue: str,
     allowed_hosts: tuple[str, ...] | None = None,
     secrets: DeclaredSecrets | None = None,
+    progress_interval: float = PROGRESS_INTERVAL,
     **options: Any,
 ) -> Worker:
-    """The worker; without ``secrets`` no stream may name any secret."""
+    """The worker; without ``secrets`` no stream may name any secret.
+
+    ``progress_interval``: seconds between a connection's progress reports (tests shorten
+    it)."""
     reader = StreamReader(
         http=resources.http,
         event_log=resources.event_log,
@@ -96,11 +102,13 @@ def build_worker(
         l2=resources.l2,
         secrets=secrets,
         allowed_hosts=allowed_hosts,
+        progress_interval=progress_interval,
     )
     activities = [
         *reader.activities(),
         *CheckpointActivities(resources.event_log).activities(),
         *ScheduleActivities(client, task_queue).activities(),
+        *SearchAttributeActivities(client).activities(),
     ]
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
@@ -120,8 +128,15 @@ def build_worker(
     )
 
 
-async def wait_for(what: str, attempt: Callable[[], Awaitable[Any]], *, timeout: float) -> Any:
-    """Retry ``attempt`` until it succeeds or ``timeout`` passes, then fail naming ``what``."""
+async def wait_for(
+    what: str,
+    attempt: Callable[[], Awaitable[Any]],
+    *,
+    timeout: float,
+    fatal: Callable[[Exception], bool] | None = None,
+) -> Any:
+    """Retry ``attempt`` until it succeeds or ``timeout`` passes, then fail naming ``what``
+    in one line; an error ``fatal`` says waiting cannot fix fails at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     delay = 0.2
@@ -129,6 +144,8 @@ async def wait_for(what: str, attempt: Callable[[], Awaitable[Any]], *, timeout:
         try:
             return await attempt()
         except Exception as error:  # noqa: BLE001 - reported below
+            if fatal is not None and fatal(error):
+                raise SystemExit(f"durable-sse worker: {error}") from None
             if loop.time() + delay > deadline:
                 raise SystemExit(
                     f"durable-sse worker: gave up waiting for {what} after {timeout:g} s: {error}"
@@ -141,18 +158,17 @@ async def wait_for(what: str, attempt: Callable[[], Awaitable[Any]], *, timeout:
 async def connect_client(
     settings: Settings, *, runtime: Runtime | None = None, timeout: float = DEPENDENCY_WAIT
 ) -> Client:
+    """The Temporal client, waited for; a namespace that does not exist ends the wait at
+    once (waiting cannot create it)."""
     # Built once, outside the retry: a bad payload key is a configuration error, not
     # something to wait out.
     data_converter = data_converter_from_env()
+    target = settings.temporal
     return await wait_for(
-        f"Temporal at {settings.temporal_address}",
-        lambda: Client.connect(
-            settings.temporal_address,
-            namespace=settings.temporal_namespace,
-            data_converter=data_converter,
-            runtime=runtime,
-        ),
+        target.describe(),
+        lambda: temporal_client.connect(target, data_converter=data_converter, runtime=runtime),
         timeout=timeout,
+        fatal=lambda error: isinstance(error, temporal_client.NamespaceNotFoundError),
     )
 
 
@@ -205,7 +221,9 @@ async def run_worker(
         allowed_hosts=settings.allowed_hosts,
         secrets=secrets,
     )
-    log.info("worker polling task queue %s at %s", settings.task_queue, settings.temporal_address)
+    log.info(
+        "worker polling task queue %s of %s", settings.task_queue, settings.temporal.describe()
+    )
     reporter = asyncio.create_task(report_redis_failures(resources, runtime)) if runtime else None
     if settings.metrics_port:
         log.info("Prometheus metrics on http://0.0.0.0:%d/metrics", settings.metrics_port)
@@ -219,10 +237,10 @@ async def run_worker(
         await resources.close()
 
 
-def main(*, log_format: str = "plain") -> None:
+def main(*, log_format: str = "plain", profile: str | None = None) -> None:
     configure_logging(log_format)
     try:
-        asyncio.run(run_worker(Settings.from_env()))
+        asyncio.run(run_worker(Settings.from_env(profile=profile)))
     except ConfigError as error:
         raise SystemExit(f"durable-sse worker: {error}") from None
 

@@ -15,7 +15,11 @@ decision about what a connection read (batches, drop signals, gaps, when to end)
   gap summary read at the end; only refusals that retrying cannot fix are raised
   (non-retryable ``ApplicationError``);
 * cancellation (replay/pause/stop signals, worker shutdown) flushes what was read, then
-  returns ``CANCELLED``.
+  returns ``CANCELLED``;
+* every ``PROGRESS_INTERVAL`` it reads the stream's gaps and lagging id and, when anything
+  changed, reports them with its cursor and counts to its workflow (the ``progress``
+  signal), so the status query and the Web UI stay current while a connection lasts.
+  Heartbeat details are not enough: a workflow cannot read them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any, TypeVar
@@ -35,6 +39,7 @@ from temporalio.exceptions import ApplicationError
 
 from durable_sse.commits import CommitJob
 from durable_sse.contracts import (
+    ConnectionProgress,
     Outcome,
     ReadCounts,
     ReadInput,
@@ -97,6 +102,13 @@ is written while the previous one commits."""
 MAX_REDIRECTS = 5
 READ_AHEAD_CHUNKS = 64
 """Chunks (up to 64 KiB each) read ahead while a batch commits: bounds memory."""
+PROGRESS_INTERVAL = 20.0
+"""Seconds between progress reports to the workflow (only sent when something changed).
+A report is checked for at the next heartbeat after this (at most
+``MAX_HEARTBEAT_INTERVAL`` later), so the workflow's view is under 30 s old; each report
+costs the workflow's history four events (docs/benchmarks.md)."""
+PROGRESS_TIMEOUT = 5.0
+"""Seconds one report may take (store reads and the signal); a late one is dropped."""
 
 _EOF = object()
 T = TypeVar("T")
@@ -114,8 +126,10 @@ class StreamReader:
         l2: RedisCursors,
         secrets: DeclaredSecrets | None = None,
         allowed_hosts: tuple[str, ...] | None = None,
+        progress_interval: float = PROGRESS_INTERVAL,
     ) -> None:
         install_redaction()
+        self.progress_interval = progress_interval
         self.allowed_hosts = allowed_hosts
         self.http = http
         self.event_log = event_log
@@ -128,10 +142,12 @@ class StreamReader:
     @activity.defn(name="read_stream")
     async def read_stream(self, input: ReadInput) -> ReadResult:
         self.open_connections += 1
+        connection = _Connection(self, input)
         try:
-            return await _Connection(self, input).run()
+            return await connection.run()
         finally:
             self.open_connections -= 1
+            await connection.stop_reports()
 
     def heartbeat_interval(self) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget."""
@@ -214,6 +230,11 @@ class _Connection:
         """Heartbeat details of the attempt before (sent again until this one starts)."""
         self.carried = ReadCounts()
         """Counts of earlier attempts (a retried attempt keeps counting)."""
+        self.commit_lag: float | None = None
+        self.next_report = time.monotonic() + reader.progress_interval
+        self.reporting: asyncio.Task[None] | None = None
+        self.reported: ConnectionProgress | None = None
+        """The last report the workflow got (its ``at`` left out)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -555,6 +576,7 @@ class _Connection:
         if batch.records:
             lag = (datetime.now(UTC) - batch.records[-1].received_at).total_seconds()
             self.metrics.cursor_lag.set(lag)
+            self.commit_lag = round(lag, 2)
         first = self.first_id is None and self.start_cursor is None
         if self.intake.committed(batch, new_rows=inserted.new_rows):
             cursor = self.intake.cursor
@@ -583,6 +605,57 @@ class _Connection:
                 counts=_added(self.carried, intake.counts),
             )
         activity.heartbeat(asdict(progress))
+        if intake is not None and now >= self.next_report and self.reporting is None:
+            self.next_report = now + self.reader.progress_interval
+            self.reporting = asyncio.create_task(self._report())
+
+    # -- progress reports ----------------------------------------------------------
+
+    async def _report(self) -> None:
+        """Tell the workflow what this connection has done, if anything changed.
+
+        A view, never the truth: a report that fails or comes late is dropped (logged),
+        and the next one says it all again.
+        """
+        intake = self.intake
+        assert intake is not None
+        report = ConnectionProgress(
+            connection=self.input.connection,
+            cursor=intake.cursor,
+            counts=_added(self.carried, intake.counts),
+            commit_lag=self.commit_lag,
+        )
+        try:
+            async with asyncio.timeout(PROGRESS_TIMEOUT):
+                try:
+                    report.gaps = await self.reader.event_log.gap_summary(self.stream, self.order)
+                    checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
+                    report.lagging_id = checkpoint.lagging_id if checkpoint else None
+                except StoreError as error:
+                    activity.logger.debug("stream %s: report without gaps: %s", self.stream, error)
+                    report.gaps = None
+                if report == self.reported:
+                    return
+                info = activity.info()
+                handle = activity.client().get_workflow_handle(
+                    info.workflow_id, run_id=info.workflow_run_id
+                )
+                sent = replace(report, at=_now_iso())
+                await handle.signal("progress", sent)
+                self.reported = report
+        except RuntimeError as error:  # no client: an activity run outside a worker (tests)
+            activity.logger.debug("stream %s: progress not reported: %s", self.stream, error)
+        except Exception as error:  # noqa: BLE001 - a view: dropped, the next one retries
+            activity.logger.info("stream %s: progress not reported: %s", self.stream, error)
+        finally:
+            self.reporting = None
+
+    async def stop_reports(self) -> None:
+        """The connection ended: its result says it all, a late report would be ignored."""
+        task = self.reporting
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
 
 
 def _added(a: ReadCounts, b: ReadCounts) -> ReadCounts:

@@ -24,6 +24,7 @@ from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.http import host_allowed, redact_url
 from durable_sse.settings import Settings
 from durable_sse.spec import StreamSpec, load_streams, parse_replay_signal, spec_differences
+from durable_sse.temporal_client import CLIENT_ENVIRONMENT
 
 EXIT_ERROR = 1
 """Something failed on the way (Temporal unreachable, a stream not found, settings differ)."""
@@ -33,8 +34,7 @@ done."""
 STOP_TIMEOUT = 120.0
 
 ENVIRONMENT = {
-    "TEMPORAL_ADDRESS": "Temporal frontend, host:port (default localhost:7233)",
-    "TEMPORAL_NAMESPACE": "Temporal namespace (default: default)",
+    **CLIENT_ENVIRONMENT,
     "SSE_TASK_QUEUE": "task queue of the stream workflows (default sse-consumer)",
     "DURABLE_SSE_PAYLOAD_KEY": "payload encryption key (the worker's and the CLI's must match)",
     "SSE_ALLOWED_HOSTS": "hosts stream URLs may name, comma-separated, *.domain allowed "
@@ -46,9 +46,13 @@ ENVIRONMENT = {
     "REDIS_TIMEOUT": "seconds a Redis call may take before it is skipped (default 0.5)",
     "SSE_METRICS_PORT": "serve Prometheus metrics on this port (default: off)",
 }
-CLIENT_VARIABLES = ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "DURABLE_SSE_PAYLOAD_KEY")
+CLIENT_VARIABLES = (*CLIENT_ENVIRONMENT, "DURABLE_SSE_PAYLOAD_KEY")
 """What every client command reads (all commands also refuse a malformed value of any
-variable in ENVIRONMENT)."""
+variable in ENVIRONMENT). The Temporal ones are the ``temporal`` CLI's own."""
+PROFILE_HELP = (
+    "profile of the temporal CLI's temporal.toml (env TEMPORAL_PROFILE; TEMPORAL_* "
+    "variables override its values)"
+)
 
 
 def environment_help(names: Sequence[str], *, extra: str = "") -> str:
@@ -83,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, text: str, variables: Sequence[str], **kwargs: Any) -> Any:
-        return commands.add_parser(
+        sub = commands.add_parser(
             name,
             help=text,
             description=text[0].upper() + text[1:] + ".",
@@ -91,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
             **kwargs,
         )
+        sub.add_argument("--profile", metavar="NAME", help=PROFILE_HELP)
+        return sub
 
     worker = command(
         "worker",
@@ -211,13 +217,13 @@ def _worker(args: argparse.Namespace) -> int:
 
     if args.metrics_port is not None:
         os.environ["SSE_METRICS_PORT"] = str(args.metrics_port)
-    worker.main(log_format=args.log_format)
+    worker.main(log_format=args.log_format, profile=args.profile)
     return 0
 
 
 async def _run(args: argparse.Namespace) -> int:
     """One client command. Every input is checked before Temporal is contacted."""
-    settings = Settings.from_env()
+    settings = Settings.from_env(profile=args.profile)
     if args.command == "start":
         specs = load_streams(args.config)
         if args.names:
@@ -238,7 +244,7 @@ async def _run(args: argparse.Namespace) -> int:
         signal = parse_replay_signal(
             {"from_id": args.from_id, "since": args.since}, stream=args.name
         )
-    client = await control.connect(settings.temporal_address, settings.temporal_namespace)
+    client = await control.connect(settings.temporal)
     if args.command == "start":
         return await _start(client, specs, settings, args)
     if args.command == "status":
@@ -297,6 +303,7 @@ STATUS_COLUMNS = (
     ("cursor", lambda s: control.current_counts(s)[0] or "-"),
     ("lagging id", lambda s: s.get("lagging_id") or "-"),
     ("persisted", lambda s: control.current_counts(s)[1]),
+    ("lag", lambda s: control.lag_text(s)),
     ("drops", lambda s: s["counters"]["drop_signals"]),
     ("open gaps", control.open_gaps_text),
     ("recovered", lambda s: s["counters"]["events_recovered"]),

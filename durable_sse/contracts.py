@@ -15,6 +15,10 @@ from durable_sse.spec import StreamSpec
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
 SCHEDULE_ID_PREFIX = "sse-checkpoint:"
+STREAM_STATE_ATTRIBUTE = "SseStreamState"
+"""Keyword search attribute a stream's workflow keeps set to its state (``reading``,
+``waiting``, ``paused``, ``parked``, ``stopped-by-server``, ``stopped``) where the namespace
+has it registered (activities/attributes.py)."""
 
 
 def stream_workflow_id(name: str) -> str:
@@ -98,6 +102,32 @@ class ReadProgress:
     """The first id the attempt committed, when it started with no cursor: a retry starts
     from it instead."""
     counts: ReadCounts = field(default_factory=ReadCounts)
+
+
+@dataclass
+class ConnectionProgress:
+    """Payload of the ``progress`` signal: what the running connection has done so far.
+
+    The reader sends it to its workflow at most every ``PROGRESS_INTERVAL`` and only when
+    something changed, so the ``status`` query and the Web UI's current details stay
+    current while a connection lasts (up to ``max_connection_age``). Display only: the
+    workflow routes on results, never on a report.
+    """
+
+    connection: int = 0
+    """``ReadInput.connection`` of the reporting connection (a late report of another
+    connection is ignored)."""
+    cursor: str | None = None
+    """Newest committed cursor."""
+    counts: ReadCounts = field(default_factory=ReadCounts)
+    """The execution's counts so far (earlier attempts included), as ``ReadResult.counts``."""
+    lagging_id: str | None = None
+    gaps: GapSummary | None = None
+    """The stream's gaps as the store has them now (None: it could not be read)."""
+    commit_lag: float | None = None
+    """Seconds from the newest committed event's arrival to its commit."""
+    at: str | None = None
+    """ISO time of the report (the worker's clock)."""
 
 
 @dataclass
@@ -237,3 +267,8 @@ class StreamStatus:
     next_reconnect_at: str | None = None
     repair_pending: bool = False
     """A gap is open and its repair waits for the lagged-reconnect throttle."""
+    progress_at: str | None = None
+    """When the running connection last reported its progress (None: no connection, or
+    none yet); cursor, counters, gaps and lagging id include that report."""
+    commit_lag: float | None = None
+    """The running connection's last reported commit lag, seconds."""

@@ -9,16 +9,20 @@ from __future__ import annotations
 import asyncio
 from dataclasses import asdict
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durable_sse import temporal_client
 from durable_sse.codec import data_converter_from_env
-from durable_sse.contracts import StreamStatus, stream_workflow_id
+from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
 from durable_sse.errors import DurableSSEError
 from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
+from durable_sse.temporal_client import TemporalConnectionError, TemporalTarget
+
+__all__ = ["TemporalConnectionError", "connect"]
 
 STREAM_WORKFLOW = "StreamWorkflow"
 
@@ -27,21 +31,26 @@ class StreamNotFoundError(DurableSSEError):
     """No running workflow for this stream name."""
 
 
-class TemporalUnreachableError(DurableSSEError):
-    """Temporal did not answer."""
+async def connect(target: TemporalTarget, *, timeout: float = 5.0) -> Client:
+    """A client of ``target`` (see :mod:`durable_sse.temporal_client`); a failure is a
+    one-line :class:`TemporalConnectionError` naming the address and the namespace."""
+    return await temporal_client.connect(
+        target, data_converter=data_converter_from_env(), timeout=timeout
+    )
 
 
-async def connect(address: str, namespace: str, *, timeout: float = 5.0) -> Client:
-    try:
-        connecting = Client.connect(
-            address, namespace=namespace, data_converter=data_converter_from_env()
-        )
-        return await asyncio.wait_for(connecting, timeout)
-    except (TimeoutError, RuntimeError, RPCError) as error:
-        detail = str(error) or "no answer"
-        raise TemporalUnreachableError(
-            f"cannot reach Temporal at {address} (namespace {namespace}): {detail}"
-        ) from None
+STREAMS_QUERY = f'WorkflowType="{STREAM_WORKFLOW}"'
+PARKED_QUERY = f'{STREAMS_QUERY} AND {STREAM_STATE_ATTRIBUTE}="parked"'
+
+
+def web_ui_links(ui: str, namespace: str) -> dict[str, str]:
+    """Web UI lists of the streams only, and of the parked ones only (URL-encoded queries;
+    the second needs the ``SseStreamState`` search attribute registered)."""
+    base = f"{ui.rstrip('/')}/namespaces/{quote(namespace, safe='')}/workflows?query="
+    return {
+        "streams": base + quote(STREAMS_QUERY, safe=""),
+        "parked streams": base + quote(PARKED_QUERY, safe=""),
+    }
 
 
 def static_summary(spec: StreamSpec) -> str:
@@ -132,15 +141,11 @@ async def replay(
 
 
 async def stream_status(client: Client, name: str) -> dict[str, Any]:
-    """The workflow's ``status`` plus the running connection's heartbeat (``in_flight``).
-
-    The workflow learns a connection's counts when it ends; its heartbeat details say
-    what it has committed so far, so ``persisted`` and ``cursor`` here are current.
-    """
+    """The workflow's ``status``: current while a connection runs (its progress reports
+    are folded in; ``progress_at`` says when the last one came)."""
     handle = client.get_workflow_handle(stream_workflow_id(name))
     try:
         status = await handle.query("status", result_type=StreamStatus)
-        description = await handle.describe()
     except RPCError as error:
         raise _translate(error, name) from None
     except (KeyError, ValueError) as error:
@@ -151,24 +156,18 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
     # The name its workflow id owns: a workflow whose input names another stream is
     # shown under its own name (parked, saying why), not as a second row of that stream.
     result["name"] = name
-    result["in_flight"] = None
-    for pending in description.raw_description.pending_activities:
-        if pending.activity_type.name == "read_stream" and pending.heartbeat_details.payloads:
-            details = await client.data_converter.decode(pending.heartbeat_details.payloads)
-            if details and isinstance(details[0], dict):
-                result["in_flight"] = details[0]
     return result
 
 
 def current_counts(status: dict[str, Any]) -> tuple[str | None, int]:
-    """(cursor, events persisted) including the running connection's committed work."""
-    persisted = status["counters"]["events_persisted"]
-    cursor = status.get("live_cursor")
-    in_flight = status.get("in_flight")
-    if in_flight:
-        persisted += in_flight.get("new_rows", 0)
-        cursor = in_flight.get("cursor") or cursor
-    return cursor, persisted
+    """(cursor, events persisted), the running connection's last report included."""
+    return status.get("live_cursor"), status["counters"]["events_persisted"]
+
+
+def lag_text(status: dict[str, Any]) -> str:
+    """The running connection's commit lag (its newest event's arrival to its commit)."""
+    lag = status.get("commit_lag")
+    return "-" if lag is None else f"{lag:.1f}s"
 
 
 def open_gaps_text(status: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse import control
 from durable_sse.binaries import redis_server, temporal_dev_server
+from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 from durable_sse.embedded import EmbeddedPostgres
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.logs import configure_logging
@@ -41,6 +43,7 @@ from durable_sse.settings import Settings
 from durable_sse.source import SSESource
 from durable_sse.source.config import SourceStreamConfig
 from durable_sse.spec import StreamSpec, load_streams
+from durable_sse.temporal_client import TemporalTarget
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,8 @@ class DevOptions:
     summary_interval: float = 1.0
     postgres: bool = False
     """Run the event log on an embedded PostgreSQL (``--postgres``) instead of SQLite."""
+    profile: str | None = None
+    """Use the Temporal of this temporal.toml profile (``--profile``) instead of starting one."""
 
 
 _T, _UI = DevOptions.temporal_port, DevOptions.ui_port
@@ -77,7 +82,9 @@ ports, on 127.0.0.1 (one already in use is replaced by a free one):
   SSE source     {DEMO_SOURCE_PORT} (--source-port)     redis   {REDIS_PORT} (its URL printed)
 
 environment:
-  TEMPORAL_ADDRESS  use this Temporal server instead of starting one (no Web UI then)
+  TEMPORAL_ADDRESS  use this Temporal server instead of starting one (no Web UI then);
+                    so does TEMPORAL_PROFILE or --profile, with every TEMPORAL_* variable
+                    `durable-sse worker --help` lists (TLS, API key: the temporal CLI's)
   REDIS_URL         use this Redis when it answers, else start a redis-server
   DATABASE_URL      event log (default: SQLite under --dir)
   and every variable `durable-sse worker --help` lists (SSE_TASK_QUEUE, ...)"""
@@ -146,10 +153,15 @@ async def _wait_port(what: str, host: str, port: int, process: subprocess.Popen[
         await asyncio.sleep(0.1)
 
 
-async def start_temporal(stack: DevStack, env: dict[str, str]) -> tuple[str, str | None]:
-    """The Temporal address to use, and the Web UI address when we started the server."""
-    if "TEMPORAL_ADDRESS" in os.environ:
-        return os.environ["TEMPORAL_ADDRESS"], None
+async def start_temporal(stack: DevStack, env: dict[str, str]) -> tuple[str | None, str | None]:
+    """The address of the dev server we started and its Web UI; (None, None) when the
+    environment names a Temporal (``TEMPORAL_ADDRESS``, a profile) to use instead."""
+    if (
+        stack.options.profile
+        or "TEMPORAL_ADDRESS" in os.environ
+        or "TEMPORAL_PROFILE" in os.environ
+    ):
+        return None, None
     port = free_port(stack.options.temporal_port)
     ui_port = free_port(stack.options.ui_port)
     process = stack.spawn(
@@ -168,6 +180,10 @@ async def start_temporal(stack: DevStack, env: dict[str, str]) -> tuple[str, str
             str(stack.options.state_dir / "temporal.db"),
             "--log-level",
             "warn",
+            # The state column of Temporal's own lists (the Web UI, `temporal workflow
+            # list --query`): see activities/attributes.py.
+            "--search-attribute",
+            f"{STREAM_STATE_ATTRIBUTE}=Keyword",
         ],
     )
     await _wait_port("the Temporal dev server", "127.0.0.1", port, process)
@@ -284,19 +300,27 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
                 "DATABASE_URL", f"sqlite:///{options.state_dir / 'durable-sse.db'}"
             )
         settings = Settings.from_env(
-            {**os.environ, **env, "TEMPORAL_ADDRESS": address, "DATABASE_URL": database_url}
+            {**os.environ, **env, "DATABASE_URL": database_url}, profile=options.profile
         )
+        if address is not None:
+            # Our own dev server: plain, default namespace, whatever the user's
+            # temporal.toml or TEMPORAL_* variables say about their other servers.
+            settings = dataclasses.replace(settings, temporal=TemporalTarget(address=address))
         await source.start()
         specs = demo_specs(options.config, source)
         worker_task = asyncio.create_task(
             worker.run_worker(settings, stop=worker_stop, handle_signals=False)
         )
-        client = await control.connect(settings.temporal_address, settings.temporal_namespace)
+        client = await control.connect(settings.temporal)
         for spec in specs:
             await control.start_stream(client, spec, task_queue=settings.task_queue)
-        print(f"Temporal Web UI: {ui or '(external Temporal at ' + address + ')'}", flush=True)
+        print(
+            f"Temporal Web UI: {ui or '(external ' + settings.temporal.describe() + ')'}",
+            flush=True,
+        )
         if ui:
-            print(f"  streams: {ui}/namespaces/{settings.temporal_namespace}/workflows", flush=True)
+            for what, link in control.web_ui_links(ui, settings.temporal_namespace).items():
+                print(f"  {what}: {link}", flush=True)
         print(f"SSE source: http://127.0.0.1:{source.port}/streams", flush=True)
         print(f"Redis: {redis_url}   event log: {database_url}", flush=True)
         print(f"state directory: {options.state_dir} (Ctrl-C stops everything)", flush=True)
@@ -363,6 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="event log on an embedded PostgreSQL (data under --dir) instead of SQLite; "
         "ignores DATABASE_URL",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="NAME",
+        help="use the Temporal of this temporal.toml profile instead of starting one",
+    )
     args = parser.parse_args(argv)
     options = DevOptions(
         state_dir=args.dir,
@@ -371,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ui_port=args.ui_port,
         source_port=args.source_port,
         postgres=args.postgres,
+        profile=args.profile,
     )
     configure_logging()
     logging.getLogger("temporalio").setLevel(logging.WARNING)

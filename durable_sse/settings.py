@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,9 +16,10 @@ from durable_sse.codec import KEY_ENV as PAYLOAD_KEY_ENV
 from durable_sse.errors import ConfigError
 from durable_sse.http import parse_allowed_hosts
 from durable_sse.secrets import SecretBinding, parse_secret_bindings
+from durable_sse.temporal_client import DEFAULT_ADDRESS as DEFAULT_TEMPORAL_ADDRESS
+from durable_sse.temporal_client import DEFAULT_NAMESPACE, TemporalTarget, load_target
 
-DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
-DEFAULT_NAMESPACE = "default"
+__all__ = ["DEFAULT_NAMESPACE", "DEFAULT_TEMPORAL_ADDRESS", "Settings", "sqlite_path"]
 DEFAULT_TASK_QUEUE = "sse-consumer"
 DEFAULT_DATABASE_URL = "sqlite:///.durable-sse/durable-sse.db"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -26,8 +27,9 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 @dataclass(frozen=True)
 class Settings:
-    temporal_address: str = DEFAULT_TEMPORAL_ADDRESS
-    temporal_namespace: str = DEFAULT_NAMESPACE
+    temporal: TemporalTarget = field(default_factory=TemporalTarget)
+    """Where Temporal is and how to authenticate: ``TEMPORAL_*`` and temporal.toml, the
+    way the ``temporal`` CLI reads them (:mod:`durable_sse.temporal_client`)."""
     task_queue: str = DEFAULT_TASK_QUEUE
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str = DEFAULT_REDIS_URL
@@ -42,15 +44,32 @@ class Settings:
     require_encryption: bool = False
     """``DURABLE_SSE_REQUIRE_ENCRYPTION``: refuse to start without a payload key."""
 
+    @property
+    def temporal_address(self) -> str:
+        return self.temporal.address
+
+    @property
+    def temporal_namespace(self) -> str:
+        return self.temporal.namespace
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read and validate settings; a bad value raises :class:`ConfigError` naming it."""
-        env = os.environ if environ is None else environ
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, profile: str | None = None
+    ) -> Settings:
+        """Read and validate settings; a bad value raises :class:`ConfigError` naming it.
+
+        ``profile``: the temporal.toml profile (``--profile``; else ``TEMPORAL_PROFILE``).
+        """
+        env = dict(os.environ if environ is None else environ)
+        # Refused here with the variable's name; then read (stripped) with the profile.
+        for name, value in (
+            ("TEMPORAL_ADDRESS", _host_port("TEMPORAL_ADDRESS", env.get("TEMPORAL_ADDRESS"))),
+            ("TEMPORAL_NAMESPACE", _non_empty("TEMPORAL_NAMESPACE", env.get("TEMPORAL_NAMESPACE"))),
+        ):
+            if value is not None:
+                env[name] = value
         settings = cls(
-            temporal_address=_host_port("TEMPORAL_ADDRESS", env.get("TEMPORAL_ADDRESS"))
-            or DEFAULT_TEMPORAL_ADDRESS,
-            temporal_namespace=_non_empty("TEMPORAL_NAMESPACE", env.get("TEMPORAL_NAMESPACE"))
-            or DEFAULT_NAMESPACE,
+            temporal=load_target(env, profile=profile),
             task_queue=_non_empty("SSE_TASK_QUEUE", env.get("SSE_TASK_QUEUE"))
             or DEFAULT_TASK_QUEUE,
             database_url=_database_url(env.get("DATABASE_URL")) or DEFAULT_DATABASE_URL,

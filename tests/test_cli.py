@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.attributes import SearchAttributeActivities
 from durable_sse import control
 from durable_sse.cli import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE, format_status_table
 from durable_sse.contracts import (
@@ -154,7 +155,8 @@ def status_row(name: str, **changes: Any) -> dict[str, Any]:
         "open_gaps": [],
         "repair_pending": False,
         "last_error": None,
-        "in_flight": None,
+        "progress_at": None,
+        "commit_lag": None,
         "counters": counters,
     }
     status.update(changes)
@@ -202,7 +204,8 @@ def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
         table = format_status_table(statuses, width=width)
         header, *lines = table.splitlines()
         assert header.split() == [
-            "stream", "state", "route", "cursor", "lagging", "id", "persisted", "drops",
+            "stream", "state", "route", "cursor", "lagging", "id", "persisted", "lag",
+            "drops",
             "open", "gaps", "recovered", "lost", "last", "error",
         ]  # fmt: skip
         assert " ".join(table.split()).count(REFUSAL) == 1, table  # whole, wrapped or not
@@ -365,7 +368,13 @@ async def stream_worker(temporal: WorkflowEnvironment) -> AsyncIterator[str]:
         temporal.client,
         task_queue=queue,
         workflows=[StreamWorkflow],
-        activities=[read_until_cancelled, ensure_schedule, delete_schedule, no_checkpoint],
+        activities=[
+            read_until_cancelled,
+            ensure_schedule,
+            delete_schedule,
+            no_checkpoint,
+            *SearchAttributeActivities(temporal.client).activities(),
+        ],
         max_heartbeat_throttle_interval=timedelta(milliseconds=100),
         default_heartbeat_throttle_interval=timedelta(milliseconds=100),
     ):

@@ -26,10 +26,27 @@ def test_worker_service_sets_every_variable_the_worker_reads() -> None:
 
 
 def test_every_dependency_has_a_health_check_and_is_awaited_healthy() -> None:
+    """Long-running services are awaited healthy; a one-shot job (``restart: "no"``, e.g.
+    the search attribute's registration) is awaited until it has completed successfully."""
     for name, service in SERVICES.items():
         for dependency, condition in (service.get("depends_on") or {}).items():
+            if SERVICES[dependency].get("restart") == "no":
+                assert condition == {"condition": "service_completed_successfully"}, (
+                    name,
+                    dependency,
+                )
+                continue
             assert "healthcheck" in SERVICES[dependency], f"{name} depends on {dependency}"
             assert condition == {"condition": "service_healthy"}, (name, dependency)
+
+
+def test_the_stream_state_search_attribute_is_registered_before_the_worker_starts() -> None:
+    setup = SERVICES["temporal-setup"]
+    script = " ".join(setup["command"])
+    assert "search-attribute create" in script and "--name SseStreamState --type Keyword" in script
+    assert SERVICES["worker"]["depends_on"]["temporal-setup"] == {
+        "condition": "service_completed_successfully"
+    }
 
 
 def test_images_build_from_paths_that_exist() -> None:

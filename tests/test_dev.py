@@ -14,6 +14,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import unquote
 
 import psycopg
 import pytest
@@ -68,6 +69,34 @@ def rows(database: Path) -> int:
         return 0
 
 
+def listed(temporal_port: int, query: str) -> set[str]:
+    """Workflow ids the plain `temporal` CLI lists for ``query`` (retried: visibility lags)."""
+    found: set[str] = set()
+    for _ in range(20):
+        out = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "temporal"),
+                "workflow",
+                "list",
+                "--address",
+                f"127.0.0.1:{temporal_port}",
+                "--query",
+                query,
+                "--output",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        found = set(re.findall(r'"workflowId":\s*"([^"]+)"', out))
+        if len(found) >= 2:
+            break
+        time.sleep(0.5)
+    return found
+
+
 def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     env = {
         k: v
@@ -75,6 +104,7 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
         if k not in ("TEMPORAL_ADDRESS", "REDIS_URL", "DATABASE_URL")
     }
     ui_port = free_port()
+    temporal_port = free_port()
     state = tmp_path / "state"
     output = tmp_path / "dev.out"
     with output.open("wb") as out:
@@ -87,7 +117,7 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
                 "--dir",
                 str(state),
                 "--temporal-port",
-                str(free_port()),
+                str(temporal_port),
                 "--ui-port",
                 str(ui_port),
                 "--source-port",
@@ -109,6 +139,21 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
         text = output.read_text()
         assert rows(database) >= 50, text
         assert f"Temporal Web UI: http://127.0.0.1:{ui_port}" in text
+        # The printed lists: streams only, and parked streams only (URL-encoded queries).
+        links = dict(re.findall(r"^  (streams|parked streams): (\S+)$", text, re.MULTILINE))
+        queries = {what: unquote(link.split("?query=", 1)[1]) for what, link in links.items()}
+        assert queries == {
+            "streams": 'WorkflowType="StreamWorkflow"',
+            "parked streams": 'WorkflowType="StreamWorkflow" AND SseStreamState="parked"',
+        }, text
+        for link in links.values():
+            with urllib.request.urlopen(link, timeout=5) as page:
+                assert page.status == 200
+        # dev registered the attribute: the demo streams are listed by their state.
+        assert listed(temporal_port, 'SseStreamState="reading"') >= {
+            "sse-stream:ticks",
+            "sse-stream:noisy",
+        }, text
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/", timeout=5) as page:
             assert page.status == 200
         # Both demo streams are running and persisting.

@@ -35,6 +35,7 @@ from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
 from tests.chaos.harness import end_process, wait_until, worker_process
 from tests.test_portable import machine_paths
+from workflows.stream import STREAM_STATE
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +43,17 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TASK_QUEUE = "sse-consumer"
 HISTORIES = Path(__file__).parent / "histories"
+
+
+@pytest.fixture(scope="module")
+async def temporal() -> AsyncIterator[WorkflowEnvironment]:
+    """A dev server with the SseStreamState search attribute, as `durable-sse dev` and the
+    README's registration command leave it (the README lists streams by it)."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_dev_server(), ui=False, search_attributes=[STREAM_STATE]
+    )
+    yield env
+    await env.shutdown()
 
 
 @pytest.fixture(scope="module")

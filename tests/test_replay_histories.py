@@ -4,6 +4,9 @@ A change that makes the workflows non-deterministic (reordered commands, a new
 activity on an old path) fails here before it can break running streams. Refresh
 the histories with ``DURABLE_SSE_CAPTURE_HISTORY=1 pytest tests/test_e2e.py`` only
 when a change is *meant* to be incompatible (and then version the workflow).
+``stream_progress_reports`` (tests/test_live_views.py) and ``stream_state_attribute``
+(tests/test_search_attribute.py) are captured the same way by those modules; the three
+older histories predate both and replay through the ``sse-stream-state-attribute`` patch.
 """
 
 from __future__ import annotations

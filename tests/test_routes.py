@@ -10,6 +10,7 @@ import pytest
 
 from durable_sse.contracts import (
     RECORDED_GAP,
+    ConnectionProgress,
     DropReport,
     Outcome,
     ReadCounts,
@@ -31,6 +32,7 @@ from workflows.routes import (
     backoff_delay,
     display_state,
     fold_gaps,
+    live_view,
     plan_connection,
     record_result,
     seconds_until_repair,
@@ -641,3 +643,38 @@ def test_a_drop_signal_during_a_requested_replay_keeps_the_replay() -> None:
     record(s, repair, result(Outcome.ROTATED, "95", read=80, gaps=summary(repaired=1)))
     assert s.replay is not None  # the repair was not the replay's connection
     assert plan(s, at(2)).start_id == "40"
+
+
+# --- live view: a running connection's report, folded in for display only -----------------
+
+
+def test_a_report_is_folded_into_a_copy_and_never_into_the_state() -> None:
+    state = StreamState(live_cursor="900", lagging_id="100")
+    state.counters.events_persisted = 900
+    report = ConnectionProgress(
+        connection=3,
+        cursor="1000",
+        counts=ReadCounts(events_read=120, new_rows=100, duplicates=20),
+        lagging_id="400",
+        gaps=GapSummary(open=[view()], totals=GapTotals(open=1, repaired=2)),
+    )
+    shown = live_view(state, report, id_order=ORDER)
+    assert (shown.live_cursor, shown.lagging_id) == ("1000", "400")
+    c = shown.counters
+    assert (c.events_persisted, c.events_read, c.duplicates) == (1000, 120, 20)
+    assert (c.gaps_open, c.gaps_repaired) == (1, 2) and shown.repair_wanted
+    # The state learns the connection's work from its result only.
+    assert (state.live_cursor, state.lagging_id, state.counters.events_persisted) == (
+        "900",
+        "100",
+        900,
+    )
+    assert state.counters.gaps_open == 0 and not state.repair_wanted
+
+
+def test_a_report_without_store_reads_keeps_what_the_state_knows() -> None:
+    state = StreamState(live_cursor="1000", lagging_id="100")
+    state.counters.gaps_open = 1
+    shown = live_view(state, ConnectionProgress(cursor="999"), id_order=ORDER)
+    assert (shown.live_cursor, shown.lagging_id, shown.counters.gaps_open) == ("1000", "100", 1)
+    assert live_view(state, None, id_order=ORDER) == state

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 
 from durable_sse.contracts import (
     RECORDED_GAP,
+    ConnectionProgress,
     Outcome,
     ReadResult,
     ReplaySignal,
@@ -39,6 +40,10 @@ from durable_sse.ids import compare_ids, newest
 
 MAX_CONNECTIONS_PER_RUN = 200
 """Connections before the workflow continues-as-new (history stays small)."""
+MAX_HISTORY_EVENTS_PER_RUN = 10_000
+"""History events after which a run continues-as-new even when the server does not
+suggest it yet (it suggests at 4,096 by default): progress reports add history while one
+connection lasts, so a long connection is cut short to continue-as-new."""
 BACKOFF_INITIAL = 1.0
 BACKOFF_CAP = 60.0
 HEALTHY_CONNECTION_SECONDS = 10.0
@@ -97,6 +102,7 @@ class StreamState:
 
     schedule_ensured: bool = False
     max_connections_per_run: int = MAX_CONNECTIONS_PER_RUN
+    max_history_events: int = MAX_HISTORY_EVENTS_PER_RUN
 
     @property
     def repair_wanted(self) -> bool:
@@ -360,6 +366,31 @@ def fold_gaps(state: StreamState, gaps: GapSummary, decision: Decision | None = 
         state.repair_resume = False
 
 
+def live_view(
+    state: StreamState, progress: ConnectionProgress | None, *, id_order: str
+) -> StreamState:
+    """What the stream looks like with the running connection's last report folded in.
+
+    A copy: ``state`` itself learns a connection's work only from its result (the report's
+    counts are the same running totals the result will carry), so nothing is counted
+    twice and no decision ever rests on a report.
+    """
+    view = copy.deepcopy(state)
+    if progress is None:
+        return view
+    counters = view.counters
+    counters.events_read += progress.counts.events_read
+    counters.events_persisted += progress.counts.new_rows
+    counters.duplicates += progress.counts.duplicates
+    counters.ids_out_of_order += progress.counts.ids_out_of_order
+    view.live_cursor = newest([view.live_cursor, progress.cursor], id_order)
+    if progress.lagging_id is not None:
+        view.lagging_id = progress.lagging_id
+    if progress.gaps is not None:
+        fold_gaps(view, progress.gaps)
+    return view
+
+
 def display_state(state: StreamState, *, connected: bool, waiting: bool) -> str:
     """The ``status`` query's state word."""
     if state.stop_requested and not connected:
@@ -373,6 +404,16 @@ def display_state(state: StreamState, *, connected: bool, waiting: bool) -> str:
     if waiting:
         return "waiting"
     return "connecting"
+
+
+def attribute_state(display: str) -> str:
+    """The ``SseStreamState`` search attribute for a ``status`` state word.
+
+    ``connecting`` (between two connections, usually within one workflow task) counts as
+    ``reading``: the attribute changes when the stream's condition does, not on every
+    reconnect, and each change costs a history event.
+    """
+    return "reading" if display == "connecting" else display
 
 
 def copy_state(state: StreamState) -> StreamState:

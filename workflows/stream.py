@@ -8,6 +8,13 @@ activity's retry policy is only for crashes and infrastructure, never for an ord
 reconnect. Signals (``replay``, ``pause``, ``resume``, ``stop``) cancel the running
 connection; the reader flushes its batch and returns, and the workflow acts once it has.
 
+While a connection runs, the reader reports its progress with the ``progress`` signal (at
+most every ``PROGRESS_INTERVAL``, only when something changed): the ``status`` query and
+the Web UI's current details fold the last report in, so they are never more than about
+half a minute old. Reports are display only (no decision rests on one); they cost
+history, so a connection whose run's history has grown past its budget is cut short and
+the workflow continues-as-new (docs/benchmarks.md gives the cost per stream-hour).
+
 The server can never fail this workflow: refusals park it, ``204`` stops it until
 resumed, everything else backs off and reconnects.
 """
@@ -19,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.converter import value_to_type
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
@@ -28,6 +35,8 @@ with workflow.unsafe.imports_passed_through():
     # name: the converter resolves their type hints in the sandbox's module table.
     import durable_sse.gaps  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
     from durable_sse.contracts import (
+        STREAM_STATE_ATTRIBUTE,
+        ConnectionProgress,
         Outcome,
         ReadInput,
         ReadResult,
@@ -46,8 +55,10 @@ with workflow.unsafe.imports_passed_through():
         HOLD_PARKED,
         ConnectionPlan,
         StreamState,
+        attribute_state,
         display_state,
         fold_gaps,
+        live_view,
         plan_connection,
         record_result,
         seconds_until_repair,
@@ -55,6 +66,14 @@ with workflow.unsafe.imports_passed_through():
     )
 
 __all__ = ["StreamState", "StreamWorkflow"]
+
+STREAM_STATE = SearchAttributeKey.for_keyword(STREAM_STATE_ATTRIBUTE)
+STATE_ATTRIBUTE_PATCH = "sse-stream-state-attribute"
+"""Runs started before the search attribute existed replay without its check and upserts."""
+ATTRIBUTE_CHECK_TIMEOUT = timedelta(seconds=10)
+ATTRIBUTE_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2)
+"""Two tries, then the run goes without the attribute (a worker of an older version that
+lacks the activity, a namespace that refuses the listing): never a hung stream."""
 
 NON_RETRYABLE_ERRORS = ["StreamRefusedError", "ConfigError"]
 READ_RETRY = RetryPolicy(
@@ -88,11 +107,20 @@ class StreamWorkflow:
         self._waiting = False
         self._invalid = False
         self._repairing = False
+        self._progress: ConnectionProgress | None = None
+        """The running connection's last report (display only)."""
+        self._running: int | None = None
+        """The running connection's number (``ReadInput.connection``)."""
+        self._attribute = False
+        """The namespace has ``SseStreamState`` registered: upsert it on every change."""
+        self._attribute_value: str | None = None
 
     @workflow.run
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
         s = self._state
         spec = self._spec
+        if workflow.patched(STATE_ATTRIBUTE_PATCH):
+            self._attribute = await self._attribute_registered()
         try:
             if self._spec_error is not None:
                 raise self._spec_error
@@ -133,10 +161,7 @@ class StreamWorkflow:
                 continue
             if await self._wait_for_reconnect():
                 continue
-            if (
-                run_connections >= s.max_connections_per_run
-                or workflow.info().is_continue_as_new_suggested()
-            ):
+            if run_connections >= s.max_connections_per_run or self._history_full():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.logger.info(
                     "continuing as new after %d connections", s.counters.connections
@@ -181,6 +206,23 @@ class StreamWorkflow:
         self._publish()
 
     @workflow.signal
+    def progress(self, report: Any = None) -> None:
+        """The running connection's progress (display only; see the module docstring).
+
+        A report that does not parse, or that comes from a connection that is no longer
+        running (sent just before it ended), is ignored.
+        """
+        try:
+            parsed = value_to_type(ConnectionProgress, report)
+        except Exception:  # noqa: BLE001 - a malformed report is dropped, never fatal
+            workflow.logger.debug("malformed progress report ignored")
+            return
+        if self._running is None or parsed.connection != self._running:
+            return
+        self._progress = parsed
+        self._publish()
+
+    @workflow.signal
     def pause(self) -> None:
         self._state.paused = True
         self._publish()
@@ -204,7 +246,8 @@ class StreamWorkflow:
 
     @workflow.query
     def status(self) -> StreamStatus:
-        s = self._state
+        progress = self._progress if self._running is not None else None
+        s = live_view(self._state, progress, id_order=self._spec.id_order)
         return StreamStatus(
             name=self._spec.name,
             state=display_state(s, connected=self._connected, waiting=self._waiting),
@@ -217,6 +260,8 @@ class StreamWorkflow:
             last_error=s.last_error,
             next_reconnect_at=s.next_reconnect_at,
             repair_pending=s.repair_wanted and not self._repairing,
+            progress_at=progress.at if progress is not None else None,
+            commit_lag=progress.commit_lag if progress is not None else None,
         )
 
     # --- one connection ----------------------------------------------------------------
@@ -239,10 +284,13 @@ class StreamWorkflow:
         )
         started = workflow.now()
         self._repairing = plan.repairs
+        self._running = read_input.connection
         try:
             result, refused = await self._read(read_input, plan)
         finally:
             self._repairing = False
+            self._running = None
+            self._progress = None
         duration = (workflow.now() - started).total_seconds()
         decision = record_result(
             s,
@@ -314,7 +362,9 @@ class StreamWorkflow:
         cancelled = False
 
         def interrupt() -> bool:
-            return should_interrupt(
+            # The history check runs on every activation (each progress report is one):
+            # a connection never grows a run's history past its budget.
+            return self._history_full() or should_interrupt(
                 s, plan, now=workflow.now(), interval=spec.lagged_reconnect_interval
             )
 
@@ -457,6 +507,35 @@ class StreamWorkflow:
                 raise _StopRequested()
         return await task
 
+    def _history_full(self) -> bool:
+        """Time to continue-as-new: the server suggests it, or the run's budget is spent."""
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._state.max_history_events
+        )
+
+    async def _attribute_registered(self) -> bool:
+        """Whether to keep ``SseStreamState`` set: asked once per run."""
+        try:
+            registered = await workflow.execute_activity(
+                "stream_state_attribute_registered",
+                result_type=bool,
+                start_to_close_timeout=ATTRIBUTE_CHECK_TIMEOUT,
+                retry_policy=ATTRIBUTE_CHECK_RETRY,
+            )
+        except ActivityError as error:
+            workflow.logger.warning(
+                "%s is not set: cannot tell whether it is registered (%s)",
+                STREAM_STATE_ATTRIBUTE,
+                error.cause or error,
+            )
+            return False
+        if registered:
+            # Continue-as-new carries the attribute over: no upsert unless it changes.
+            self._attribute_value = workflow.info().typed_search_attributes.get(STREAM_STATE)
+        return bool(registered)
+
     def _ref(self) -> StreamRef:
         return StreamRef(name=self._spec.name, id_order=self._spec.id_order)
 
@@ -484,11 +563,19 @@ class StreamWorkflow:
             )
         if status.repair_pending:
             lines.append("repair pending (lagged reconnects are throttled)")
+        if status.progress_at is not None:
+            lag = "-" if status.commit_lag is None else f"{status.commit_lag:.1f} s"
+            lines.append(f"as of {status.progress_at} (connection reports) · commit lag {lag}")
         if status.next_reconnect_at:
             lines.append(f"next reconnect: {status.next_reconnect_at}")
         if status.last_error:
             lines.append(f"last error: {status.last_error}")
         workflow.set_current_details("\n\n".join(lines))
+        if self._attribute:
+            value = attribute_state(status.state)
+            if value != self._attribute_value:
+                workflow.upsert_search_attributes([STREAM_STATE.value_set(value)])
+                self._attribute_value = value
 
 
 class _StopRequested(Exception):
