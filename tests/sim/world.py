@@ -138,6 +138,9 @@ class World:
         self.generating = True
         self._ids = count(1)
         self.zombies: list[Attempt] = []
+        self.late_first_rows: set[int] = set()
+        """Ids committed by a presumed-dead attempt of a connection with no cursor after
+        its retry had started (also with no cursor, reading live)."""
         self.trace: list[str] = []
         self._history_seen = 1
 
@@ -425,7 +428,11 @@ class World:
         # notice said it was skipped (then it is counted).
         # A drop before that event is counted as announced (a gap with no start), and is
         # left out of the comparison of counts below.
-        first_stored = min(stored, default=self.server.newest + 1)
+        # Two attempts of a connection with no cursor each read live from where they
+        # began; the stream starts where the one that carried on began. Rows the presumed-
+        # dead one committed late are older extras, and the ids between are before the
+        # start (no attempt alive read them).
+        first_stored = min(stored - self.late_first_rows or stored, default=self.server.newest + 1)
         lost = {n for n in truth - stored if n > first_stored}
         silent: set[int] = set()
         if not self.profile.contiguous:
@@ -457,10 +464,24 @@ class World:
             }
         # A silent skip may also land inside a gap that a truncation made unrecoverable:
         # then it is counted, but no one could know that the history still holds it.
+        # A connection told that the history no longer reaches its cursor cannot tell
+        # the history's new start from a drop right before its first event: it counts
+        # both as lost (loud), though the second may still be replayable.
+        at_truncation = {
+            n
+            for connection in self.server.connections
+            if connection.header == "earliest" and connection.sent
+            for notice in connection.notices
+            if not notice.read and notice.skipped and notice.skipped[-1] < connection.sent[0]
+            for n in notice.skipped
+        }
         in_history = {
             n
             for n in lost
-            if n >= self.server.history_start and n > first_stored and n not in silent
+            if n >= self.server.history_start
+            and n > first_stored
+            and n not in silent
+            and n not in at_truncation
         }
         if in_history:
             raise Violation(f"lost ids the server can still replay: {sorted(in_history)[:20]}")
@@ -618,6 +639,8 @@ class Attempt:
         world = self.world
         new_rows = world.log.commit(batch.records, batch.gap_changes, now=world.now)
         self.committed_any = True
+        if self.zombie and self.start_cursor is None:
+            world.late_first_rows.update(int(r.event_id) for r in batch.records if r.event_id)
         first = self.first_id is None and self.start_cursor is None
         if batch.gap_changes:
             world.note(
