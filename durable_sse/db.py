@@ -36,9 +36,9 @@ EVENTS_TABLE = "sse_events"
 CHECKPOINTS_TABLE = "sse_checkpoints"
 GAPS_TABLE = "sse_gaps"
 SCHEMA_TABLE = "sse_schema"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
-replace the fence."""
+replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold."""
 STAGING_TABLE = "sse_events_staging"
 """Per-connection temporary table that PostgreSQL batches are COPYed into."""
 
@@ -53,6 +53,18 @@ class SSEEvent(SQLModel, table=True):
     ``event_ord`` is 0 for the event that carries an id and 1, 2, … for the id-less
     events that follow it (they keep the previous id, WHATWG); it is NULL when no id is
     in force, and NULLs never conflict, so such events are always stored.
+
+    ``data`` is text, exact for every ordinary row, so plain SQL reads it as it is.
+    A WHATWG client can deliver U+0000, which PostgreSQL ``text`` cannot hold (and which
+    SQLite's text functions stop at): such a row keeps its exact data, UTF-8 encoded, in
+    ``data_bytes``, and ``data`` holds a readable stand-in with U+FFFD for each NUL.
+    ``data_bytes`` is NULL on every other row, so the rule is: the exact data is
+    ``data_bytes`` decoded when it is not NULL, else ``data``. Why not an escape inside
+    ``data``: every row holding the escape character (a backslash, in most JSON) would
+    need unescaping too, so plain SQL could trust no row; a NULL column costs ordinary
+    rows one bit of the null bitmap and nothing on the write path. (Lone surrogates,
+    which no SSE stream can carry, only a caller of the API, are kept the same way with
+    the ``surrogatepass`` encoding.)
     """
 
     __tablename__ = EVENTS_TABLE
@@ -77,6 +89,9 @@ class SSEEvent(SQLModel, table=True):
     id_key: bytes | None = Field(default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True))
     event_type: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     data: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    data_bytes: bytes | None = Field(
+        default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True)
+    )
     received_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
 
 
@@ -150,6 +165,7 @@ STAGING_COLUMNS = (
     "id_key",
     "event_type",
     "data",
+    "data_bytes",
     "received_at",
 )
 _CREATE_STAGING = f"""
@@ -161,6 +177,7 @@ CREATE TEMPORARY TABLE IF NOT EXISTS {STAGING_TABLE} (
     id_key bytea,
     event_type text NOT NULL,
     data text NOT NULL,
+    data_bytes bytea,
     received_at timestamptz NOT NULL
 ) ON COMMIT DELETE ROWS
 """
@@ -319,7 +336,16 @@ def _migrate_1_to_2(connection: Connection) -> None:
             connection.exec_driver_sql(f"ALTER TABLE {CHECKPOINTS_TABLE} DROP COLUMN {column}")
 
 
-MIGRATIONS = {1: _migrate_1_to_2}
+def _migrate_2_to_3(connection: Connection) -> None:
+    """Add ``data_bytes``: rows stored before it keep their data as it is (NUL already
+    became U+FFFD when they were written, and nothing can bring it back)."""
+    columns = {column["name"] for column in sa.inspect(connection).get_columns(EVENTS_TABLE)}
+    if "data_bytes" not in columns:
+        blob = sa.LargeBinary().compile(dialect=connection.dialect)
+        connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN data_bytes {blob}")
+
+
+MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 """``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction."""
 
 

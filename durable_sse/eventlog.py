@@ -20,7 +20,6 @@ a large batch is COPYed into a per-connection temporary table and moved with one
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import sqlite3
@@ -132,6 +131,18 @@ class ConnectionStart:
 
 
 @dataclass(frozen=True)
+class StoredEvent:
+    """One event as stored, its data exact (see :meth:`EventLog.events`)."""
+
+    seq: int
+    event_id: str
+    event_ord: int | None
+    event_type: str
+    data: str
+    received_at: datetime
+
+
+@dataclass(frozen=True)
 class InsertResult:
     new_rows: int
     duplicates: int
@@ -224,6 +235,19 @@ class EventLog:
             self._newest_sync,
             stream,
             to_utc(when),
+        )
+
+    async def events(
+        self, stream: str, *, after_seq: int | None = None, limit: int = 1000
+    ) -> list[StoredEvent]:
+        """A stream's stored events in arrival (``seq``) order, after ``after_seq``, with
+        their exact data (``data_bytes`` where ``data`` could not hold it)."""
+        return await self._run(
+            f"read the events of stream {stream!r}",
+            self._events_sync,
+            stream,
+            after_seq,
+            limit,
         )
 
     async def get_checkpoint(self, stream: str) -> CheckpointState | None:
@@ -362,11 +386,12 @@ class EventLog:
             except _UNSTORABLE_TEXT as error:
                 if clean:
                     raise
-                # NUL (PostgreSQL text) or lone surrogates: store the batch with U+FFFD in
-                # their place rather than wedge the stream on it. Loud, never silent.
+                # Lone surrogates (no SSE stream carries them, a caller of the API can):
+                # data keeps them exactly in data_bytes, ids and types get U+FFFD rather
+                # than wedge the stream on them. Loud, never silent.
                 logger.warning(
-                    "a batch holds characters the database cannot store, replacing them "
-                    "with U+FFFD (%s)",
+                    "a batch holds characters the database cannot store as text, writing "
+                    "it again with data in data_bytes and U+FFFD in ids and types (%s)",
                     error_summary(error),
                 )
                 clean = True
@@ -388,13 +413,8 @@ class EventLog:
         spans: list[tuple[int, int]] = []
         for job in jobs:
             order, events = job.payload.order, job.payload.events
-            if clean:
-                cleaned = [_clean_record(record) for record in events]
-                if cleaned != list(events):
-                    logger.warning("stream %r: characters replaced with U+FFFD", job.stream)
-                events = cleaned
             start = len(rows)
-            rows.extend(_rows(job.stream, order, events, start=start))
+            rows.extend(_rows(job.stream, order, events, start=start, clean=clean))
             spans.append((start, len(rows)))
         if self.dialect != "postgresql":
             return lambda: [self._insert_sqlite(connection, rows[a:b]) for a, b in spans]
@@ -461,6 +481,38 @@ class EventLog:
             query = query.where(events_table.c.received_at <= when)
         with self._begin() as connection:
             return connection.execute(query).scalar_one_or_none()
+
+    def _events_sync(self, stream: str, after_seq: int | None, limit: int) -> list[StoredEvent]:
+        events = events_table
+        query = (
+            sa.select(
+                events.c.seq,
+                events.c.event_id,
+                events.c.event_ord,
+                events.c.event_type,
+                events.c.data,
+                events.c.data_bytes,
+                events.c.received_at,
+            )
+            .where(events.c.stream == stream)
+            .order_by(events.c.seq)
+            .limit(limit)
+        )
+        if after_seq is not None:
+            query = query.where(events.c.seq > after_seq)
+        with self._begin() as connection:
+            rows = connection.execute(query).all()
+        return [
+            StoredEvent(
+                seq=row.seq,
+                event_id=row.event_id,
+                event_ord=row.event_ord,
+                event_type=row.event_type,
+                data=stored_data(row.data, row.data_bytes),
+                received_at=from_db_time(row.received_at) or row.received_at,
+            )
+            for row in rows
+        ]
 
     # -- checkpoint -----------------------------------------------------------------
 
@@ -856,47 +908,73 @@ def _driver(connection: Connection) -> Any:
 
 
 def _rows(
-    stream: str, order: IdOrder, events: Sequence[EventRecord], *, start: int = 0
+    stream: str,
+    order: IdOrder,
+    events: Sequence[EventRecord],
+    *,
+    start: int = 0,
+    clean: bool = False,
 ) -> list[tuple[Any, ...]]:
-    """Staging rows: ``(pos, stream, event_id, event_ord, id_key, type, data, received_at)``.
+    """Staging rows: ``(pos, stream, event_id, event_ord, id_key, type, data, data_bytes,
+    received_at)``.
 
     No id in force means no key and a NULL ordinal, whatever the caller passed: NULLs
-    never conflict, so id-less events are always stored, never collapsed.
+    never conflict, so id-less events are always stored, never collapsed. Data holding
+    NUL goes into ``data_bytes`` exactly (see ``db.SSEEvent``); ``clean`` (the retry
+    after the driver refused a batch) does the same for lone surrogates in data and
+    replaces them with U+FFFD in ids and types.
     """
     rows = []
     for pos, record in enumerate(events, start):
-        if record.event_id:
-            key: bytes | None = sort_key(record.event_id, order)
+        event_id, event_type = record.event_id, record.event_type
+        if clean:
+            event_id, event_type = _clean_text(event_id), _clean_text(event_type)
+        if event_id:
+            key: bytes | None = sort_key(event_id, order)
             ordinal = record.event_ord
         else:
             key, ordinal = None, None
+        data, data_bytes = _storable_data(record.data, clean=clean)
         rows.append(
             (
                 pos,
                 stream,
-                record.event_id,
+                event_id,
                 ordinal,
                 key,
-                record.event_type,
-                record.data,
+                event_type,
+                data,
+                data_bytes,
                 to_utc(record.received_at),
             )
         )
     return rows
 
 
-def _clean_record(record: EventRecord) -> EventRecord:
-    """PostgreSQL text cannot hold NUL, no database lone surrogates: use U+FFFD instead."""
-    return dataclasses.replace(
-        record,
-        event_id=_clean_text(record.event_id),
-        event_type=_clean_text(record.event_type),
-        data=_clean_text(record.data),
-    )
+def _storable_data(data: str, *, clean: bool) -> tuple[str, bytes | None]:
+    """``(data, data_bytes)`` as stored: the exact bytes beside a readable stand-in when
+    ``data`` cannot hold the text (NUL; with ``clean``, lone surrogates too)."""
+    if "\x00" in data:
+        return _clean_text(data), data.encode("utf-8", "surrogatepass")
+    if clean:
+        cleaned = _clean_text(data)
+        if cleaned != data:
+            return cleaned, data.encode("utf-8", "surrogatepass")
+    return data, None
+
+
+def stored_data(data: str, data_bytes: bytes | None) -> str:
+    """An event's exact data from its two columns (the rule ``db.SSEEvent`` documents)."""
+    if data_bytes is None:
+        return data
+    return bytes(data_bytes).decode("utf-8", "surrogatepass")
 
 
 def _clean_text(text: str) -> str:
+    """U+FFFD for what a database text column cannot hold: NUL and lone surrogates."""
     text = text.replace("\x00", "\ufffd")
+    if text.isascii():
+        return text
     return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
 
 

@@ -16,6 +16,7 @@ from durable_sse.db import SCHEMA_VERSION
 from durable_sse.errors import StoreError
 from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
 from durable_sse.gaps import Gap, GapChange
+from durable_sse.ids import IdOrder, sort_key
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -264,6 +265,44 @@ async def test_bad_text_in_one_batch_does_not_cost_the_others(
     await asyncio.gather(*(event_log.committed(job) for job in fillers))
     assert await stored(event_log, f"{stream_name}-good") == [("1", 0, "ok")]
     assert await stored(event_log, stream_name) == [("1", 0, "lone \ufffd")]
+    (event,) = await event_log.events(stream_name)
+    assert event.data == "lone \ud800"  # kept exactly in data_bytes
+
+
+EXACT_BYTES_SQL = {
+    # The README's plain-SQL rule: the exact UTF-8 of every row's data.
+    "postgresql": "SELECT COALESCE(data_bytes, convert_to(data, 'UTF8')) FROM sse_events "
+    "WHERE stream = :s ORDER BY seq",
+    "sqlite": "SELECT COALESCE(data_bytes, CAST(data AS BLOB)) FROM sse_events "
+    "WHERE stream = :s ORDER BY seq",
+}
+
+
+@pytest.mark.parametrize("size", [1, SMALL_BATCH + 1])
+async def test_nul_in_data_is_stored_losslessly(
+    event_log: EventLog, stream_name: str, size: int
+) -> None:
+    """Issue 13 case 7: a WHATWG client can deliver U+0000; ``a\\0b`` reads back exactly,
+    through the API and with plain SQL, on both insert paths."""
+    fillers = [record(str(i), data=f"plain {i}") for i in range(2, size + 1)]
+    batch = [record("1", data="a\x00b"), *fillers]
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(size, 0)
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, size)
+    events = await event_log.events(stream_name)
+    assert [event.data for event in events] == [r.data for r in batch]
+    assert events[0].data == "a\x00b" and events[0].event_id == "1"
+    exact = await query(event_log, EXACT_BYTES_SQL[event_log.dialect], s=stream_name)
+    assert [bytes(row[0]) for row in exact] == [r.data.encode() for r in batch]
+    # Ordinary rows read as they are from data; the NUL row says where its data is.
+    rows = await query(
+        event_log,
+        "SELECT data, data_bytes IS NULL FROM sse_events WHERE stream = :s ORDER BY seq",
+        s=stream_name,
+    )
+    assert rows[0] == ("a\ufffdb", False)
+    assert rows[1:] == [(r.data, True) for r in fillers]
+    later = await event_log.events(stream_name, after_seq=events[0].seq, limit=2)
+    assert [event.data for event in later] == [r.data for r in batch[1:3]]
 
 
 async def test_a_batch_after_a_failed_one_is_never_committed(
@@ -636,6 +675,96 @@ async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
         assert checkpoint is not None and checkpoint.lagging_id == "1"
         columns = await query(old, "SELECT * FROM sse_checkpoints")
         assert len(columns[0]) == 6  # fence_id and fence_key are gone
+    finally:
+        await old.close()
+        if backend == "postgresql":
+            await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
+        await admin.close()
+
+
+SCHEMA_2 = {
+    "postgresql": (
+        "CREATE TABLE sse_events (seq BIGSERIAL NOT NULL, stream VARCHAR NOT NULL, "
+        "event_id VARCHAR NOT NULL, event_ord INTEGER, id_key BYTEA, "
+        "event_type VARCHAR NOT NULL, data TEXT NOT NULL, "
+        "received_at TIMESTAMP WITH TIME ZONE NOT NULL, PRIMARY KEY (seq), "
+        "CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, event_ord))",
+    ),
+    "sqlite": (
+        "CREATE TABLE sse_events (seq INTEGER NOT NULL, stream VARCHAR NOT NULL, "
+        "event_id VARCHAR NOT NULL, event_ord INTEGER, id_key BLOB, "
+        "event_type VARCHAR NOT NULL, data TEXT NOT NULL, received_at DATETIME NOT NULL, "
+        "PRIMARY KEY (seq), CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, event_ord))",
+    ),
+}
+SCHEMA_2_COMMON = (
+    "CREATE INDEX ix_sse_events_stream_id_key ON sse_events (stream, id_key)",
+    "CREATE INDEX ix_sse_events_stream_received_at ON sse_events (stream, received_at)",
+    "CREATE INDEX ix_sse_events_stream_seq ON sse_events (stream, seq)",
+    "CREATE TABLE sse_checkpoints (stream VARCHAR PRIMARY KEY, lagging_id VARCHAR, "
+    "lagging_key {blob}, lagging_at TIMESTAMP WITH TIME ZONE, id_order VARCHAR NOT NULL, "
+    "updated_at TIMESTAMP WITH TIME ZONE NOT NULL)",
+    "CREATE TABLE sse_gaps (stream VARCHAR NOT NULL, gap_id VARCHAR NOT NULL, "
+    "kind VARCHAR NOT NULL, state VARCHAR NOT NULL, start_id VARCHAR, end_id VARCHAR, "
+    "notice_id VARCHAR, reread_to VARCHAR, announced BIGINT, truncated BOOLEAN NOT NULL, "
+    "short_reads INTEGER NOT NULL, recovered BIGINT NOT NULL, missing BIGINT, "
+    "seen_at TIMESTAMP WITH TIME ZONE NOT NULL, closed_at TIMESTAMP WITH TIME ZONE, "
+    "detail VARCHAR NOT NULL, PRIMARY KEY (stream, gap_id))",
+    "CREATE INDEX ix_sse_gaps_stream_state ON sse_gaps (stream, state)",
+    "CREATE TABLE sse_schema (version INTEGER NOT NULL, PRIMARY KEY (version))",
+    "INSERT INTO sse_schema (version) VALUES (2)",
+)
+SCHEMA_2_ROWS = (
+    "INSERT INTO sse_events (stream, event_id, event_ord, id_key, event_type, data, "
+    "received_at) VALUES "
+    "('old', '1', 0, {key1}, 'message', 'one', '2024-05-01 12:00:00+00'), "
+    "('old', '1', 1, {key1}, 'message', 'follower', '2024-05-01 12:00:01+00'), "
+    "('old', '2', 0, {key2}, 'message', 'was \ufffd', '2024-05-01 12:00:02+00'), "
+    "('old', '', NULL, NULL, 'message', 'no id', '2024-05-01 12:00:03+00')",
+    "INSERT INTO sse_checkpoints (stream, lagging_id, id_order, updated_at)"
+    " VALUES ('old', '1', 'numeric', '2024-05-01 12:00:04+00')",
+)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+async def test_a_schema_2_database_with_rows_is_migrated(
+    backend: str, pg_url: str, tmp_path: Path
+) -> None:
+    """Version 2 to 3: every row stays, reads back as before and still deduplicates; new
+    rows store NUL exactly."""
+    admin = EventLog(pg_url)
+    schema = "dsse_" + uuid.uuid4().hex[:10]
+    key1, key2 = (sort_key(n, IdOrder.NUMERIC).hex() for n in ("1", "2"))
+    if backend == "postgresql":
+        await query_commit(admin, f"CREATE SCHEMA {schema}")
+        url = f"{pg_url}?options=-csearch_path%3D{schema}"
+        keys = {"key1": f"'\\x{key1}'::bytea", "key2": f"'\\x{key2}'::bytea", "blob": "BYTEA"}
+    else:
+        url = f"sqlite:///{tmp_path / 'v2.db'}"
+        keys = {"key1": f"X'{key1}'", "key2": f"X'{key2}'", "blob": "BLOB"}
+    old = EventLog(url)
+    try:
+        ddl = [*SCHEMA_2[backend], *(s.format(**keys) for s in SCHEMA_2_COMMON)]
+        await execute(old, *ddl, *(s.format(**keys) for s in SCHEMA_2_ROWS))
+        await old.create_schema()
+        await old.create_schema()  # idempotent once migrated
+        assert await query(old, "SELECT version FROM sse_schema") == [(SCHEMA_VERSION,)]
+        before = [
+            ("1", 0, "one"),
+            ("1", 1, "follower"),
+            ("2", 0, "was \ufffd"),
+            ("", None, "no id"),
+        ]
+        assert await stored(old, "old") == before
+        assert [(e.event_id, e.event_ord, e.data) for e in await old.events("old")] == before
+        again = [record("1"), record("1", 1, data="follower"), record("2")]
+        assert await old.insert_batch("old", "numeric", again) == InsertResult(0, 3)
+        assert await old.floor("old") == "2"
+        new = [record("3", data="a\x00b")]
+        assert await old.insert_batch("old", "numeric", new) == InsertResult(1, 0)
+        assert (await old.events("old"))[-1].data == "a\x00b"
+        checkpoint = await old.get_checkpoint("old")
+        assert checkpoint is not None and checkpoint.lagging_id == "1"
     finally:
         await old.close()
         if backend == "postgresql":
