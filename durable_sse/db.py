@@ -28,6 +28,7 @@ from sqlalchemy.pool import StaticPool
 from sqlmodel import Field, SQLModel
 
 from durable_sse.errors import StoreError
+from durable_sse.followers import CARRIER_KEY, FOLLOWER_WINDOW, data_digest, follower_key
 from durable_sse.settings import sqlite_path
 
 logger = logging.getLogger(__name__)
@@ -38,21 +39,27 @@ GAPS_TABLE = "sse_gaps"
 SCHEMA_TABLE = "sse_schema"
 SCHEMA_VERSION = 3
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
-replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold."""
+replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold;
+id-less followers are keyed by content (``follower_key``), not position."""
 STAGING_TABLE = "sse_events_staging"
 """Per-connection temporary table that PostgreSQL batches are COPYed into."""
 
+_MIGRATION_PAGE = 5000
+"""Rows a migration reads and rewrites at a time."""
 DEFAULT_CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 30.0
 _SCHEMA_LOCK_ID = zlib.crc32(b"durable-sse:schema")
 
 
 class SSEEvent(SQLModel, table=True):
-    """One persisted event. The key is ``(stream, event_id, event_ord)``.
+    """One persisted event. The key is ``(stream, event_id, follower_key)``.
 
     ``event_ord`` is 0 for the event that carries an id and 1, 2, … for the id-less
-    events that follow it (they keep the previous id, WHATWG); it is NULL when no id is
-    in force, and NULLs never conflict, so such events are always stored.
+    events that follow it on its connection (they keep the previous id, WHATWG); it is
+    NULL when no id is in force. ``follower_key`` tells the followers apart by content
+    (see :mod:`durable_sse.followers`): empty for the event carrying the id, a digest
+    of type and data for a follower, NULL with no id in force; NULLs never conflict, so
+    such events are always stored.
 
     ``data`` is text, exact for every ordinary row, so plain SQL reads it as it is.
     A WHATWG client can deliver U+0000, which PostgreSQL ``text`` cannot hold (and which
@@ -69,7 +76,7 @@ class SSEEvent(SQLModel, table=True):
 
     __tablename__ = EVENTS_TABLE
     __table_args__ = (
-        sa.UniqueConstraint("stream", "event_id", "event_ord", name="uq_sse_events_key"),
+        sa.UniqueConstraint("stream", "event_id", "follower_key", name="uq_sse_events_key"),
         sa.Index("ix_sse_events_stream_seq", "stream", "seq"),
         sa.Index("ix_sse_events_stream_received_at", "stream", "received_at"),
         sa.Index("ix_sse_events_stream_id_key", "stream", "id_key"),
@@ -86,6 +93,9 @@ class SSEEvent(SQLModel, table=True):
     stream: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     event_id: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     event_ord: int | None = Field(default=None, sa_column=sa.Column(sa.Integer, nullable=True))
+    follower_key: bytes | None = Field(
+        default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True)
+    )
     id_key: bytes | None = Field(default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True))
     event_type: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     data: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
@@ -162,6 +172,7 @@ STAGING_COLUMNS = (
     "stream",
     "event_id",
     "event_ord",
+    "follower_key",
     "id_key",
     "event_type",
     "data",
@@ -174,6 +185,7 @@ CREATE TEMPORARY TABLE IF NOT EXISTS {STAGING_TABLE} (
     stream text NOT NULL,
     event_id text NOT NULL,
     event_ord integer,
+    follower_key bytea,
     id_key bytea,
     event_type text NOT NULL,
     data text NOT NULL,
@@ -337,12 +349,92 @@ def _migrate_1_to_2(connection: Connection) -> None:
 
 
 def _migrate_2_to_3(connection: Connection) -> None:
-    """Add ``data_bytes``: rows stored before it keep their data as it is (NUL already
-    became U+FFFD when they were written, and nothing can bring it back)."""
+    """Add ``data_bytes``, and key id-less followers by content instead of position.
+
+    Rows stored before keep their data as it is (NUL already became U+FFFD when they
+    were written, and nothing can bring it back). Each follower gets the key
+    :mod:`durable_sse.followers` gives it, its identical predecessors counted in
+    ordinal order within its id (the connections that stored them are not known), so
+    every stored row keeps a key of its own. SQLite cannot swap a unique constraint in
+    place: the table is copied.
+    """
     columns = {column["name"] for column in sa.inspect(connection).get_columns(EVENTS_TABLE)}
-    if "data_bytes" not in columns:
-        blob = sa.LargeBinary().compile(dialect=connection.dialect)
-        connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN data_bytes {blob}")
+    blob = sa.LargeBinary().compile(dialect=connection.dialect)
+    for column in ("data_bytes", "follower_key"):
+        if column not in columns:
+            connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN {column} {blob}")
+    events = events_table
+    connection.execute(
+        sa.update(events).where(events.c.event_ord == 0).values(follower_key=CARRIER_KEY)
+    )
+    _key_migrated_followers(connection)
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(
+            f"ALTER TABLE {EVENTS_TABLE} DROP CONSTRAINT uq_sse_events_key, "
+            "ADD CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, follower_key)"
+        )
+        return
+    _copy_sqlite_events(connection)
+
+
+def _key_migrated_followers(connection: Connection) -> None:
+    """Give every stored follower its content key, a page of rows at a time in
+    ``(stream, event_id, event_ord)`` order (the old unique key, so indexed)."""
+    events = events_table
+    columns = (events.c.stream, events.c.event_id, events.c.event_ord)
+    last: tuple[str, str, int] | None = None
+    current: tuple[str, str] | None = None
+    seen: dict[tuple[int, bytes], int] = {}
+    while True:
+        query = (
+            sa.select(*columns, events.c.event_type, events.c.data, events.c.data_bytes)
+            .where(events.c.event_ord > 0)
+            .order_by(*columns)
+            .limit(_MIGRATION_PAGE)
+        )
+        if last is not None:
+            query = query.where(sa.tuple_(*columns) > sa.tuple_(*last))
+        rows = connection.execute(query).all()
+        if not rows:
+            return
+        updates = []
+        for row in rows:
+            if (row.stream, row.event_id) != current:
+                current, seen = (row.stream, row.event_id), {}
+            data = row.data if row.data_bytes is None else bytes(row.data_bytes).decode()
+            window = (row.event_ord - 1) // FOLLOWER_WINDOW
+            counted = (window, data_digest(row.event_type, data))
+            repeat = seen.get(counted, 0)
+            seen[counted] = repeat + 1
+            key = follower_key(row.event_type, data, repeat=repeat, window=window)
+            updates.append({"s": row.stream, "e": row.event_id, "o": row.event_ord, "key": key})
+        connection.execute(
+            sa.update(events)
+            .where(
+                events.c.stream == sa.bindparam("s"),
+                events.c.event_id == sa.bindparam("e"),
+                events.c.event_ord == sa.bindparam("o"),
+            )
+            .values(follower_key=sa.bindparam("key")),
+            updates,
+        )
+        last = (rows[-1].stream, rows[-1].event_id, rows[-1].event_ord)
+
+
+def _copy_sqlite_events(connection: Connection) -> None:
+    """Rebuild ``sse_events`` under today's definition (keys, constraints, indexes)."""
+    copy = events_table.to_metadata(sa.MetaData(), name=f"{EVENTS_TABLE}_v3")
+    for index in list(copy.indexes):
+        copy.indexes.discard(index)
+    copy.create(connection)
+    names = ", ".join(column.name for column in events_table.columns)
+    connection.exec_driver_sql(
+        f"INSERT INTO {copy.name} ({names}) SELECT {names} FROM {EVENTS_TABLE} ORDER BY seq"
+    )
+    connection.exec_driver_sql(f"DROP TABLE {EVENTS_TABLE}")
+    connection.exec_driver_sql(f"ALTER TABLE {copy.name} RENAME TO {EVENTS_TABLE}")
+    for index in events_table.indexes:
+        index.create(connection)
 
 
 MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}

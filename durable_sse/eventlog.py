@@ -2,8 +2,9 @@
 records (``sse_gaps``).
 
 The log is the system of record: a batch is committed before any cursor moves past
-it (invariant 1), and every event is keyed ``(stream, event_id, event_ord)`` so that
-replays are absorbed by ``ON CONFLICT DO NOTHING`` (invariant 2). A batch carries the
+it (invariant 1), and every event is keyed ``(stream, event_id, follower_key)`` (see
+:mod:`durable_sse.followers`) so that replays are absorbed by ``ON CONFLICT DO NOTHING``
+(invariant 2). A batch carries the
 gap changes the reader derived from it (:mod:`durable_sse.gaps`); they are applied in
 the batch's own transaction, so no cursor passes a drop signal before its gap record is
 durable (invariant 5).
@@ -53,6 +54,7 @@ from durable_sse.db import (
     to_utc,
 )
 from durable_sse.errors import StoreError
+from durable_sse.followers import CARRIER_KEY, FOLLOWER_WINDOW, follower_key
 from durable_sse.gaps import (
     Gap,
     GapChange,
@@ -79,7 +81,7 @@ _MOVE_SQL = (
     f"SELECT {', '.join(_EVENT_COLUMNS)} FROM {STAGING_TABLE} ORDER BY pos "
     "ON CONFLICT DO NOTHING"
 )
-_RETURNING = " RETURNING stream, event_id, event_ord"
+_RETURNING = " RETURNING stream, event_id, follower_key"
 _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
@@ -109,6 +111,9 @@ class EventRecord:
     data: str
     received_at: datetime
     """Tz-aware; stored as UTC."""
+    follower_key: bytes | None = None
+    """What tells an id-less follower apart (``durable_sse.followers.FollowerKeys``, which
+    counts identical followers on the connection); None: derived from type and data."""
 
 
 @dataclass(frozen=True)
@@ -861,27 +866,27 @@ def _parse_iso(value: str) -> datetime:
 
 
 def _new_rows_per_batch(
-    inserted: list[tuple[str, str, int | None]],
+    inserted: list[tuple[str, str, bytes | None]],
     rows: list[tuple[Any, ...]],
     spans: list[tuple[int, int]],
 ) -> list[int]:
     """Attribute the keys one statement inserted to the batches of the group.
 
     A key in several batches was inserted from the first (rows go in ``pos`` order, the
-    rest conflict); rows with no id (NULL ordinal) never conflict, so every one of them
-    is new and counted where it is.
+    rest conflict); rows with no id (NULL follower key) never conflict, so every one of
+    them is new and counted where it is.
     """
     counts = [0] * len(spans)
-    owner: dict[tuple[str, str, int], int] = {}
+    owner: dict[tuple[str, str, bytes], int] = {}
     for index, (start, end) in enumerate(spans):
         for row in rows[start:end]:
-            if row[3] is None:
+            if row[4] is None:
                 counts[index] += 1
             else:
-                owner.setdefault((row[1], row[2], row[3]), index)
-    for stream, event_id, ordinal in inserted:
-        if ordinal is not None:
-            counts[owner[(stream, event_id, ordinal)]] += 1
+                owner.setdefault((row[1], row[2], bytes(row[4])), index)
+    for stream, event_id, key in inserted:
+        if key is not None:
+            counts[owner[(stream, event_id, bytes(key))]] += 1
     return counts
 
 
@@ -915,10 +920,10 @@ def _rows(
     start: int = 0,
     clean: bool = False,
 ) -> list[tuple[Any, ...]]:
-    """Staging rows: ``(pos, stream, event_id, event_ord, id_key, type, data, data_bytes,
-    received_at)``.
+    """Staging rows: ``(pos, stream, event_id, event_ord, follower_key, id_key, type, data,
+    data_bytes, received_at)``.
 
-    No id in force means no key and a NULL ordinal, whatever the caller passed: NULLs
+    No id in force means no keys and a NULL ordinal, whatever the caller passed: NULLs
     never conflict, so id-less events are always stored, never collapsed. Data holding
     NUL goes into ``data_bytes`` exactly (see ``db.SSEEvent``); ``clean`` (the retry
     after the driver refused a batch) does the same for lone surrogates in data and
@@ -929,11 +934,13 @@ def _rows(
         event_id, event_type = record.event_id, record.event_type
         if clean:
             event_id, event_type = _clean_text(event_id), _clean_text(event_type)
+        key: bytes | None = None
+        follower: bytes | None = None
+        ordinal = None
         if event_id:
-            key: bytes | None = sort_key(event_id, order)
+            key = sort_key(event_id, order)
             ordinal = record.event_ord
-        else:
-            key, ordinal = None, None
+            follower = _follower_key(record) if ordinal is not None else None
         data, data_bytes = _storable_data(record.data, clean=clean)
         rows.append(
             (
@@ -941,6 +948,7 @@ def _rows(
                 stream,
                 event_id,
                 ordinal,
+                follower,
                 key,
                 event_type,
                 data,
@@ -949,6 +957,15 @@ def _rows(
             )
         )
     return rows
+
+
+def _follower_key(record: EventRecord) -> bytes:
+    if record.follower_key is not None:
+        return record.follower_key
+    if record.event_ord == 0:
+        return CARRIER_KEY
+    window = (max(record.event_ord or 1, 1) - 1) // FOLLOWER_WINDOW
+    return follower_key(record.event_type, record.data, window=window)
 
 
 def _storable_data(data: str, *, clean: bool) -> tuple[str, bytes | None]:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from durable_sse.db import SCHEMA_VERSION
 from durable_sse.errors import StoreError
 from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
+from durable_sse.followers import FOLLOWER_WINDOW, FollowerKeys
 from durable_sse.gaps import Gap, GapChange
 from durable_sse.ids import IdOrder, sort_key
 
@@ -22,10 +23,20 @@ T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def record(
-    event_id: str, ordinal: int | None = 0, *, at: datetime = T0, data: str = "x"
+    event_id: str,
+    ordinal: int | None = 0,
+    *,
+    at: datetime = T0,
+    data: str = "x",
+    follower: bytes | None = None,
 ) -> EventRecord:
     return EventRecord(
-        event_id=event_id, event_ord=ordinal, event_type="message", data=data, received_at=at
+        event_id=event_id,
+        event_ord=ordinal,
+        event_type="message",
+        data=data,
+        received_at=at,
+        follower_key=follower,
     )
 
 
@@ -115,6 +126,56 @@ async def test_idless_followers_are_kept_apart_and_deduplicated(
         ("5", 1, "follower one"),
         ("5", 2, "follower two"),
     ]
+
+
+async def test_idless_followers_are_told_apart_by_content_across_connections(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 13 case 8, at the store: positions restart per connection, keys do not."""
+
+    def connection(*events: tuple[str, int, str]) -> list[EventRecord]:
+        keys = FollowerKeys()
+        return [
+            record(
+                event_id,
+                ordinal,
+                data=data,
+                follower=keys.carrier()
+                if ordinal == 0
+                else keys.follower("message", data, ordinal),
+            )
+            for event_id, ordinal, data in events
+        ]
+
+    first = connection(("5", 0, "a"), ("5", 1, "b"))
+    assert await event_log.insert_batch(stream_name, "numeric", first) == InsertResult(2, 0)
+    resumed = connection(("5", 1, "c"))  # after 5: a new event at b's position
+    assert await event_log.insert_batch(stream_name, "numeric", resumed) == InsertResult(1, 0)
+    resent = connection(("5", 1, "b"), ("5", 2, "c"))
+    assert await event_log.insert_batch(stream_name, "numeric", resent) == InsertResult(0, 2)
+    replay = connection(("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c"))
+    assert await event_log.insert_batch(stream_name, "numeric", replay) == InsertResult(0, 3)
+    twins = connection(("6", 0, "p"), ("6", 1, "p"), ("6", 2, "p"))
+    assert await event_log.insert_batch(stream_name, "numeric", twins) == InsertResult(3, 0)
+    assert await stored(event_log, stream_name) == [
+        ("5", 0, "a"),
+        ("5", 1, "b"),
+        ("5", 1, "c"),
+        ("6", 0, "p"),
+        ("6", 1, "p"),
+        ("6", 2, "p"),
+    ]
+
+
+def test_follower_counts_restart_each_window() -> None:
+    """Memory per connection is bounded: counts cover FOLLOWER_WINDOW followers, and the
+    window's number is in the key, so the next window never collides with this one."""
+    keys = FollowerKeys()
+    first = keys.follower("message", "p", 1)
+    assert keys.follower("message", "p", 2) != first
+    later = keys.follower("message", "p", FOLLOWER_WINDOW + 1)
+    assert later not in (first, keys.follower("message", "p", 3))
+    assert len(keys._seen) == 1
 
 
 async def test_stream_without_ids_stores_every_event_every_time(
@@ -719,6 +780,7 @@ SCHEMA_2_ROWS = (
     "received_at) VALUES "
     "('old', '1', 0, {key1}, 'message', 'one', '2024-05-01 12:00:00+00'), "
     "('old', '1', 1, {key1}, 'message', 'follower', '2024-05-01 12:00:01+00'), "
+    "('old', '1', 2, {key1}, 'message', 'follower', '2024-05-01 12:00:01+00'), "
     "('old', '2', 0, {key2}, 'message', 'was \ufffd', '2024-05-01 12:00:02+00'), "
     "('old', '', NULL, NULL, 'message', 'no id', '2024-05-01 12:00:03+00')",
     "INSERT INTO sse_checkpoints (stream, lagging_id, id_order, updated_at)"
@@ -752,13 +814,24 @@ async def test_a_schema_2_database_with_rows_is_migrated(
         before = [
             ("1", 0, "one"),
             ("1", 1, "follower"),
+            ("1", 2, "follower"),
             ("2", 0, "was \ufffd"),
             ("", None, "no id"),
         ]
         assert await stored(old, "old") == before
         assert [(e.event_id, e.event_ord, e.data) for e in await old.events("old")] == before
-        again = [record("1"), record("1", 1, data="follower"), record("2")]
-        assert await old.insert_batch("old", "numeric", again) == InsertResult(0, 3)
+        # Followers are keyed by content now: the same run read again is all duplicates
+        # (the second identical follower counted as such), a new follower is new.
+        keys = FollowerKeys()
+        again = [
+            record("1", data="one", follower=keys.carrier()),
+            record("1", 1, data="follower", follower=keys.follower("message", "follower", 1)),
+            record("1", 2, data="follower", follower=keys.follower("message", "follower", 2)),
+            record("2"),
+        ]
+        assert await old.insert_batch("old", "numeric", again) == InsertResult(0, 4)
+        fresh = [record("1", 1, data="new", follower=FollowerKeys().follower("message", "new", 1))]
+        assert await old.insert_batch("old", "numeric", fresh) == InsertResult(1, 0)
         assert await old.floor("old") == "2"
         new = [record("3", data="a\x00b")]
         assert await old.insert_batch("old", "numeric", new) == InsertResult(1, 0)
