@@ -97,6 +97,10 @@ SMALL_BATCH = 64
 """Up to this many rows, one multi-row INSERT beats COPY into the staging table (two
 statements more per commit); above it COPY wins (see bench/insert_rate.py)."""
 _UNSTORABLE_TEXT = (UnicodeEncodeError, psycopg.DataError)
+_BATCH_FAULTS = ("22", "23", "54", "P0")
+"""SQLSTATE classes an error of one batch's own making raises: data exception,
+integrity constraint, program limit (a key too large for its index), a PL/pgSQL
+``RAISE`` (a trigger that refuses rows)."""
 
 
 @dataclass(frozen=True)
@@ -342,12 +346,19 @@ class EventLog:
             return function(*args)
         except StoreError:
             raise
-        except sa.exc.DBAPIError as error:
-            if error.statement is None:  # raised while connecting: no statement ran
-                raise StoreError(f"{self._where} is unreachable: {error_summary(error)}") from error
-            raise StoreError(f"{self._where} failed to {action}: {error_summary(error)}") from error
         except (sa.exc.SQLAlchemyError, psycopg.Error, sqlite3.Error) as error:
-            raise StoreError(f"{self._where} failed to {action}: {error_summary(error)}") from error
+            raise self._store_error(error, action) from error
+
+    def _store_error(self, error: BaseException, action: str) -> StoreError:
+        if isinstance(error, StoreError):
+            return error
+        if isinstance(error, sa.exc.DBAPIError) and error.statement is None:
+            # Raised while connecting: no statement ran.
+            failure = StoreError(f"{self._where} is unreachable: {error_summary(error)}")
+        else:
+            failure = StoreError(f"{self._where} failed to {action}: {error_summary(error)}")
+        failure.__cause__ = error
+        return failure
 
     @contextmanager
     def _begin(self) -> Iterator[Connection]:
@@ -371,39 +382,99 @@ class EventLog:
         Rows are prepared (and COPYed into the staging table) while earlier groups still
         work; they enter ``sse_events`` only after the previous group's rows did, so
         ``seq`` follows submission order, and the commit waits for the previous group's
-        commit.
+        commit. When the transaction fails for what one batch holds (invariant 7: a
+        trigger, a constraint, a value the database refuses), each batch is written
+        again alone: the others commit, the bad one fails with its own error.
         """
         clean = False
         while jobs := [job for job in group.jobs if not job.failed]:
             try:
-                with self._begin() as connection:
-                    insert = self._stage(connection, jobs, clean=clean)
-                    group.wait_for_previous_rows()
-                    counts = insert()
-                    for job, count in zip(jobs, counts, strict=True):
-                        if job.payload.gap_changes:
-                            self._apply_gap_changes(connection, job.stream, job.payload, count)
-                    if group.wait_turn():
-                        raise _Rewrite  # roll back: some batches must not commit
-                    group.rows_written.set()
+                self._write_jobs(group, jobs, clean=clean)
             except _Rewrite:
                 continue
-            except _UNSTORABLE_TEXT as error:
-                if clean:
+            except Exception as error:
+                if isinstance(error, _UNSTORABLE_TEXT) and not clean:
+                    # Lone surrogates (no SSE stream carries them, a caller of the API
+                    # can): data keeps them exactly in data_bytes, ids and types get
+                    # U+FFFD rather than wedge the stream on them. Loud, never silent.
+                    logger.warning(
+                        "a batch holds characters the database cannot store as text, "
+                        "writing it again with data in data_bytes and U+FFFD in ids and "
+                        "types (%s)",
+                        error_summary(error),
+                    )
+                    clean = True
+                    continue
+                if len(jobs) == 1 or not _fault_of_a_batch(error):
                     raise
-                # Lone surrogates (no SSE stream carries them, a caller of the API can):
-                # data keeps them exactly in data_bytes, ids and types get U+FFFD rather
-                # than wedge the stream on them. Loud, never silent.
-                logger.warning(
-                    "a batch holds characters the database cannot store as text, writing "
-                    "it again with data in data_bytes and U+FFFD in ids and types (%s)",
-                    error_summary(error),
-                )
-                clean = True
-                continue
-            for job, count in zip(jobs, counts, strict=True):
-                job.new_rows = count
+                self._write_alone(group, jobs, error, clean=clean)
             return
+
+    def _write_jobs(
+        self,
+        group: CommitGroup,
+        jobs: list[CommitJob],
+        *,
+        clean: bool,
+        rows_written: bool = True,
+    ) -> None:
+        """Write ``jobs`` in one transaction (see :data:`durable_sse.commits.GroupWriter`);
+        raises ``_Rewrite`` when some of them must be left out."""
+        with self._begin() as connection:
+            insert = self._stage(connection, jobs, clean=clean)
+            group.wait_for_previous_rows()
+            counts = insert()
+            for job, count in zip(jobs, counts, strict=True):
+                if job.payload.gap_changes:
+                    self._apply_gap_changes(connection, job.stream, job.payload, count)
+            if group.wait_turn():
+                raise _Rewrite  # roll back: some batches must not commit
+            if rows_written:
+                group.rows_written.set()
+        for job, count in zip(jobs, counts, strict=True):
+            job.new_rows = count
+
+    def _write_alone(
+        self, group: CommitGroup, jobs: list[CommitJob], error: Exception, *, clean: bool
+    ) -> None:
+        """Write each batch of a failed group in a transaction of its own, in order.
+
+        A batch that fails for its own data gets its error and is not committed (nor is
+        any batch submitted after it); an error that is no batch's fault (the database
+        went away) fails the batches not yet written, and only those.
+        """
+        logger.warning(
+            "a group transaction of %d batches failed (%s): writing each batch alone",
+            len(jobs),
+            error_summary(error),
+        )
+        for index, job in enumerate(jobs):
+            while not job.failed:
+                try:
+                    self._write_jobs(group, [job], clean=clean, rows_written=False)
+                    break
+                except _Rewrite:
+                    continue  # a later batch was left out; write this one again
+                except Exception as own:
+                    if not _fault_of_a_batch(own):
+                        failure = self._store_error(own, f"insert events of stream {job.stream!r}")
+                        for rest in jobs[index:]:
+                            if not rest.failed:
+                                rest.failed, rest.error = True, failure
+                        return
+                    logger.warning(
+                        "stream %s: the database refused a batch (%s); the other batches "
+                        "of its group were written without it",
+                        job.stream,
+                        error_summary(own),
+                    )
+                    job.failed = True
+                    job.error = StoreError(
+                        f"{self._where} refused a batch of stream {job.stream!r}: "
+                        f"{error_summary(own)} (written alone; the other streams' batches "
+                        "of its group committed)"
+                    )
+                    job.error.__cause__ = own
 
     def _stage(
         self, connection: Connection, jobs: list[CommitJob], *, clean: bool
@@ -888,6 +959,21 @@ def _new_rows_per_batch(
         if key is not None:
             counts[owner[(stream, event_id, bytes(key))]] += 1
     return counts
+
+
+def _fault_of_a_batch(error: BaseException) -> bool:
+    """Whether a failed group transaction may be the doing of one batch's rows (so
+    writing each batch alone lets the others commit), not of the database or the
+    connection (then every batch would fail alone as well, one timeout after another)."""
+    if isinstance(error, sa.exc.DBAPIError):
+        if error.connection_invalidated or error.statement is None:
+            return False
+        error = error.orig
+    if isinstance(error, UnicodeEncodeError | sqlite3.IntegrityError | sqlite3.DataError):
+        return True
+    if isinstance(error, psycopg.Error):
+        return (error.sqlstate or "")[:2] in _BATCH_FAULTS
+    return False
 
 
 class _Rewrite(Exception):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -398,6 +399,86 @@ async def test_a_batch_after_a_failed_one_is_never_committed(
         await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
     assert await stored(log, refused) == []
     assert await log.floor(refused) is None
+
+
+async def refuse_rows(log: EventLog, name: str, stream: str) -> str:
+    """A trigger that refuses every row of ``stream``; returns the statement dropping it."""
+    if log.dialect == "postgresql":
+        await execute(
+            log,
+            "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+            f"CREATE TRIGGER {name} BEFORE INSERT ON sse_events FOR EACH ROW "
+            f"WHEN (NEW.stream = '{stream}') EXECUTE FUNCTION durable_sse_test_refuse()",
+        )
+        return f"DROP TRIGGER {name} ON sse_events"
+    await execute(
+        log,
+        f"CREATE TRIGGER {name} BEFORE INSERT ON sse_events FOR EACH ROW "
+        f"WHEN NEW.stream = '{stream}' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+    )
+    return f"DROP TRIGGER {name}"
+
+
+@pytest.mark.parametrize("size", [1, SMALL_BATCH + 1])
+async def test_one_streams_bad_batch_does_not_fail_the_others_in_its_group(
+    event_log: EventLog, stream_name: str, size: int
+) -> None:
+    """Invariant 7 / issue 13 case 4: a trigger refuses one stream's rows. The group
+    transaction that holds them fails; every other stream's batch of that group commits
+    (each written alone), the bad one fails with the database's own message, and the
+    batch submitted after it on the same stream is left out."""
+    log = event_log
+    bad = f"{stream_name}-bad"
+    drop = await refuse_rows(log, f"refuse_{stream_name.replace('-', '_')}", bad)
+    try:
+        fillers = hold_the_lanes(log)
+        await asyncio.sleep(0)
+        before = log.commits.transactions
+        batches = {name: [record(str(n)) for n in range(1, size + 1)] for name in "abc"}
+        first = log.submit_batch(f"{stream_name}-a", "numeric", batches["a"])
+        refused = log.submit_batch(bad, "numeric", [record("1")])
+        second = log.submit_batch(f"{stream_name}-b", "numeric", batches["b"])
+        following = log.submit_batch(bad, "numeric", [record("2")], after=refused)
+        gap = gap_opened(f"{stream_name}-c", "g", "0", "9")
+        third = log.submit_batch(f"{stream_name}-c", "numeric", batches["c"], gap_changes=[gap])
+        assert log.commits.waiting == 5  # all five wait for one group transaction
+        await asyncio.gather(*(log.committed(job) for job in fillers))
+        assert await log.committed(first) == InsertResult(size, 0)
+        assert await log.committed(second) == InsertResult(size, 0)
+        assert await log.committed(third) == InsertResult(size, 0)
+        with pytest.raises(StoreError, match=f"refused a batch of stream '{bad}'.*refused by"):
+            await log.committed(refused)
+        with pytest.raises(StoreError, match="batch before it failed"):
+            await log.committed(following)
+        assert log.commits.transactions == before + len(fillers) + 1
+    finally:
+        await execute(log, drop)
+    for name in "abc":
+        assert len(await stored(log, f"{stream_name}-{name}")) == size
+    assert [gap.gap_id for gap in await log.gaps(f"{stream_name}-c")] == ["g"]
+    assert await stored(log, bad) == []
+    assert await log.floor(bad) is None
+    # The stream's next attempt, with the database willing again, is written.
+    assert await log.insert_batch(bad, "numeric", [record("1")]) == InsertResult(1, 0)
+
+
+async def test_an_id_too_large_for_the_index_fails_its_batch_alone(
+    pg_event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 13 case 4: an id past PostgreSQL's b-tree row limit (~2.7 KB; the reader
+    refuses ids over ``max_id_bytes`` first) fails its own batch, not its group."""
+    log = pg_event_log
+    huge = os.urandom(4000).hex()  # 8,000 characters that do not compress
+    fillers = hold_the_lanes(log)
+    await asyncio.sleep(0)
+    good = log.submit_batch(f"{stream_name}-good", "numeric", [record("1")])
+    bad = log.submit_batch(stream_name, "lexicographic", [record(huge)])
+    await asyncio.gather(*(log.committed(job) for job in fillers))
+    assert await log.committed(good) == InsertResult(1, 0)
+    with pytest.raises(StoreError, match=f"refused a batch of stream '{stream_name}'"):
+        await log.committed(bad)
+    assert await stored(log, stream_name) == []
 
 
 # -- floor and time lookups ----------------------------------------------------------
