@@ -40,7 +40,8 @@ SCHEMA_TABLE = "sse_schema"
 SCHEMA_VERSION = 3
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
 replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold;
-id-less followers are keyed by content (``follower_key``), not position."""
+id-less followers are keyed by content (``follower_key``), not position; the event log
+keeps only the indexes a query needs (PostgreSQL: primary key ``(stream, seq)``)."""
 STAGING_TABLE = "sse_events_staging"
 """Per-connection temporary table that PostgreSQL batches are COPYed into."""
 
@@ -76,10 +77,18 @@ class SSEEvent(SQLModel, table=True):
 
     __tablename__ = EVENTS_TABLE
     __table_args__ = (
+        # Every index costs every insert (the write path is the throughput limit), so
+        # each one here is justified by a query that needs it (README, "Storage"):
+        # the event key deduplicates inserts; (stream, id_key) serves the floor, the
+        # stored neighbours of an id (repairs), the ids counted between two (gaps) and
+        # the newest id received before a time (the lagging id, replays "since": the
+        # planner scans it backwards, a (stream, received_at) index went unused);
+        # (stream, seq) reads a stream in arrival order. On PostgreSQL (stream, seq) is
+        # the primary key (see _lean_primary_key); on SQLite seq is the rowid, free,
+        # and (stream, seq) an index.
         sa.UniqueConstraint("stream", "event_id", "follower_key", name="uq_sse_events_key"),
-        sa.Index("ix_sse_events_stream_seq", "stream", "seq"),
-        sa.Index("ix_sse_events_stream_received_at", "stream", "received_at"),
         sa.Index("ix_sse_events_stream_id_key", "stream", "id_key"),
+        sa.Index("ix_sse_events_stream_seq", "stream", "seq").ddl_if(dialect="sqlite"),
     )
 
     seq: int | None = Field(
@@ -163,6 +172,19 @@ class SSESchema(SQLModel, table=True):
 
 
 events_table: sa.Table = SSEEvent.__table__  # type: ignore[attr-defined]
+
+_LEAN_PRIMARY_KEY = (
+    f"ALTER TABLE {EVENTS_TABLE} DROP CONSTRAINT {EVENTS_TABLE}_pkey, "
+    f"ADD CONSTRAINT {EVENTS_TABLE}_pkey PRIMARY KEY (stream, seq)"
+)
+"""PostgreSQL: one b-tree ``(stream, seq)`` both identifies a row and reads a stream in
+arrival order, where ``seq`` alone plus a ``(stream, seq)`` index took two. (SQLAlchemy
+needs ``seq`` as the declared key to keep it a serial column; the swap follows creation.)"""
+event.listen(
+    events_table,
+    "after_create",
+    sa.DDL(_LEAN_PRIMARY_KEY).execute_if(dialect="postgresql"),
+)
 checkpoints_table: sa.Table = SSECheckpoint.__table__  # type: ignore[attr-defined]
 gaps_table: sa.Table = SSEGap.__table__  # type: ignore[attr-defined]
 schema_table: sa.Table = SSESchema.__table__  # type: ignore[attr-defined]
@@ -356,7 +378,8 @@ def _migrate_2_to_3(connection: Connection) -> None:
     :mod:`durable_sse.followers` gives it, its identical predecessors counted in
     ordinal order within its id (the connections that stored them are not known), so
     every stored row keeps a key of its own. SQLite cannot swap a unique constraint in
-    place: the table is copied.
+    place: the table is copied. The indexes no query needs go; on PostgreSQL the
+    primary key becomes ``(stream, seq)``.
     """
     columns = {column["name"] for column in sa.inspect(connection).get_columns(EVENTS_TABLE)}
     blob = sa.LargeBinary().compile(dialect=connection.dialect)
@@ -372,6 +395,13 @@ def _migrate_2_to_3(connection: Connection) -> None:
         connection.exec_driver_sql(
             f"ALTER TABLE {EVENTS_TABLE} DROP CONSTRAINT uq_sse_events_key, "
             "ADD CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, follower_key)"
+        )
+        for index in ("ix_sse_events_stream_received_at", "ix_sse_events_stream_seq"):
+            connection.exec_driver_sql(f"DROP INDEX IF EXISTS {index}")
+        connection.exec_driver_sql(_LEAN_PRIMARY_KEY)
+        connection.exec_driver_sql(
+            f"CREATE INDEX IF NOT EXISTS ix_sse_events_stream_id_key "
+            f"ON {EVENTS_TABLE} (stream, id_key)"
         )
         return
     _copy_sqlite_events(connection)

@@ -919,11 +919,52 @@ async def test_a_schema_2_database_with_rows_is_migrated(
         assert (await old.events("old"))[-1].data == "a\x00b"
         checkpoint = await old.get_checkpoint("old")
         assert checkpoint is not None and checkpoint.lagging_id == "1"
+        assert await event_indexes(old) == LEAN_INDEXES[backend]
     finally:
         await old.close()
         if backend == "postgresql":
             await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
         await admin.close()
+
+
+LEAN_INDEXES = {
+    # (primary key, unique constraints, other indexes): each justified in db.SSEEvent.
+    "postgresql": (
+        ["stream", "seq"],
+        {"uq_sse_events_key": ["stream", "event_id", "follower_key"]},
+        {"ix_sse_events_stream_id_key": ["stream", "id_key"]},
+    ),
+    "sqlite": (
+        ["seq"],
+        {"uq_sse_events_key": ["stream", "event_id", "follower_key"]},
+        {
+            "ix_sse_events_stream_id_key": ["stream", "id_key"],
+            "ix_sse_events_stream_seq": ["stream", "seq"],
+        },
+    ),
+}
+
+
+async def event_indexes(log: EventLog) -> tuple[Any, ...]:
+    def run() -> tuple[Any, ...]:
+        with log.engine.connect() as connection:
+            inspector = sa.inspect(connection)
+            primary = inspector.get_pk_constraint("sse_events")["constrained_columns"]
+            uniques = {
+                u["name"]: u["column_names"] for u in inspector.get_unique_constraints("sse_events")
+            }
+            indexes = {
+                i["name"]: i["column_names"]
+                for i in inspector.get_indexes("sse_events")
+                if "duplicates_constraint" not in i
+            }
+            return primary, uniques, indexes
+
+    return await asyncio.to_thread(run)
+
+
+async def test_a_new_event_log_has_only_the_indexes_a_query_needs(event_log: EventLog) -> None:
+    assert await event_indexes(event_log) == LEAN_INDEXES[event_log.dialect]
 
 
 # -- schema and failures -------------------------------------------------------------
