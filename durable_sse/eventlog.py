@@ -13,9 +13,11 @@ Blocking SQLAlchemy/driver calls run in a small dedicated thread pool, never on 
 event loop. Batches are group-committed (``durable_sse.commits``): one transaction takes
 every batch waiting, from any stream, and commits follow submission order. On PostgreSQL
 a large batch is COPYed into a per-connection temporary table and moved with one
-``INSERT … SELECT … ON CONFLICT DO NOTHING`` (the fastest path measured, see
-``bench/insert_rate.py``), a small one is one multi-row ``INSERT``; SQLite uses an
-``executemany`` of the same insert.
+``INSERT … SELECT … ON CONFLICT DO NOTHING`` (see ``bench/insert_rate.py``), a small
+one is one multi-row ``INSERT``; SQLite uses an ``executemany`` of the same insert. A
+large group whose ids all sort after what is stored (the live case) is COPYed straight
+into ``sse_events`` instead, and written again through staging should it meet a stored
+key (``bench/lean_log.py`` measures both).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ _MOVE_SQL = (
     f"SELECT {', '.join(_EVENT_COLUMNS)} FROM {STAGING_TABLE} ORDER BY pos "
     "ON CONFLICT DO NOTHING"
 )
+_COPY_LOG_SQL = f"COPY {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) FROM STDIN"
 _RETURNING = " RETURNING stream, event_id, follower_key"
 _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
@@ -171,6 +174,17 @@ class EventLog:
         self._where = describe_database(self._engine.url)
         self._executor = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="sse-db")
         self._closed = False
+        self.optimistic_copy = True
+        """PostgreSQL: COPY a large group whose ids all sort after what is stored straight
+        into ``sse_events`` (see :meth:`_stage`); False: always through the staging table
+        (benchmarks compare both)."""
+        self._newest: dict[str, bytes | None] = {}
+        """Per stream, the newest id key this process saw committed (None: none stored).
+        A hint only: a stale one costs one rolled-back attempt, never a row."""
+        self.direct_copies = 0
+        """Groups COPYed straight into ``sse_events`` and committed."""
+        self.optimistic_fallbacks = 0
+        """Optimistic COPYs that met a stored key and were written again through staging."""
         self._commits = CommitQueue(
             self._write_group_guarded,
             self._executor,
@@ -387,10 +401,21 @@ class EventLog:
         again alone: the others commit, the bad one fails with its own error.
         """
         clean = False
+        optimistic = self.optimistic_copy and self.dialect == "postgresql"
         while jobs := [job for job in group.jobs if not job.failed]:
             try:
-                self._write_jobs(group, jobs, clean=clean)
+                self._write_jobs(group, jobs, clean=clean, optimistic=optimistic)
             except _Rewrite:
+                continue
+            except psycopg.errors.UniqueViolation:
+                if not optimistic:
+                    raise
+                # A COPY straight into the log met a stored key (two attempts writing at
+                # once, another worker, ids out of order): write it as any other group.
+                optimistic = False
+                self.optimistic_fallbacks += 1
+                for job in jobs:
+                    self._newest.pop(job.stream, None)
                 continue
             except Exception as error:
                 if isinstance(error, _UNSTORABLE_TEXT) and not clean:
@@ -416,12 +441,16 @@ class EventLog:
         jobs: list[CommitJob],
         *,
         clean: bool,
+        optimistic: bool = False,
         rows_written: bool = True,
     ) -> None:
         """Write ``jobs`` in one transaction (see :data:`durable_sse.commits.GroupWriter`);
         raises ``_Rewrite`` when some of them must be left out."""
+        newest: dict[str, bytes] = {}
         with self._begin() as connection:
-            insert = self._stage(connection, jobs, clean=clean)
+            insert = self._stage(
+                connection, jobs, clean=clean, optimistic=optimistic, newest=newest
+            )
             group.wait_for_previous_rows()
             counts = insert()
             for job, count in zip(jobs, counts, strict=True):
@@ -433,6 +462,10 @@ class EventLog:
                 group.rows_written.set()
         for job, count in zip(jobs, counts, strict=True):
             job.new_rows = count
+        for stream, key in newest.items():
+            known = self._newest.get(stream)
+            if known is None or key > known:
+                self._newest[stream] = key
 
     def _write_alone(
         self, group: CommitGroup, jobs: list[CommitJob], error: Exception, *, clean: bool
@@ -477,13 +510,24 @@ class EventLog:
                     job.error.__cause__ = own
 
     def _stage(
-        self, connection: Connection, jobs: list[CommitJob], *, clean: bool
+        self,
+        connection: Connection,
+        jobs: list[CommitJob],
+        *,
+        clean: bool,
+        optimistic: bool = False,
+        newest: dict[str, bytes] | None = None,
     ) -> Callable[[], list[int]]:
         """Prepare the rows (a large set goes into the staging table now); returns the
         call that inserts them into the log and counts each batch's new rows.
 
         On PostgreSQL the whole group is one statement: one ``INSERT`` per batch would
         serialise a round trip per quiet stream behind the previous group's rows.
+        ``optimistic``: a large group whose every id sorts after its stream's newest
+        stored id (the common live case) cannot conflict, so it is COPYed straight into
+        ``sse_events``, every row new; should it meet a stored key after all, the
+        unique violation rolls it back and the caller writes it through staging.
+        ``newest`` receives each stream's newest id key in the group.
         """
         rows: list[tuple[Any, ...]] = []
         spans: list[tuple[int, int]] = []
@@ -492,6 +536,12 @@ class EventLog:
             start = len(rows)
             rows.extend(_rows(job.stream, order, events, start=start, clean=clean))
             spans.append((start, len(rows)))
+            if newest is not None:
+                keys = [row[5] for row in rows[start:] if row[5] is not None]
+                if keys:
+                    top = max(keys)
+                    if job.stream not in newest or top > newest[job.stream]:
+                        newest[job.stream] = top
         if self.dialect != "postgresql":
             return lambda: [self._insert_sqlite(connection, rows[a:b]) for a, b in spans]
         if not rows:
@@ -499,6 +549,15 @@ class EventLog:
         several = len(spans) > 1  # then count each batch's rows from what was inserted
         if len(rows) <= SMALL_BATCH:
             insert = functools.partial(self._insert_values, connection, rows, several)
+        elif optimistic and self._all_new(connection, jobs, rows, spans):
+            counts = [end - begin for begin, end in spans]
+
+            def copy_into_log() -> list[int]:
+                self._copy_rows(connection, _COPY_LOG_SQL, rows, skip=1)
+                self.direct_copies += 1  # not yet committed: tests read it after
+                return counts
+
+            return copy_into_log
         else:
             self._copy_to_staging(connection, rows)
             insert = functools.partial(self._move_staged, connection, several)
@@ -536,9 +595,53 @@ class EventLog:
             return cursor.fetchall() if returning else max(cursor.rowcount, 0)
 
     def _copy_to_staging(self, connection: Connection, rows: list[tuple[Any, ...]]) -> None:
-        with _driver(connection).cursor() as cursor, cursor.copy(_COPY_SQL) as copy:
-            for row in rows:
-                copy.write_row(row)
+        self._copy_rows(connection, _COPY_SQL, rows)
+
+    def _copy_rows(
+        self, connection: Connection, sql: str, rows: list[tuple[Any, ...]], *, skip: int = 0
+    ) -> None:
+        with _driver(connection).cursor() as cursor, cursor.copy(sql) as copy:
+            if skip:
+                for row in rows:
+                    copy.write_row(row[skip:])
+            else:
+                for row in rows:
+                    copy.write_row(row)
+
+    def _all_new(
+        self,
+        connection: Connection,
+        jobs: list[CommitJob],
+        rows: list[tuple[Any, ...]],
+        spans: list[tuple[int, int]],
+    ) -> bool:
+        """Whether every id of the group sorts after its stream's newest stored id, as
+        far as this process knows (a stream it has not written yet is looked up once)."""
+        unknown = sorted({job.stream for job in jobs} - self._newest.keys())
+        if unknown:
+            self._newest.update(self._newest_keys(connection, unknown))
+        for job, (start, end) in zip(jobs, spans, strict=True):
+            floor = self._newest.get(job.stream)
+            if floor is None:
+                continue
+            for row in rows[start:end]:
+                key = row[5]
+                if key is not None and key <= floor:
+                    return False
+        return True
+
+    def _newest_keys(self, connection: Connection, streams: list[str]) -> dict[str, bytes | None]:
+        events = events_table
+        found: dict[str, bytes | None] = {}
+        for stream in streams:
+            key = connection.execute(
+                sa.select(events.c.id_key)
+                .where(events.c.stream == stream, events.c.id_key.is_not(None))
+                .order_by(events.c.id_key.desc())
+                .limit(1)
+            ).scalar_one_or_none()
+            found[stream] = None if key is None else bytes(key)
+        return found
 
     def _move_staged(self, connection: Connection, returning: bool) -> Any:
         """``INSERT … SELECT`` the staged rows: the count of new rows, or their keys."""

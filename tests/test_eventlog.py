@@ -98,6 +98,67 @@ async def test_both_insert_paths_are_idempotent_and_keep_order(
     assert rows[0][2] == f"d{size}"
 
 
+def numbered(first: int, last: int) -> list[EventRecord]:
+    return [record(str(n), data=f"d{n}") for n in range(first, last + 1)]
+
+
+async def test_live_batches_are_copied_straight_into_the_log(
+    pg_event_log: EventLog, stream_name: str, pg_url: str
+) -> None:
+    """Issue 16 item 2: a large batch whose ids all sort after the stream's newest stored
+    id is COPYed into sse_events; one that meets a stored key (ids out of order, another
+    worker writing the same stream) falls back to staging, with exact counts."""
+    log = pg_event_log
+    copies, fallbacks = log.direct_copies, log.optimistic_fallbacks
+    assert await log.insert_batch(stream_name, "numeric", numbered(1, 100)) == InsertResult(100, 0)
+    assert await log.insert_batch(stream_name, "numeric", numbered(101, 200)) == InsertResult(
+        100, 0
+    )
+    assert log.direct_copies == copies + 2
+    # Ids at or before the newest: straight to staging, no attempt wasted.
+    assert await log.insert_batch(stream_name, "numeric", numbered(150, 250)) == InsertResult(
+        50, 51
+    )
+    assert (log.direct_copies, log.optimistic_fallbacks) == (copies + 2, fallbacks)
+    # Another worker moved the stream on: this log's hint is stale, the COPY meets a
+    # stored key, rolls back, and the batch goes through staging.
+    other = EventLog(pg_url)
+    try:
+        assert await other.insert_batch(stream_name, "numeric", numbered(300, 400)) == (
+            InsertResult(101, 0)
+        )
+    finally:
+        await other.close()
+    assert await log.insert_batch(stream_name, "numeric", numbered(350, 450)) == InsertResult(
+        50, 51
+    )
+    assert log.optimistic_fallbacks == fallbacks + 1
+    # A key repeated inside one fresh batch: the same.
+    repeated = [*numbered(500, 600), record("550", data="again")]
+    assert await log.insert_batch(stream_name, "numeric", repeated) == InsertResult(101, 1)
+    assert log.optimistic_fallbacks == fallbacks + 2
+    rows = await stored(log, stream_name)
+    ids = [int(row[0]) for row in rows]
+    assert ids == [*range(1, 251), *range(300, 451), *range(500, 601)]
+    assert ("550", 0, "d550") in rows
+
+
+async def test_a_fallback_keeps_the_other_streams_of_its_group(
+    pg_event_log: EventLog, stream_name: str
+) -> None:
+    log = pg_event_log
+    await log.insert_batch(stream_name, "numeric", numbered(1, 100))
+    fillers = hold_the_lanes(log)
+    await asyncio.sleep(0)
+    live = log.submit_batch(f"{stream_name}-live", "numeric", numbered(1, 100))
+    clash = log.submit_batch(stream_name, "numeric", [*numbered(101, 200), record("101")])
+    await asyncio.gather(*(log.committed(job) for job in fillers))
+    assert await log.committed(live) == InsertResult(100, 0)
+    assert await log.committed(clash) == InsertResult(100, 1)
+    assert len(await stored(log, f"{stream_name}-live")) == 100
+    assert len(await stored(log, stream_name)) == 200
+
+
 async def test_key_repeated_within_a_batch_counts_as_duplicate(
     event_log: EventLog, stream_name: str
 ) -> None:
