@@ -420,17 +420,16 @@ class EventLog:
                 self._write_jobs(group, jobs, clean=clean, optimistic=optimistic)
             except _Rewrite:
                 continue
-            except psycopg.errors.UniqueViolation:
-                if not optimistic:
-                    raise
-                # A COPY straight into the log met a stored key (two attempts writing at
-                # once, another worker, ids out of order): write it as any other group.
-                optimistic = False
-                self.optimistic_fallbacks += 1
-                for job in jobs:
-                    self._newest.pop(job.stream, None)
-                continue
             except Exception as error:
+                if optimistic and isinstance(error, psycopg.errors.UniqueViolation):
+                    # A COPY straight into the log met a stored key (two attempts writing
+                    # at once, another worker, ids out of order): write the group again
+                    # through staging, and look the streams' newest ids up afresh.
+                    optimistic = False
+                    self.optimistic_fallbacks += 1
+                    for job in jobs:
+                        self._newest.pop(job.stream, None)
+                    continue
                 if isinstance(error, _UNSTORABLE_TEXT) and not clean:
                     # Lone surrogates (no SSE stream carries them, a caller of the API
                     # can): data keeps them exactly in data_bytes, ids and types get
@@ -476,9 +475,13 @@ class EventLog:
         for job, count in zip(jobs, counts, strict=True):
             job.new_rows = count
         for stream, key in newest.items():
-            known = self._newest.get(stream)
-            if known is None or key > known:
-                self._newest[stream] = key
+            # Only streams whose newest id was looked up (and not forgotten since, by a
+            # fallback): a hint built from this process's commits alone would miss what
+            # another worker wrote.
+            if stream in self._newest:
+                known = self._newest[stream]
+                if known is None or key > known:
+                    self._newest[stream] = key
 
     def _write_alone(
         self, group: CommitGroup, jobs: list[CommitJob], error: Exception, *, clean: bool
