@@ -478,10 +478,9 @@ class EventLog:
             # Only streams whose newest id was looked up (and not forgotten since, by a
             # fallback): a hint built from this process's commits alone would miss what
             # another worker wrote.
-            if stream in self._newest:
-                known = self._newest[stream]
-                if known is None or key > known:
-                    self._newest[stream] = key
+            known = self._newest.get(stream, _UNKNOWN)  # lanes share it: no check-then-get
+            if known is not _UNKNOWN and (known is None or key > known):
+                self._newest[stream] = key
 
     def _write_alone(
         self, group: CommitGroup, jobs: list[CommitJob], error: Exception, *, clean: bool
@@ -1094,6 +1093,10 @@ def _fault_of_a_batch(error: BaseException) -> bool:
     if isinstance(error, psycopg.Error):
         return (error.sqlstate or "")[:2] in _BATCH_FAULTS
     return False
+
+
+_UNKNOWN: Any = object()
+"""A stream absent from ``EventLog._newest``."""
 
 
 class _Rewrite(Exception):
