@@ -266,7 +266,7 @@ async def _replay_rows(
     label = f"window {sizes.replay_window:,}, 1% missing"
     return [
         Row("5", f"replay re-read rate, {label} (ev/s)", rates.fmt()),
-        Row("5", f"signal -> gap closed, {label} (s)", seconds.fmt(digits=2)),
+        Row("5", f"signal -> holes stored again, {label} (s)", seconds.fmt(digits=2)),
         Row(
             "5", "holes / recovered rows / window complete", f"{missing} / {recovered} / {complete}"
         ),
