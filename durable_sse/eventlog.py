@@ -442,10 +442,28 @@ class EventLog:
                     )
                     clean = True
                     continue
-                if len(jobs) == 1 or not _fault_of_a_batch(error):
+                if not _fault_of_a_batch(error):
                     raise
-                self._write_alone(group, jobs, error, clean=clean)
+                if len(jobs) == 1:
+                    self._refuse(jobs[0], error)  # the same message as in a group
+                else:
+                    self._write_alone(group, jobs, error, clean=clean)
             return
+
+    def _refuse(self, job: CommitJob, error: BaseException) -> None:
+        """Fail one batch that the database refused for its own data, loudly."""
+        logger.warning(
+            "stream %s: the database refused a batch (%s); the other batches of its "
+            "group, if any, were written without it",
+            job.stream,
+            error_summary(error),
+        )
+        job.failed = True
+        job.error = StoreError(
+            f"{self._where} refused a batch of stream {job.stream!r}: {error_summary(error)} "
+            "(the other streams' batches of its group, if any, committed)"
+        )
+        job.error.__cause__ = error
 
     def _write_jobs(
         self,
@@ -510,19 +528,7 @@ class EventLog:
                             if not rest.failed:
                                 rest.failed, rest.error = True, failure
                         return
-                    logger.warning(
-                        "stream %s: the database refused a batch (%s); the other batches "
-                        "of its group were written without it",
-                        job.stream,
-                        error_summary(own),
-                    )
-                    job.failed = True
-                    job.error = StoreError(
-                        f"{self._where} refused a batch of stream {job.stream!r}: "
-                        f"{error_summary(own)} (written alone; the other streams' batches "
-                        "of its group committed)"
-                    )
-                    job.error.__cause__ = own
+                    self._refuse(job, own)
 
     def _stage(
         self,
