@@ -28,7 +28,7 @@ from sqlalchemy.pool import StaticPool
 from sqlmodel import Field, SQLModel
 
 from durable_sse.errors import StoreError
-from durable_sse.followers import CARRIER_KEY, FOLLOWER_WINDOW, data_digest, follower_key
+from durable_sse.followers import FOLLOWER_WINDOW, data_digest, follower_key
 from durable_sse.settings import sqlite_path
 
 logger = logging.getLogger(__name__)
@@ -382,13 +382,25 @@ def _migrate_2_to_3(connection: Connection) -> None:
     primary key becomes ``(stream, seq)``.
     """
     columns = {column["name"] for column in sa.inspect(connection).get_columns(EVENTS_TABLE)}
+    postgresql = connection.dialect.name == "postgresql"
     blob = sa.LargeBinary().compile(dialect=connection.dialect)
-    for column in ("data_bytes", "follower_key"):
-        if column not in columns:
-            connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN {column} {blob}")
+    if "data_bytes" not in columns:
+        connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN data_bytes {blob}")
+    if "follower_key" not in columns:
+        # Most rows carry their id: a constant default gives them their (empty) key
+        # without rewriting them (both databases store it in the catalogue), and
+        # only the other rows are updated.
+        empty = "'\\x'::bytea" if postgresql else "X''"
+        connection.exec_driver_sql(
+            f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN follower_key {blob} DEFAULT {empty}"
+        )
+        if postgresql:
+            connection.exec_driver_sql(
+                f"ALTER TABLE {EVENTS_TABLE} ALTER COLUMN follower_key DROP DEFAULT"
+            )
     events = events_table
     connection.execute(
-        sa.update(events).where(events.c.event_ord == 0).values(follower_key=CARRIER_KEY)
+        sa.update(events).where(events.c.event_ord.is_(None)).values(follower_key=None)
     )
     _key_migrated_followers(connection)
     if connection.dialect.name == "postgresql":

@@ -974,6 +974,10 @@ async def test_a_schema_2_database_with_rows_is_migrated(
         assert await old.insert_batch("old", "numeric", again) == InsertResult(0, 4)
         fresh = [record("1", 1, data="new", follower=FollowerKeys().follower("message", "new", 1))]
         assert await old.insert_batch("old", "numeric", fresh) == InsertResult(1, 0)
+        # The stored id-less row kept a NULL key: another one is stored, never collapsed.
+        assert await old.insert_batch("old", "numeric", [record("", None, data="no id")]) == (
+            InsertResult(1, 0)
+        )
         assert await old.floor("old") == "2"
         new = [record("3", data="a\x00b")]
         assert await old.insert_batch("old", "numeric", new) == InsertResult(1, 0)
