@@ -39,6 +39,9 @@ class CommitJob:
     """Must commit first (same transaction or an earlier one), or this job fails."""
     future: asyncio.Future[int]
     failed: bool = False
+    error: BaseException | None = None
+    """Why this job alone failed while the rest of its group committed (None: it did
+    not, or the whole group failed)."""
     new_rows: int = 0
 
 
@@ -81,7 +84,8 @@ GroupWriter = Callable[[CommitGroup], None]
 ``group.wait_for_previous_rows()``, inserts, calls ``group.wait_turn()`` (if that leaves
 jobs out: roll back and write the rest again), sets ``group.rows_written`` and commits.
 Sets ``new_rows`` on each committed job; raises if the transaction fails (every job of
-the group then fails)."""
+the group then fails), or sets ``failed`` and ``error`` on the jobs that failed while
+the others committed (a batch that fails for its own data is retried alone)."""
 
 
 class CommitQueue:
@@ -172,6 +176,8 @@ class CommitQueue:
                 continue
             if error is not None:
                 job.future.set_exception(error)
+            elif job.error is not None:
+                job.future.set_exception(job.error)
             elif job.failed:
                 job.future.set_exception(_left_out(job))
             else:

@@ -28,6 +28,7 @@ from sqlalchemy.pool import StaticPool
 from sqlmodel import Field, SQLModel
 
 from durable_sse.errors import StoreError
+from durable_sse.followers import FOLLOWER_WINDOW, data_digest, follower_key
 from durable_sse.settings import sqlite_path
 
 logger = logging.getLogger(__name__)
@@ -36,31 +37,58 @@ EVENTS_TABLE = "sse_events"
 CHECKPOINTS_TABLE = "sse_checkpoints"
 GAPS_TABLE = "sse_gaps"
 SCHEMA_TABLE = "sse_schema"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
-replace the fence."""
+replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold;
+id-less followers are keyed by content (``follower_key``), not position; the event log
+keeps only the indexes a query needs (PostgreSQL: primary key ``(stream, seq)``)."""
 STAGING_TABLE = "sse_events_staging"
 """Per-connection temporary table that PostgreSQL batches are COPYed into."""
 
+_MIGRATION_PAGE = 5000
+"""Rows a migration reads and rewrites at a time."""
 DEFAULT_CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 30.0
 _SCHEMA_LOCK_ID = zlib.crc32(b"durable-sse:schema")
 
 
 class SSEEvent(SQLModel, table=True):
-    """One persisted event. The key is ``(stream, event_id, event_ord)``.
+    """One persisted event. The key is ``(stream, event_id, follower_key)``.
 
     ``event_ord`` is 0 for the event that carries an id and 1, 2, … for the id-less
-    events that follow it (they keep the previous id, WHATWG); it is NULL when no id is
-    in force, and NULLs never conflict, so such events are always stored.
+    events that follow it on its connection (they keep the previous id, WHATWG); it is
+    NULL when no id is in force. ``follower_key`` tells the followers apart by content
+    (see :mod:`durable_sse.followers`): empty for the event carrying the id, a digest
+    of type and data for a follower, NULL with no id in force; NULLs never conflict, so
+    such events are always stored.
+
+    ``data`` is text, exact for every ordinary row, so plain SQL reads it as it is.
+    A WHATWG client can deliver U+0000, which PostgreSQL ``text`` cannot hold (and which
+    SQLite's text functions stop at): such a row keeps its exact data, UTF-8 encoded, in
+    ``data_bytes``, and ``data`` holds a readable stand-in with U+FFFD for each NUL.
+    ``data_bytes`` is NULL on every other row, so the rule is: the exact data is
+    ``data_bytes`` decoded when it is not NULL, else ``data``. Why not an escape inside
+    ``data``: every row holding the escape character (a backslash, in most JSON) would
+    need unescaping too, so plain SQL could trust no row; a NULL column costs ordinary
+    rows one bit of the null bitmap and nothing on the write path. (Lone surrogates,
+    which no SSE stream can carry, only a caller of the API, are kept the same way with
+    the ``surrogatepass`` encoding.)
     """
 
     __tablename__ = EVENTS_TABLE
     __table_args__ = (
-        sa.UniqueConstraint("stream", "event_id", "event_ord", name="uq_sse_events_key"),
-        sa.Index("ix_sse_events_stream_seq", "stream", "seq"),
-        sa.Index("ix_sse_events_stream_received_at", "stream", "received_at"),
+        # Every index costs every insert (the write path is the throughput limit), so
+        # each one here is justified by a query that needs it (README, "Storage"):
+        # the event key deduplicates inserts; (stream, id_key) serves the floor, the
+        # stored neighbours of an id (repairs), the ids counted between two (gaps) and
+        # the newest id received before a time (the lagging id, replays "since": the
+        # planner scans it backwards, a (stream, received_at) index went unused);
+        # (stream, seq) reads a stream in arrival order. On PostgreSQL (stream, seq) is
+        # the primary key (see _lean_primary_key); on SQLite seq is the rowid, free,
+        # and (stream, seq) an index.
+        sa.UniqueConstraint("stream", "event_id", "follower_key", name="uq_sse_events_key"),
         sa.Index("ix_sse_events_stream_id_key", "stream", "id_key"),
+        sa.Index("ix_sse_events_stream_seq", "stream", "seq").ddl_if(dialect="sqlite"),
     )
 
     seq: int | None = Field(
@@ -74,9 +102,15 @@ class SSEEvent(SQLModel, table=True):
     stream: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     event_id: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     event_ord: int | None = Field(default=None, sa_column=sa.Column(sa.Integer, nullable=True))
+    follower_key: bytes | None = Field(
+        default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True)
+    )
     id_key: bytes | None = Field(default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True))
     event_type: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     data: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    data_bytes: bytes | None = Field(
+        default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True)
+    )
     received_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
 
 
@@ -138,6 +172,19 @@ class SSESchema(SQLModel, table=True):
 
 
 events_table: sa.Table = SSEEvent.__table__  # type: ignore[attr-defined]
+
+_LEAN_PRIMARY_KEY = (
+    f"ALTER TABLE {EVENTS_TABLE} DROP CONSTRAINT {EVENTS_TABLE}_pkey, "
+    f"ADD CONSTRAINT {EVENTS_TABLE}_pkey PRIMARY KEY (stream, seq)"
+)
+"""PostgreSQL: one b-tree ``(stream, seq)`` both identifies a row and reads a stream in
+arrival order, where ``seq`` alone plus a ``(stream, seq)`` index took two. (SQLAlchemy
+needs ``seq`` as the declared key to keep it a serial column; the swap follows creation.)"""
+event.listen(
+    events_table,
+    "after_create",
+    sa.DDL(_LEAN_PRIMARY_KEY).execute_if(dialect="postgresql"),
+)
 checkpoints_table: sa.Table = SSECheckpoint.__table__  # type: ignore[attr-defined]
 gaps_table: sa.Table = SSEGap.__table__  # type: ignore[attr-defined]
 schema_table: sa.Table = SSESchema.__table__  # type: ignore[attr-defined]
@@ -147,9 +194,11 @@ STAGING_COLUMNS = (
     "stream",
     "event_id",
     "event_ord",
+    "follower_key",
     "id_key",
     "event_type",
     "data",
+    "data_bytes",
     "received_at",
 )
 _CREATE_STAGING = f"""
@@ -158,9 +207,11 @@ CREATE TEMPORARY TABLE IF NOT EXISTS {STAGING_TABLE} (
     stream text NOT NULL,
     event_id text NOT NULL,
     event_ord integer,
+    follower_key bytea,
     id_key bytea,
     event_type text NOT NULL,
     data text NOT NULL,
+    data_bytes bytea,
     received_at timestamptz NOT NULL
 ) ON COMMIT DELETE ROWS
 """
@@ -319,7 +370,116 @@ def _migrate_1_to_2(connection: Connection) -> None:
             connection.exec_driver_sql(f"ALTER TABLE {CHECKPOINTS_TABLE} DROP COLUMN {column}")
 
 
-MIGRATIONS = {1: _migrate_1_to_2}
+def _migrate_2_to_3(connection: Connection) -> None:
+    """Add ``data_bytes``, and key id-less followers by content instead of position.
+
+    Rows stored before keep their data as it is (NUL already became U+FFFD when they
+    were written, and nothing can bring it back). Each follower gets the key
+    :mod:`durable_sse.followers` gives it, its identical predecessors counted in
+    ordinal order within its id (the connections that stored them are not known), so
+    every stored row keeps a key of its own. SQLite cannot swap a unique constraint in
+    place: the table is copied. The indexes no query needs go; on PostgreSQL the
+    primary key becomes ``(stream, seq)``.
+    """
+    columns = {column["name"] for column in sa.inspect(connection).get_columns(EVENTS_TABLE)}
+    postgresql = connection.dialect.name == "postgresql"
+    blob = sa.LargeBinary().compile(dialect=connection.dialect)
+    if "data_bytes" not in columns:
+        connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN data_bytes {blob}")
+    if "follower_key" not in columns:
+        # Most rows carry their id: a constant default gives them their (empty) key
+        # without rewriting them (both databases store it in the catalogue), and
+        # only the other rows are updated.
+        empty = "'\\x'::bytea" if postgresql else "X''"
+        connection.exec_driver_sql(
+            f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN follower_key {blob} DEFAULT {empty}"
+        )
+        if postgresql:
+            connection.exec_driver_sql(
+                f"ALTER TABLE {EVENTS_TABLE} ALTER COLUMN follower_key DROP DEFAULT"
+            )
+    events = events_table
+    connection.execute(
+        sa.update(events).where(events.c.event_ord.is_(None)).values(follower_key=None)
+    )
+    _key_migrated_followers(connection)
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(
+            f"ALTER TABLE {EVENTS_TABLE} DROP CONSTRAINT uq_sse_events_key, "
+            "ADD CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, follower_key)"
+        )
+        for index in ("ix_sse_events_stream_received_at", "ix_sse_events_stream_seq"):
+            connection.exec_driver_sql(f"DROP INDEX IF EXISTS {index}")
+        connection.exec_driver_sql(_LEAN_PRIMARY_KEY)
+        connection.exec_driver_sql(
+            f"CREATE INDEX IF NOT EXISTS ix_sse_events_stream_id_key "
+            f"ON {EVENTS_TABLE} (stream, id_key)"
+        )
+        return
+    _copy_sqlite_events(connection)
+
+
+def _key_migrated_followers(connection: Connection) -> None:
+    """Give every stored follower its content key, a page of rows at a time in
+    ``(stream, event_id, event_ord)`` order (the old unique key, so indexed)."""
+    events = events_table
+    columns = (events.c.stream, events.c.event_id, events.c.event_ord)
+    last: tuple[str, str, int] | None = None
+    current: tuple[str, str] | None = None
+    seen: dict[tuple[int, bytes], int] = {}
+    while True:
+        query = (
+            sa.select(*columns, events.c.event_type, events.c.data, events.c.data_bytes)
+            .where(events.c.event_ord > 0)
+            .order_by(*columns)
+            .limit(_MIGRATION_PAGE)
+        )
+        if last is not None:
+            query = query.where(sa.tuple_(*columns) > sa.tuple_(*last))
+        rows = connection.execute(query).all()
+        if not rows:
+            return
+        updates = []
+        for row in rows:
+            if (row.stream, row.event_id) != current:
+                current, seen = (row.stream, row.event_id), {}
+            data = row.data if row.data_bytes is None else bytes(row.data_bytes).decode()
+            window = (row.event_ord - 1) // FOLLOWER_WINDOW
+            counted = (window, data_digest(row.event_type, data))
+            repeat = seen.get(counted, 0)
+            seen[counted] = repeat + 1
+            key = follower_key(row.event_type, data, repeat=repeat, window=window)
+            updates.append({"s": row.stream, "e": row.event_id, "o": row.event_ord, "key": key})
+        connection.execute(
+            sa.update(events)
+            .where(
+                events.c.stream == sa.bindparam("s"),
+                events.c.event_id == sa.bindparam("e"),
+                events.c.event_ord == sa.bindparam("o"),
+            )
+            .values(follower_key=sa.bindparam("key")),
+            updates,
+        )
+        last = (rows[-1].stream, rows[-1].event_id, rows[-1].event_ord)
+
+
+def _copy_sqlite_events(connection: Connection) -> None:
+    """Rebuild ``sse_events`` under today's definition (keys, constraints, indexes)."""
+    copy = events_table.to_metadata(sa.MetaData(), name=f"{EVENTS_TABLE}_v3")
+    for index in list(copy.indexes):
+        copy.indexes.discard(index)
+    copy.create(connection)
+    names = ", ".join(column.name for column in events_table.columns)
+    connection.exec_driver_sql(
+        f"INSERT INTO {copy.name} ({names}) SELECT {names} FROM {EVENTS_TABLE} ORDER BY seq"
+    )
+    connection.exec_driver_sql(f"DROP TABLE {EVENTS_TABLE}")
+    connection.exec_driver_sql(f"ALTER TABLE {copy.name} RENAME TO {EVENTS_TABLE}")
+    for index in events_table.indexes:
+        index.create(connection)
+
+
+MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 """``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction."""
 
 

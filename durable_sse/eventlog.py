@@ -2,8 +2,9 @@
 records (``sse_gaps``).
 
 The log is the system of record: a batch is committed before any cursor moves past
-it (invariant 1), and every event is keyed ``(stream, event_id, event_ord)`` so that
-replays are absorbed by ``ON CONFLICT DO NOTHING`` (invariant 2). A batch carries the
+it (invariant 1), and every event is keyed ``(stream, event_id, follower_key)`` (see
+:mod:`durable_sse.followers`) so that replays are absorbed by ``ON CONFLICT DO NOTHING``
+(invariant 2). A batch carries the
 gap changes the reader derived from it (:mod:`durable_sse.gaps`); they are applied in
 the batch's own transaction, so no cursor passes a drop signal before its gap record is
 durable (invariant 5).
@@ -12,15 +13,16 @@ Blocking SQLAlchemy/driver calls run in a small dedicated thread pool, never on 
 event loop. Batches are group-committed (``durable_sse.commits``): one transaction takes
 every batch waiting, from any stream, and commits follow submission order. On PostgreSQL
 a large batch is COPYed into a per-connection temporary table and moved with one
-``INSERT … SELECT … ON CONFLICT DO NOTHING`` (the fastest path measured, see
-``bench/insert_rate.py``), a small one is one multi-row ``INSERT``; SQLite uses an
-``executemany`` of the same insert.
+``INSERT … SELECT … ON CONFLICT DO NOTHING`` (see ``bench/insert_rate.py``), a small
+one is one multi-row ``INSERT``; SQLite uses an ``executemany`` of the same insert. A
+large group whose ids all sort after what is stored (the live case) is COPYed straight
+into ``sse_events`` instead, and written again through staging should it meet a stored
+key (``bench/lean_log.py`` measures both).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import sqlite3
@@ -54,6 +56,7 @@ from durable_sse.db import (
     to_utc,
 )
 from durable_sse.errors import StoreError
+from durable_sse.followers import CARRIER_KEY, FOLLOWER_WINDOW, follower_key
 from durable_sse.gaps import (
     Gap,
     GapChange,
@@ -74,13 +77,27 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _EVENT_COLUMNS = STAGING_COLUMNS[1:]
-_COPY_SQL = f"COPY {STAGING_TABLE} ({', '.join(STAGING_COLUMNS)}) FROM STDIN"
+_COPY_SQL = f"COPY {STAGING_TABLE} ({', '.join(STAGING_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 _MOVE_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"SELECT {', '.join(_EVENT_COLUMNS)} FROM {STAGING_TABLE} ORDER BY pos "
     "ON CONFLICT DO NOTHING"
 )
-_RETURNING = " RETURNING stream, event_id, event_ord"
+_COPY_LOG_SQL = f"COPY {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES = (
+    "int4",  # pos
+    "text",  # stream
+    "text",  # event_id
+    "int4",  # event_ord
+    "bytea",  # follower_key
+    "bytea",  # id_key
+    "text",  # event_type
+    "text",  # data
+    "bytea",  # data_bytes
+    "timestamptz",  # received_at
+)
+"""Binary COPY: a third of text COPY's client time per row (``bench/lean_log.py``)."""
+_RETURNING = " RETURNING stream, event_id, follower_key"
 _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
@@ -96,6 +113,10 @@ SMALL_BATCH = 64
 """Up to this many rows, one multi-row INSERT beats COPY into the staging table (two
 statements more per commit); above it COPY wins (see bench/insert_rate.py)."""
 _UNSTORABLE_TEXT = (UnicodeEncodeError, psycopg.DataError)
+_BATCH_FAULTS = ("22", "23", "54", "P0")
+"""SQLSTATE classes an error of one batch's own making raises: data exception,
+integrity constraint, program limit (a key too large for its index), a PL/pgSQL
+``RAISE`` (a trigger that refuses rows)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,9 @@ class EventRecord:
     data: str
     received_at: datetime
     """Tz-aware; stored as UTC."""
+    follower_key: bytes | None = None
+    """What tells an id-less follower apart (``durable_sse.followers.FollowerKeys``, which
+    counts identical followers on the connection); None: derived from type and data."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,18 @@ class ConnectionStart:
 
 
 @dataclass(frozen=True)
+class StoredEvent:
+    """One event as stored, its data exact (see :meth:`EventLog.events`)."""
+
+    seq: int
+    event_id: str
+    event_ord: int | None
+    event_type: str
+    data: str
+    received_at: datetime
+
+
+@dataclass(frozen=True)
 class InsertResult:
     new_rows: int
     duplicates: int
@@ -151,6 +187,17 @@ class EventLog:
         self._where = describe_database(self._engine.url)
         self._executor = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="sse-db")
         self._closed = False
+        self.optimistic_copy = True
+        """PostgreSQL: COPY a large group whose ids all sort after what is stored straight
+        into ``sse_events`` (see :meth:`_stage`); False: always through the staging table
+        (benchmarks compare both)."""
+        self._newest: dict[str, bytes | None] = {}
+        """Per stream, the newest id key this process saw committed (None: none stored).
+        A hint only: a stale one costs one rolled-back attempt, never a row."""
+        self.direct_copies = 0
+        """Groups COPYed straight into ``sse_events`` and committed."""
+        self.optimistic_fallbacks = 0
+        """Optimistic COPYs that met a stored key and were written again through staging."""
         self._commits = CommitQueue(
             self._write_group_guarded,
             self._executor,
@@ -224,6 +271,19 @@ class EventLog:
             self._newest_sync,
             stream,
             to_utc(when),
+        )
+
+    async def events(
+        self, stream: str, *, after_seq: int | None = None, limit: int = 1000
+    ) -> list[StoredEvent]:
+        """A stream's stored events in arrival (``seq``) order, after ``after_seq``, with
+        their exact data (``data_bytes`` where ``data`` could not hold it)."""
+        return await self._run(
+            f"read the events of stream {stream!r}",
+            self._events_sync,
+            stream,
+            after_seq,
+            limit,
         )
 
     async def get_checkpoint(self, stream: str) -> CheckpointState | None:
@@ -313,12 +373,19 @@ class EventLog:
             return function(*args)
         except StoreError:
             raise
-        except sa.exc.DBAPIError as error:
-            if error.statement is None:  # raised while connecting: no statement ran
-                raise StoreError(f"{self._where} is unreachable: {error_summary(error)}") from error
-            raise StoreError(f"{self._where} failed to {action}: {error_summary(error)}") from error
         except (sa.exc.SQLAlchemyError, psycopg.Error, sqlite3.Error) as error:
-            raise StoreError(f"{self._where} failed to {action}: {error_summary(error)}") from error
+            raise self._store_error(error, action) from error
+
+    def _store_error(self, error: BaseException, action: str) -> StoreError:
+        if isinstance(error, StoreError):
+            return error
+        if isinstance(error, sa.exc.DBAPIError) and error.statement is None:
+            # Raised while connecting: no statement ran.
+            failure = StoreError(f"{self._where} is unreachable: {error_summary(error)}")
+        else:
+            failure = StoreError(f"{self._where} failed to {action}: {error_summary(error)}")
+        failure.__cause__ = error
+        return failure
 
     @contextmanager
     def _begin(self) -> Iterator[Connection]:
@@ -342,60 +409,160 @@ class EventLog:
         Rows are prepared (and COPYed into the staging table) while earlier groups still
         work; they enter ``sse_events`` only after the previous group's rows did, so
         ``seq`` follows submission order, and the commit waits for the previous group's
-        commit.
+        commit. When the transaction fails for what one batch holds (invariant 7: a
+        trigger, a constraint, a value the database refuses), each batch is written
+        again alone: the others commit, the bad one fails with its own error.
         """
         clean = False
+        optimistic = self.optimistic_copy and self.dialect == "postgresql"
         while jobs := [job for job in group.jobs if not job.failed]:
             try:
-                with self._begin() as connection:
-                    insert = self._stage(connection, jobs, clean=clean)
-                    group.wait_for_previous_rows()
-                    counts = insert()
-                    for job, count in zip(jobs, counts, strict=True):
-                        if job.payload.gap_changes:
-                            self._apply_gap_changes(connection, job.stream, job.payload, count)
-                    if group.wait_turn():
-                        raise _Rewrite  # roll back: some batches must not commit
-                    group.rows_written.set()
+                self._write_jobs(group, jobs, clean=clean, optimistic=optimistic)
             except _Rewrite:
                 continue
-            except _UNSTORABLE_TEXT as error:
-                if clean:
+            except Exception as error:
+                if optimistic and isinstance(error, psycopg.errors.UniqueViolation):
+                    # A COPY straight into the log met a stored key (two attempts writing
+                    # at once, another worker, ids out of order): write the group again
+                    # through staging, and look the streams' newest ids up afresh.
+                    optimistic = False
+                    self.optimistic_fallbacks += 1
+                    for job in jobs:
+                        self._newest.pop(job.stream, None)
+                    continue
+                if isinstance(error, _UNSTORABLE_TEXT) and not clean:
+                    # Lone surrogates (no SSE stream carries them, a caller of the API
+                    # can): data keeps them exactly in data_bytes, ids and types get
+                    # U+FFFD rather than wedge the stream on them. Loud, never silent.
+                    logger.warning(
+                        "a batch holds characters the database cannot store as text, "
+                        "writing it again with data in data_bytes and U+FFFD in ids and "
+                        "types (%s)",
+                        error_summary(error),
+                    )
+                    clean = True
+                    continue
+                if not _fault_of_a_batch(error):
                     raise
-                # NUL (PostgreSQL text) or lone surrogates: store the batch with U+FFFD in
-                # their place rather than wedge the stream on it. Loud, never silent.
-                logger.warning(
-                    "a batch holds characters the database cannot store, replacing them "
-                    "with U+FFFD (%s)",
-                    error_summary(error),
-                )
-                clean = True
-                continue
-            for job, count in zip(jobs, counts, strict=True):
-                job.new_rows = count
+                if len(jobs) == 1:
+                    self._refuse(jobs[0], error)  # the same message as in a group
+                else:
+                    self._write_alone(group, jobs, error, clean=clean)
             return
 
+    def _refuse(self, job: CommitJob, error: BaseException) -> None:
+        """Fail one batch that the database refused for its own data, loudly."""
+        logger.warning(
+            "stream %s: the database refused a batch (%s); the other batches of its "
+            "group, if any, were written without it",
+            job.stream,
+            error_summary(error),
+        )
+        job.failed = True
+        job.error = StoreError(
+            f"{self._where} refused a batch of stream {job.stream!r}: {error_summary(error)} "
+            "(the other streams' batches of its group, if any, committed)"
+        )
+        job.error.__cause__ = error
+
+    def _write_jobs(
+        self,
+        group: CommitGroup,
+        jobs: list[CommitJob],
+        *,
+        clean: bool,
+        optimistic: bool = False,
+        rows_written: bool = True,
+    ) -> None:
+        """Write ``jobs`` in one transaction (see :data:`durable_sse.commits.GroupWriter`);
+        raises ``_Rewrite`` when some of them must be left out."""
+        newest: dict[str, bytes] = {}
+        with self._begin() as connection:
+            insert = self._stage(
+                connection, jobs, clean=clean, optimistic=optimistic, newest=newest
+            )
+            group.wait_for_previous_rows()
+            counts = insert()
+            for job, count in zip(jobs, counts, strict=True):
+                if job.payload.gap_changes:
+                    self._apply_gap_changes(connection, job.stream, job.payload, count)
+            if group.wait_turn():
+                raise _Rewrite  # roll back: some batches must not commit
+            if rows_written:
+                group.rows_written.set()
+        for job, count in zip(jobs, counts, strict=True):
+            job.new_rows = count
+        for stream, key in newest.items():
+            # Only streams whose newest id was looked up (and not forgotten since, by a
+            # fallback): a hint built from this process's commits alone would miss what
+            # another worker wrote.
+            known = self._newest.get(stream, _UNKNOWN)  # lanes share it: no check-then-get
+            if known is not _UNKNOWN and (known is None or key > known):
+                self._newest[stream] = key
+
+    def _write_alone(
+        self, group: CommitGroup, jobs: list[CommitJob], error: Exception, *, clean: bool
+    ) -> None:
+        """Write each batch of a failed group in a transaction of its own, in order.
+
+        A batch that fails for its own data gets its error and is not committed (nor is
+        any batch submitted after it); an error that is no batch's fault (the database
+        went away) fails the batches not yet written, and only those.
+        """
+        logger.warning(
+            "a group transaction of %d batches failed (%s): writing each batch alone",
+            len(jobs),
+            error_summary(error),
+        )
+        for index, job in enumerate(jobs):
+            while not job.failed:
+                try:
+                    self._write_jobs(group, [job], clean=clean, rows_written=False)
+                    break
+                except _Rewrite:
+                    continue  # a later batch was left out; write this one again
+                except Exception as own:
+                    if not _fault_of_a_batch(own):
+                        failure = self._store_error(own, f"insert events of stream {job.stream!r}")
+                        for rest in jobs[index:]:
+                            if not rest.failed:
+                                rest.failed, rest.error = True, failure
+                        return
+                    self._refuse(job, own)
+
     def _stage(
-        self, connection: Connection, jobs: list[CommitJob], *, clean: bool
+        self,
+        connection: Connection,
+        jobs: list[CommitJob],
+        *,
+        clean: bool,
+        optimistic: bool = False,
+        newest: dict[str, bytes] | None = None,
     ) -> Callable[[], list[int]]:
         """Prepare the rows (a large set goes into the staging table now); returns the
         call that inserts them into the log and counts each batch's new rows.
 
         On PostgreSQL the whole group is one statement: one ``INSERT`` per batch would
         serialise a round trip per quiet stream behind the previous group's rows.
+        ``optimistic``: a large group whose every id sorts after its stream's newest
+        stored id (the common live case) cannot conflict, so it is COPYed straight into
+        ``sse_events``, every row new; should it meet a stored key after all, the
+        unique violation rolls it back and the caller writes it through staging.
+        ``newest`` receives each stream's newest id key in the group.
         """
         rows: list[tuple[Any, ...]] = []
         spans: list[tuple[int, int]] = []
         for job in jobs:
             order, events = job.payload.order, job.payload.events
-            if clean:
-                cleaned = [_clean_record(record) for record in events]
-                if cleaned != list(events):
-                    logger.warning("stream %r: characters replaced with U+FFFD", job.stream)
-                events = cleaned
             start = len(rows)
-            rows.extend(_rows(job.stream, order, events, start=start))
+            rows.extend(_rows(job.stream, order, events, start=start, clean=clean))
             spans.append((start, len(rows)))
+            if newest is not None:
+                keys = [row[5] for row in rows[start:] if row[5] is not None]
+                if keys:
+                    top = max(keys)
+                    if job.stream not in newest or top > newest[job.stream]:
+                        newest[job.stream] = top
         if self.dialect != "postgresql":
             return lambda: [self._insert_sqlite(connection, rows[a:b]) for a, b in spans]
         if not rows:
@@ -403,6 +570,15 @@ class EventLog:
         several = len(spans) > 1  # then count each batch's rows from what was inserted
         if len(rows) <= SMALL_BATCH:
             insert = functools.partial(self._insert_values, connection, rows, several)
+        elif optimistic and self._all_new(connection, jobs, rows, spans):
+            counts = [end - begin for begin, end in spans]
+
+            def copy_into_log() -> list[int]:
+                self._copy_rows(connection, _COPY_LOG_SQL, rows, skip=1)
+                self.direct_copies += 1  # not yet committed: tests read it after
+                return counts
+
+            return copy_into_log
         else:
             self._copy_to_staging(connection, rows)
             insert = functools.partial(self._move_staged, connection, several)
@@ -440,9 +616,54 @@ class EventLog:
             return cursor.fetchall() if returning else max(cursor.rowcount, 0)
 
     def _copy_to_staging(self, connection: Connection, rows: list[tuple[Any, ...]]) -> None:
-        with _driver(connection).cursor() as cursor, cursor.copy(_COPY_SQL) as copy:
-            for row in rows:
-                copy.write_row(row)
+        self._copy_rows(connection, _COPY_SQL, rows)
+
+    def _copy_rows(
+        self, connection: Connection, sql: str, rows: list[tuple[Any, ...]], *, skip: int = 0
+    ) -> None:
+        with _driver(connection).cursor() as cursor, cursor.copy(sql) as copy:
+            copy.set_types(list(_COPY_TYPES[skip:]))
+            if skip:
+                for row in rows:
+                    copy.write_row(row[skip:])
+            else:
+                for row in rows:
+                    copy.write_row(row)
+
+    def _all_new(
+        self,
+        connection: Connection,
+        jobs: list[CommitJob],
+        rows: list[tuple[Any, ...]],
+        spans: list[tuple[int, int]],
+    ) -> bool:
+        """Whether every id of the group sorts after its stream's newest stored id, as
+        far as this process knows (a stream it has not written yet is looked up once)."""
+        unknown = sorted({job.stream for job in jobs} - self._newest.keys())
+        if unknown:
+            self._newest.update(self._newest_keys(connection, unknown))
+        for job, (start, end) in zip(jobs, spans, strict=True):
+            floor = self._newest.get(job.stream)
+            if floor is None:
+                continue
+            for row in rows[start:end]:
+                key = row[5]
+                if key is not None and key <= floor:
+                    return False
+        return True
+
+    def _newest_keys(self, connection: Connection, streams: list[str]) -> dict[str, bytes | None]:
+        events = events_table
+        found: dict[str, bytes | None] = {}
+        for stream in streams:
+            key = connection.execute(
+                sa.select(events.c.id_key)
+                .where(events.c.stream == stream, events.c.id_key.is_not(None))
+                .order_by(events.c.id_key.desc())
+                .limit(1)
+            ).scalar_one_or_none()
+            found[stream] = None if key is None else bytes(key)
+        return found
 
     def _move_staged(self, connection: Connection, returning: bool) -> Any:
         """``INSERT … SELECT`` the staged rows: the count of new rows, or their keys."""
@@ -461,6 +682,38 @@ class EventLog:
             query = query.where(events_table.c.received_at <= when)
         with self._begin() as connection:
             return connection.execute(query).scalar_one_or_none()
+
+    def _events_sync(self, stream: str, after_seq: int | None, limit: int) -> list[StoredEvent]:
+        events = events_table
+        query = (
+            sa.select(
+                events.c.seq,
+                events.c.event_id,
+                events.c.event_ord,
+                events.c.event_type,
+                events.c.data,
+                events.c.data_bytes,
+                events.c.received_at,
+            )
+            .where(events.c.stream == stream)
+            .order_by(events.c.seq)
+            .limit(limit)
+        )
+        if after_seq is not None:
+            query = query.where(events.c.seq > after_seq)
+        with self._begin() as connection:
+            rows = connection.execute(query).all()
+        return [
+            StoredEvent(
+                seq=row.seq,
+                event_id=row.event_id,
+                event_ord=row.event_ord,
+                event_type=row.event_type,
+                data=stored_data(row.data, row.data_bytes),
+                received_at=from_db_time(row.received_at) or row.received_at,
+            )
+            for row in rows
+        ]
 
     # -- checkpoint -----------------------------------------------------------------
 
@@ -809,28 +1062,47 @@ def _parse_iso(value: str) -> datetime:
 
 
 def _new_rows_per_batch(
-    inserted: list[tuple[str, str, int | None]],
+    inserted: list[tuple[str, str, bytes | None]],
     rows: list[tuple[Any, ...]],
     spans: list[tuple[int, int]],
 ) -> list[int]:
     """Attribute the keys one statement inserted to the batches of the group.
 
     A key in several batches was inserted from the first (rows go in ``pos`` order, the
-    rest conflict); rows with no id (NULL ordinal) never conflict, so every one of them
-    is new and counted where it is.
+    rest conflict); rows with no id (NULL follower key) never conflict, so every one of
+    them is new and counted where it is.
     """
     counts = [0] * len(spans)
-    owner: dict[tuple[str, str, int], int] = {}
+    owner: dict[tuple[str, str, bytes], int] = {}
     for index, (start, end) in enumerate(spans):
         for row in rows[start:end]:
-            if row[3] is None:
+            if row[4] is None:
                 counts[index] += 1
             else:
-                owner.setdefault((row[1], row[2], row[3]), index)
-    for stream, event_id, ordinal in inserted:
-        if ordinal is not None:
-            counts[owner[(stream, event_id, ordinal)]] += 1
+                owner.setdefault((row[1], row[2], bytes(row[4])), index)
+    for stream, event_id, key in inserted:
+        if key is not None:
+            counts[owner[(stream, event_id, bytes(key))]] += 1
     return counts
+
+
+def _fault_of_a_batch(error: BaseException) -> bool:
+    """Whether a failed group transaction may be the doing of one batch's rows (so
+    writing each batch alone lets the others commit), not of the database or the
+    connection (then every batch would fail alone as well, one timeout after another)."""
+    if isinstance(error, sa.exc.DBAPIError):
+        if error.connection_invalidated or error.statement is None:
+            return False
+        error = error.orig
+    if isinstance(error, UnicodeEncodeError | sqlite3.IntegrityError | sqlite3.DataError):
+        return True
+    if isinstance(error, psycopg.Error):
+        return (error.sqlstate or "")[:2] in _BATCH_FAULTS
+    return False
+
+
+_UNKNOWN: Any = object()
+"""A stream absent from ``EventLog._newest``."""
 
 
 class _Rewrite(Exception):
@@ -856,47 +1128,85 @@ def _driver(connection: Connection) -> Any:
 
 
 def _rows(
-    stream: str, order: IdOrder, events: Sequence[EventRecord], *, start: int = 0
+    stream: str,
+    order: IdOrder,
+    events: Sequence[EventRecord],
+    *,
+    start: int = 0,
+    clean: bool = False,
 ) -> list[tuple[Any, ...]]:
-    """Staging rows: ``(pos, stream, event_id, event_ord, id_key, type, data, received_at)``.
+    """Staging rows: ``(pos, stream, event_id, event_ord, follower_key, id_key, type, data,
+    data_bytes, received_at)``.
 
-    No id in force means no key and a NULL ordinal, whatever the caller passed: NULLs
-    never conflict, so id-less events are always stored, never collapsed.
+    No id in force means no keys and a NULL ordinal, whatever the caller passed: NULLs
+    never conflict, so id-less events are always stored, never collapsed. Data holding
+    NUL goes into ``data_bytes`` exactly (see ``db.SSEEvent``); ``clean`` (the retry
+    after the driver refused a batch) does the same for lone surrogates in data and
+    replaces them with U+FFFD in ids and types.
     """
     rows = []
     for pos, record in enumerate(events, start):
-        if record.event_id:
-            key: bytes | None = sort_key(record.event_id, order)
+        event_id, event_type = record.event_id, record.event_type
+        if clean:
+            event_id, event_type = _clean_text(event_id), _clean_text(event_type)
+        key: bytes | None = None
+        follower: bytes | None = None
+        ordinal = None
+        if event_id:
+            key = sort_key(event_id, order)
             ordinal = record.event_ord
-        else:
-            key, ordinal = None, None
+            follower = _follower_key(record) if ordinal is not None else None
+        data, data_bytes = _storable_data(record.data, clean=clean)
         rows.append(
             (
                 pos,
                 stream,
-                record.event_id,
+                event_id,
                 ordinal,
+                follower,
                 key,
-                record.event_type,
-                record.data,
+                event_type,
+                data,
+                data_bytes,
                 to_utc(record.received_at),
             )
         )
     return rows
 
 
-def _clean_record(record: EventRecord) -> EventRecord:
-    """PostgreSQL text cannot hold NUL, no database lone surrogates: use U+FFFD instead."""
-    return dataclasses.replace(
-        record,
-        event_id=_clean_text(record.event_id),
-        event_type=_clean_text(record.event_type),
-        data=_clean_text(record.data),
-    )
+def _follower_key(record: EventRecord) -> bytes:
+    if record.follower_key is not None:
+        return record.follower_key
+    if record.event_ord == 0:
+        return CARRIER_KEY
+    window = (max(record.event_ord or 1, 1) - 1) // FOLLOWER_WINDOW
+    return follower_key(record.event_type, record.data, window=window)
+
+
+def _storable_data(data: str, *, clean: bool) -> tuple[str, bytes | None]:
+    """``(data, data_bytes)`` as stored: the exact bytes beside a readable stand-in when
+    ``data`` cannot hold the text (NUL; with ``clean``, lone surrogates too)."""
+    if "\x00" in data:
+        return _clean_text(data), data.encode("utf-8", "surrogatepass")
+    if clean:
+        cleaned = _clean_text(data)
+        if cleaned != data:
+            return cleaned, data.encode("utf-8", "surrogatepass")
+    return data, None
+
+
+def stored_data(data: str, data_bytes: bytes | None) -> str:
+    """An event's exact data from its two columns (the rule ``db.SSEEvent`` documents)."""
+    if data_bytes is None:
+        return data
+    return bytes(data_bytes).decode("utf-8", "surrogatepass")
 
 
 def _clean_text(text: str) -> str:
+    """U+FFFD for what a database text column cannot hold: NUL and lone surrogates."""
     text = text.replace("\x00", "\ufffd")
+    if text.isascii():
+        return text
     return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
 
 

@@ -23,6 +23,7 @@ from datetime import datetime
 
 from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
 from durable_sse.eventlog import EventRecord
+from durable_sse.followers import FollowerKeys
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
 from durable_sse.ids import contiguous_number, is_newer
 from durable_sse.spec import StreamSpec
@@ -113,6 +114,7 @@ class Intake:
         self._pending_segment: frozenset[str] = frozenset()
         self._pending_since = 0.0
         self._ordinal = 0
+        self._followers = FollowerKeys()
         self._read_marks: deque[tuple[float, str]] = deque()
         """``(time, newest id read)`` at each batch cut: what was read when."""
         self._last_read: str | None = None
@@ -241,13 +243,16 @@ class Intake:
 
     def _event(self, event: Event, received_at: datetime, now: float) -> None:
         event_id = event.id
+        follower: bytes | None = None
         if not event_id:
             ordinal = None
         elif event.id_field:
             ordinal = self._ordinal = 0
+            follower = self._followers.carrier()
         else:
             self._ordinal += 1
             ordinal = self._ordinal
+            follower = self._followers.follower(event.event, event.data, ordinal)
         announces_drop = event.event in self.drop_types and not self._noticed
         if announces_drop:
             self._noticed = True
@@ -264,6 +269,7 @@ class Intake:
             event_type=event.event,
             data=event.data,
             received_at=received_at,
+            follower_key=follower,
         )
         self._pending.append(record)
         self._pending_bytes += len(event.data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -15,16 +16,28 @@ import sqlalchemy as sa
 from durable_sse.db import SCHEMA_VERSION
 from durable_sse.errors import StoreError
 from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
+from durable_sse.followers import FOLLOWER_WINDOW, FollowerKeys
 from durable_sse.gaps import Gap, GapChange
+from durable_sse.ids import IdOrder, sort_key
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def record(
-    event_id: str, ordinal: int | None = 0, *, at: datetime = T0, data: str = "x"
+    event_id: str,
+    ordinal: int | None = 0,
+    *,
+    at: datetime = T0,
+    data: str = "x",
+    follower: bytes | None = None,
 ) -> EventRecord:
     return EventRecord(
-        event_id=event_id, event_ord=ordinal, event_type="message", data=data, received_at=at
+        event_id=event_id,
+        event_ord=ordinal,
+        event_type="message",
+        data=data,
+        received_at=at,
+        follower_key=follower,
     )
 
 
@@ -85,6 +98,67 @@ async def test_both_insert_paths_are_idempotent_and_keep_order(
     assert rows[0][2] == f"d{size}"
 
 
+def numbered(first: int, last: int) -> list[EventRecord]:
+    return [record(str(n), data=f"d{n}") for n in range(first, last + 1)]
+
+
+async def test_live_batches_are_copied_straight_into_the_log(
+    pg_event_log: EventLog, stream_name: str, pg_url: str
+) -> None:
+    """Issue 16 item 2: a large batch whose ids all sort after the stream's newest stored
+    id is COPYed into sse_events; one that meets a stored key (ids out of order, another
+    worker writing the same stream) falls back to staging, with exact counts."""
+    log = pg_event_log
+    copies, fallbacks = log.direct_copies, log.optimistic_fallbacks
+    assert await log.insert_batch(stream_name, "numeric", numbered(1, 100)) == InsertResult(100, 0)
+    assert await log.insert_batch(stream_name, "numeric", numbered(101, 200)) == InsertResult(
+        100, 0
+    )
+    assert log.direct_copies == copies + 2
+    # Ids at or before the newest: straight to staging, no attempt wasted.
+    assert await log.insert_batch(stream_name, "numeric", numbered(150, 250)) == InsertResult(
+        50, 51
+    )
+    assert (log.direct_copies, log.optimistic_fallbacks) == (copies + 2, fallbacks)
+    # Another worker moved the stream on: this log's hint is stale, the COPY meets a
+    # stored key, rolls back, and the batch goes through staging.
+    other = EventLog(pg_url)
+    try:
+        assert await other.insert_batch(stream_name, "numeric", numbered(300, 400)) == (
+            InsertResult(101, 0)
+        )
+    finally:
+        await other.close()
+    assert await log.insert_batch(stream_name, "numeric", numbered(350, 450)) == InsertResult(
+        50, 51
+    )
+    assert log.optimistic_fallbacks == fallbacks + 1
+    # A key repeated inside one fresh batch: the same.
+    repeated = [*numbered(500, 600), record("550", data="again")]
+    assert await log.insert_batch(stream_name, "numeric", repeated) == InsertResult(101, 1)
+    assert log.optimistic_fallbacks == fallbacks + 2
+    rows = await stored(log, stream_name)
+    ids = [int(row[0]) for row in rows]
+    assert ids == [*range(1, 251), *range(300, 451), *range(500, 601)]
+    assert ("550", 0, "d550") in rows
+
+
+async def test_a_fallback_keeps_the_other_streams_of_its_group(
+    pg_event_log: EventLog, stream_name: str
+) -> None:
+    log = pg_event_log
+    await log.insert_batch(stream_name, "numeric", numbered(1, 100))
+    fillers = hold_the_lanes(log)
+    await asyncio.sleep(0)
+    live = log.submit_batch(f"{stream_name}-live", "numeric", numbered(1, 100))
+    clash = log.submit_batch(stream_name, "numeric", [*numbered(101, 200), record("101")])
+    await asyncio.gather(*(log.committed(job) for job in fillers))
+    assert await log.committed(live) == InsertResult(100, 0)
+    assert await log.committed(clash) == InsertResult(100, 1)
+    assert len(await stored(log, f"{stream_name}-live")) == 100
+    assert len(await stored(log, stream_name)) == 200
+
+
 async def test_key_repeated_within_a_batch_counts_as_duplicate(
     event_log: EventLog, stream_name: str
 ) -> None:
@@ -114,6 +188,56 @@ async def test_idless_followers_are_kept_apart_and_deduplicated(
         ("5", 1, "follower one"),
         ("5", 2, "follower two"),
     ]
+
+
+async def test_idless_followers_are_told_apart_by_content_across_connections(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 13 case 8, at the store: positions restart per connection, keys do not."""
+
+    def connection(*events: tuple[str, int, str]) -> list[EventRecord]:
+        keys = FollowerKeys()
+        return [
+            record(
+                event_id,
+                ordinal,
+                data=data,
+                follower=keys.carrier()
+                if ordinal == 0
+                else keys.follower("message", data, ordinal),
+            )
+            for event_id, ordinal, data in events
+        ]
+
+    first = connection(("5", 0, "a"), ("5", 1, "b"))
+    assert await event_log.insert_batch(stream_name, "numeric", first) == InsertResult(2, 0)
+    resumed = connection(("5", 1, "c"))  # after 5: a new event at b's position
+    assert await event_log.insert_batch(stream_name, "numeric", resumed) == InsertResult(1, 0)
+    resent = connection(("5", 1, "b"), ("5", 2, "c"))
+    assert await event_log.insert_batch(stream_name, "numeric", resent) == InsertResult(0, 2)
+    replay = connection(("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c"))
+    assert await event_log.insert_batch(stream_name, "numeric", replay) == InsertResult(0, 3)
+    twins = connection(("6", 0, "p"), ("6", 1, "p"), ("6", 2, "p"))
+    assert await event_log.insert_batch(stream_name, "numeric", twins) == InsertResult(3, 0)
+    assert await stored(event_log, stream_name) == [
+        ("5", 0, "a"),
+        ("5", 1, "b"),
+        ("5", 1, "c"),
+        ("6", 0, "p"),
+        ("6", 1, "p"),
+        ("6", 2, "p"),
+    ]
+
+
+def test_follower_counts_restart_each_window() -> None:
+    """Memory per connection is bounded: counts cover FOLLOWER_WINDOW followers, and the
+    window's number is in the key, so the next window never collides with this one."""
+    keys = FollowerKeys()
+    first = keys.follower("message", "p", 1)
+    assert keys.follower("message", "p", 2) != first
+    later = keys.follower("message", "p", FOLLOWER_WINDOW + 1)
+    assert later not in (first, keys.follower("message", "p", 3))
+    assert len(keys._seen) == 1
 
 
 async def test_stream_without_ids_stores_every_event_every_time(
@@ -264,6 +388,44 @@ async def test_bad_text_in_one_batch_does_not_cost_the_others(
     await asyncio.gather(*(event_log.committed(job) for job in fillers))
     assert await stored(event_log, f"{stream_name}-good") == [("1", 0, "ok")]
     assert await stored(event_log, stream_name) == [("1", 0, "lone \ufffd")]
+    (event,) = await event_log.events(stream_name)
+    assert event.data == "lone \ud800"  # kept exactly in data_bytes
+
+
+EXACT_BYTES_SQL = {
+    # The README's plain-SQL rule: the exact UTF-8 of every row's data.
+    "postgresql": "SELECT COALESCE(data_bytes, convert_to(data, 'UTF8')) FROM sse_events "
+    "WHERE stream = :s ORDER BY seq",
+    "sqlite": "SELECT COALESCE(data_bytes, CAST(data AS BLOB)) FROM sse_events "
+    "WHERE stream = :s ORDER BY seq",
+}
+
+
+@pytest.mark.parametrize("size", [1, SMALL_BATCH + 1])
+async def test_nul_in_data_is_stored_losslessly(
+    event_log: EventLog, stream_name: str, size: int
+) -> None:
+    """Issue 13 case 7: a WHATWG client can deliver U+0000; ``a\\0b`` reads back exactly,
+    through the API and with plain SQL, on both insert paths."""
+    fillers = [record(str(i), data=f"plain {i}") for i in range(2, size + 1)]
+    batch = [record("1", data="a\x00b"), *fillers]
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(size, 0)
+    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, size)
+    events = await event_log.events(stream_name)
+    assert [event.data for event in events] == [r.data for r in batch]
+    assert events[0].data == "a\x00b" and events[0].event_id == "1"
+    exact = await query(event_log, EXACT_BYTES_SQL[event_log.dialect], s=stream_name)
+    assert [bytes(row[0]) for row in exact] == [r.data.encode() for r in batch]
+    # Ordinary rows read as they are from data; the NUL row says where its data is.
+    rows = await query(
+        event_log,
+        "SELECT data, data_bytes IS NULL FROM sse_events WHERE stream = :s ORDER BY seq",
+        s=stream_name,
+    )
+    assert rows[0] == ("a\ufffdb", False)
+    assert rows[1:] == [(r.data, True) for r in fillers]
+    later = await event_log.events(stream_name, after_seq=events[0].seq, limit=2)
+    assert [event.data for event in later] == [r.data for r in batch[1:3]]
 
 
 async def test_a_batch_after_a_failed_one_is_never_committed(
@@ -298,6 +460,86 @@ async def test_a_batch_after_a_failed_one_is_never_committed(
         await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
     assert await stored(log, refused) == []
     assert await log.floor(refused) is None
+
+
+async def refuse_rows(log: EventLog, name: str, stream: str) -> str:
+    """A trigger that refuses every row of ``stream``; returns the statement dropping it."""
+    if log.dialect == "postgresql":
+        await execute(
+            log,
+            "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
+            "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+            f"CREATE TRIGGER {name} BEFORE INSERT ON sse_events FOR EACH ROW "
+            f"WHEN (NEW.stream = '{stream}') EXECUTE FUNCTION durable_sse_test_refuse()",
+        )
+        return f"DROP TRIGGER {name} ON sse_events"
+    await execute(
+        log,
+        f"CREATE TRIGGER {name} BEFORE INSERT ON sse_events FOR EACH ROW "
+        f"WHEN NEW.stream = '{stream}' BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+    )
+    return f"DROP TRIGGER {name}"
+
+
+@pytest.mark.parametrize("size", [1, SMALL_BATCH + 1])
+async def test_one_streams_bad_batch_does_not_fail_the_others_in_its_group(
+    event_log: EventLog, stream_name: str, size: int
+) -> None:
+    """Invariant 7 / issue 13 case 4: a trigger refuses one stream's rows. The group
+    transaction that holds them fails; every other stream's batch of that group commits
+    (each written alone), the bad one fails with the database's own message, and the
+    batch submitted after it on the same stream is left out."""
+    log = event_log
+    bad = f"{stream_name}-bad"
+    drop = await refuse_rows(log, f"refuse_{stream_name.replace('-', '_')}", bad)
+    try:
+        fillers = hold_the_lanes(log)
+        await asyncio.sleep(0)
+        before = log.commits.transactions
+        batches = {name: [record(str(n)) for n in range(1, size + 1)] for name in "abc"}
+        first = log.submit_batch(f"{stream_name}-a", "numeric", batches["a"])
+        refused = log.submit_batch(bad, "numeric", [record("1")])
+        second = log.submit_batch(f"{stream_name}-b", "numeric", batches["b"])
+        following = log.submit_batch(bad, "numeric", [record("2")], after=refused)
+        gap = gap_opened(f"{stream_name}-c", "g", "0", "9")
+        third = log.submit_batch(f"{stream_name}-c", "numeric", batches["c"], gap_changes=[gap])
+        assert log.commits.waiting == 5  # all five wait for one group transaction
+        await asyncio.gather(*(log.committed(job) for job in fillers))
+        assert await log.committed(first) == InsertResult(size, 0)
+        assert await log.committed(second) == InsertResult(size, 0)
+        assert await log.committed(third) == InsertResult(size, 0)
+        with pytest.raises(StoreError, match=f"refused a batch of stream '{bad}'.*refused by"):
+            await log.committed(refused)
+        with pytest.raises(StoreError, match="batch before it failed"):
+            await log.committed(following)
+        assert log.commits.transactions == before + len(fillers) + 1
+    finally:
+        await execute(log, drop)
+    for name in "abc":
+        assert len(await stored(log, f"{stream_name}-{name}")) == size
+    assert [gap.gap_id for gap in await log.gaps(f"{stream_name}-c")] == ["g"]
+    assert await stored(log, bad) == []
+    assert await log.floor(bad) is None
+    # The stream's next attempt, with the database willing again, is written.
+    assert await log.insert_batch(bad, "numeric", [record("1")]) == InsertResult(1, 0)
+
+
+async def test_an_id_too_large_for_the_index_fails_its_batch_alone(
+    pg_event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 13 case 4: an id past PostgreSQL's b-tree row limit (~2.7 KB; the reader
+    refuses ids over ``max_id_bytes`` first) fails its own batch, not its group."""
+    log = pg_event_log
+    huge = os.urandom(4000).hex()  # 8,000 characters that do not compress
+    fillers = hold_the_lanes(log)
+    await asyncio.sleep(0)
+    good = log.submit_batch(f"{stream_name}-good", "numeric", [record("1")])
+    bad = log.submit_batch(stream_name, "lexicographic", [record(huge)])
+    await asyncio.gather(*(log.committed(job) for job in fillers))
+    assert await log.committed(good) == InsertResult(1, 0)
+    with pytest.raises(StoreError, match=f"refused a batch of stream '{stream_name}'"):
+        await log.committed(bad)
+    assert await stored(log, stream_name) == []
 
 
 # -- floor and time lookups ----------------------------------------------------------
@@ -641,6 +883,153 @@ async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
         if backend == "postgresql":
             await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
         await admin.close()
+
+
+SCHEMA_2 = {
+    "postgresql": (
+        "CREATE TABLE sse_events (seq BIGSERIAL NOT NULL, stream VARCHAR NOT NULL, "
+        "event_id VARCHAR NOT NULL, event_ord INTEGER, id_key BYTEA, "
+        "event_type VARCHAR NOT NULL, data TEXT NOT NULL, "
+        "received_at TIMESTAMP WITH TIME ZONE NOT NULL, PRIMARY KEY (seq), "
+        "CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, event_ord))",
+    ),
+    "sqlite": (
+        "CREATE TABLE sse_events (seq INTEGER NOT NULL, stream VARCHAR NOT NULL, "
+        "event_id VARCHAR NOT NULL, event_ord INTEGER, id_key BLOB, "
+        "event_type VARCHAR NOT NULL, data TEXT NOT NULL, received_at DATETIME NOT NULL, "
+        "PRIMARY KEY (seq), CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, event_ord))",
+    ),
+}
+SCHEMA_2_COMMON = (
+    "CREATE INDEX ix_sse_events_stream_id_key ON sse_events (stream, id_key)",
+    "CREATE INDEX ix_sse_events_stream_received_at ON sse_events (stream, received_at)",
+    "CREATE INDEX ix_sse_events_stream_seq ON sse_events (stream, seq)",
+    "CREATE TABLE sse_checkpoints (stream VARCHAR PRIMARY KEY, lagging_id VARCHAR, "
+    "lagging_key {blob}, lagging_at TIMESTAMP WITH TIME ZONE, id_order VARCHAR NOT NULL, "
+    "updated_at TIMESTAMP WITH TIME ZONE NOT NULL)",
+    "CREATE TABLE sse_gaps (stream VARCHAR NOT NULL, gap_id VARCHAR NOT NULL, "
+    "kind VARCHAR NOT NULL, state VARCHAR NOT NULL, start_id VARCHAR, end_id VARCHAR, "
+    "notice_id VARCHAR, reread_to VARCHAR, announced BIGINT, truncated BOOLEAN NOT NULL, "
+    "short_reads INTEGER NOT NULL, recovered BIGINT NOT NULL, missing BIGINT, "
+    "seen_at TIMESTAMP WITH TIME ZONE NOT NULL, closed_at TIMESTAMP WITH TIME ZONE, "
+    "detail VARCHAR NOT NULL, PRIMARY KEY (stream, gap_id))",
+    "CREATE INDEX ix_sse_gaps_stream_state ON sse_gaps (stream, state)",
+    "CREATE TABLE sse_schema (version INTEGER NOT NULL, PRIMARY KEY (version))",
+    "INSERT INTO sse_schema (version) VALUES (2)",
+)
+SCHEMA_2_ROWS = (
+    "INSERT INTO sse_events (stream, event_id, event_ord, id_key, event_type, data, "
+    "received_at) VALUES "
+    "('old', '1', 0, {key1}, 'message', 'one', '2024-05-01 12:00:00+00'), "
+    "('old', '1', 1, {key1}, 'message', 'follower', '2024-05-01 12:00:01+00'), "
+    "('old', '1', 2, {key1}, 'message', 'follower', '2024-05-01 12:00:01+00'), "
+    "('old', '2', 0, {key2}, 'message', 'was \ufffd', '2024-05-01 12:00:02+00'), "
+    "('old', '', NULL, NULL, 'message', 'no id', '2024-05-01 12:00:03+00')",
+    "INSERT INTO sse_checkpoints (stream, lagging_id, id_order, updated_at)"
+    " VALUES ('old', '1', 'numeric', '2024-05-01 12:00:04+00')",
+)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+async def test_a_schema_2_database_with_rows_is_migrated(
+    backend: str, pg_url: str, tmp_path: Path
+) -> None:
+    """Version 2 to 3: every row stays, reads back as before and still deduplicates; new
+    rows store NUL exactly."""
+    admin = EventLog(pg_url)
+    schema = "dsse_" + uuid.uuid4().hex[:10]
+    key1, key2 = (sort_key(n, IdOrder.NUMERIC).hex() for n in ("1", "2"))
+    if backend == "postgresql":
+        await query_commit(admin, f"CREATE SCHEMA {schema}")
+        url = f"{pg_url}?options=-csearch_path%3D{schema}"
+        keys = {"key1": f"'\\x{key1}'::bytea", "key2": f"'\\x{key2}'::bytea", "blob": "BYTEA"}
+    else:
+        url = f"sqlite:///{tmp_path / 'v2.db'}"
+        keys = {"key1": f"X'{key1}'", "key2": f"X'{key2}'", "blob": "BLOB"}
+    old = EventLog(url)
+    try:
+        ddl = [*SCHEMA_2[backend], *(s.format(**keys) for s in SCHEMA_2_COMMON)]
+        await execute(old, *ddl, *(s.format(**keys) for s in SCHEMA_2_ROWS))
+        await old.create_schema()
+        await old.create_schema()  # idempotent once migrated
+        assert await query(old, "SELECT version FROM sse_schema") == [(SCHEMA_VERSION,)]
+        before = [
+            ("1", 0, "one"),
+            ("1", 1, "follower"),
+            ("1", 2, "follower"),
+            ("2", 0, "was \ufffd"),
+            ("", None, "no id"),
+        ]
+        assert await stored(old, "old") == before
+        assert [(e.event_id, e.event_ord, e.data) for e in await old.events("old")] == before
+        # Followers are keyed by content now: the same run read again is all duplicates
+        # (the second identical follower counted as such), a new follower is new.
+        keys = FollowerKeys()
+        again = [
+            record("1", data="one", follower=keys.carrier()),
+            record("1", 1, data="follower", follower=keys.follower("message", "follower", 1)),
+            record("1", 2, data="follower", follower=keys.follower("message", "follower", 2)),
+            record("2"),
+        ]
+        assert await old.insert_batch("old", "numeric", again) == InsertResult(0, 4)
+        fresh = [record("1", 1, data="new", follower=FollowerKeys().follower("message", "new", 1))]
+        assert await old.insert_batch("old", "numeric", fresh) == InsertResult(1, 0)
+        # The stored id-less row kept a NULL key: another one is stored, never collapsed.
+        assert await old.insert_batch("old", "numeric", [record("", None, data="no id")]) == (
+            InsertResult(1, 0)
+        )
+        assert await old.floor("old") == "2"
+        new = [record("3", data="a\x00b")]
+        assert await old.insert_batch("old", "numeric", new) == InsertResult(1, 0)
+        assert (await old.events("old"))[-1].data == "a\x00b"
+        checkpoint = await old.get_checkpoint("old")
+        assert checkpoint is not None and checkpoint.lagging_id == "1"
+        assert await event_indexes(old) == LEAN_INDEXES[backend]
+    finally:
+        await old.close()
+        if backend == "postgresql":
+            await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
+        await admin.close()
+
+
+LEAN_INDEXES = {
+    # (primary key, unique constraints, other indexes): each justified in db.SSEEvent.
+    "postgresql": (
+        ["stream", "seq"],
+        {"uq_sse_events_key": ["stream", "event_id", "follower_key"]},
+        {"ix_sse_events_stream_id_key": ["stream", "id_key"]},
+    ),
+    "sqlite": (
+        ["seq"],
+        {"uq_sse_events_key": ["stream", "event_id", "follower_key"]},
+        {
+            "ix_sse_events_stream_id_key": ["stream", "id_key"],
+            "ix_sse_events_stream_seq": ["stream", "seq"],
+        },
+    ),
+}
+
+
+async def event_indexes(log: EventLog) -> tuple[Any, ...]:
+    def run() -> tuple[Any, ...]:
+        with log.engine.connect() as connection:
+            inspector = sa.inspect(connection)
+            primary = inspector.get_pk_constraint("sse_events")["constrained_columns"]
+            uniques = {
+                u["name"]: u["column_names"] for u in inspector.get_unique_constraints("sse_events")
+            }
+            indexes = {
+                i["name"]: i["column_names"]
+                for i in inspector.get_indexes("sse_events")
+                if "duplicates_constraint" not in i
+            }
+            return primary, uniques, indexes
+
+    return await asyncio.to_thread(run)
+
+
+async def test_a_new_event_log_has_only_the_indexes_a_query_needs(event_log: EventLog) -> None:
+    assert await event_indexes(event_log) == LEAN_INDEXES[event_log.dialect]
 
 
 # -- schema and failures -------------------------------------------------------------

@@ -6,7 +6,9 @@ a header cannot carry as text, digits ``int()`` refuses, an id past ``max_id_byt
 event that never ends, ids out of order, an older Mercure hub's truncation header. For
 each, the healthy stream must keep committing with its cursor lag under a second while
 the bad one misbehaves, and the bad one must end up where the design says: reading,
-parked with a message naming the setting, or with its loss counted.
+parked with a message naming the setting, or with its loss counted. Also: NUL in data
+(stored exactly), id-less events across reconnects (new ones kept, re-sent ones not),
+and rows the database refuses (only that stream's batches fail).
 """
 
 from __future__ import annotations
@@ -383,6 +385,120 @@ async def test_an_older_mercure_hub_truncation_header_counts_the_loss(
         summary = await log.gap_summary(name, "numeric")
         assert summary.totals.events_unrecoverable >= 10
         await stop(handle)
+
+
+async def test_nul_in_data_is_stored_exactly(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    """Issue 13 case 7: a WHATWG client delivers U+0000; so does the event log."""
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        start = int(last) if last else 0
+        for n in range(start + 1, start + 21):  # then the server closes: a reconnect
+            yield f"id: {n}\ndata: a\0b {n}\n\n".encode()
+            await asyncio.sleep(0.01)
+
+    async with HostileServer({"nul": body}) as server:
+        name = "nul-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("nul"), id_order="numeric")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def stored() -> None:
+            async def enough() -> bool:
+                return (await newest_row(log, name))[0] >= 60
+
+            await wait_until(enough, timeout=60, what="60 events over reconnects", handle=handle)
+
+        await while_watching(log, healthy, stored)
+        await stop(handle)
+    events = await log.events(name, limit=60)
+    assert [event.data for event in events] == [f"a\0b {n}" for n in range(1, 61)]
+
+
+async def test_an_idless_event_after_a_reconnect_is_kept_and_a_resent_one_is_not(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    """Issue 13 case 8 on the real stack: the first connection reads ``5: a`` and an
+    id-less ``b``; every later one resumes after 5 and reads ``b`` again and a new ``c``."""
+    connections = {"count": 0}
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        connections["count"] += 1
+        if last is None:
+            yield b"id: 5\ndata: a\n\ndata: b\n\n"
+        else:
+            yield b"data: b\n\ndata: c\n\n"
+        await asyncio.sleep(0.05)
+
+    async with HostileServer({"idless": body}) as server:
+        name = "idless-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("idless"), id_order="numeric")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def reconnected() -> None:
+            async def enough() -> bool:
+                return connections["count"] >= 4
+
+            await wait_until(enough, timeout=60, what="four connections", handle=handle)
+
+        await while_watching(log, healthy, reconnected)
+        await stop(handle)
+    rows = [(e.event_id, e.event_ord, e.data) for e in await log.events(name)]
+    assert rows == [("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c")]
+
+
+async def test_rows_the_database_refuses_fail_only_their_own_stream(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    """Issue 13 case 4 / invariant 7: a trigger refuses one stream's rows. Its batches
+    share group transactions with the healthy stream's; those commit, the refused ones
+    fail alone, and the read attempt fails with the database's message naming the stream
+    (Temporal retries it with backoff; the status query does not show the error yet, the
+    pending activity's last failure does)."""
+    name = "refused-" + uuid.uuid4().hex[:6]
+    trigger = f"refuse_{name.replace('-', '_')}"
+
+    def ddl(*statements: str) -> None:
+        with log.engine.begin() as connection:
+            for statement in statements:
+                connection.exec_driver_sql(statement)
+
+    await asyncio.to_thread(
+        ddl,
+        "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+        f"CREATE TRIGGER {trigger} BEFORE INSERT ON sse_events FOR EACH ROW "
+        f"WHEN (NEW.stream = '{name}') EXECUTE FUNCTION durable_sse_test_refuse()",
+    )
+    try:
+
+        async def body(last: bytes | None) -> AsyncIterator[bytes]:
+            start = int(last) if last else 0
+            async for chunk in forever(lambda n: f"id: {start + n}\ndata: x\n\n".encode()):
+                yield chunk
+
+        async with HostileServer({"refused": body}) as server:
+            spec = StreamSpec(name=name, url=server.url("refused"), id_order="numeric")
+            handle = await start_stream(temporal.client, spec, queue)
+
+            async def refused() -> None:
+                async def said() -> bool:
+                    description = await handle.describe()
+                    pending = description.raw_description.pending_activities
+                    return any(
+                        activity.attempt >= 2
+                        and f"refused a batch of stream '{name}'" in activity.last_failure.message
+                        and "refused by the test" in activity.last_failure.message
+                        for activity in pending
+                    )
+
+                await wait_until(said, timeout=60, what="a refused attempt", handle=handle)
+
+            await while_watching(log, healthy, refused)
+            await stop(handle)
+    finally:
+        await asyncio.to_thread(ddl, f"DROP TRIGGER IF EXISTS {trigger} ON sse_events")
+    assert (await newest_row(log, name))[0] == 0
 
 
 def resident_mb() -> float:

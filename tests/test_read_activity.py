@@ -720,6 +720,34 @@ async def test_events_without_ids_are_kept_apart(
     assert rows == [("7", 0), ("7", 1), ("7", 2), ("", None), ("", None), ("", None), ("", None)]
 
 
+async def test_an_idless_event_after_a_reconnect_is_new_and_a_resent_one_is_not(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 13 case 8: connection 1 stores ``5: a`` and its id-less follower ``b``;
+    connection 2 resumes after 5 and reads a new id-less ``c`` (position 1, like ``b``):
+    it is stored. ``b`` re-sent after 5, or all of 5's run replayed from 4, is not."""
+
+    async def connect(body: bytes, **fields: Any) -> None:
+        async with CannedServer(body) as server:
+            spec = StreamSpec(name=stream_name, url=server.url, batch_max_delay=0.01)
+            await read(reader, spec, **fields)
+
+    async def rows() -> list[tuple[str, int | None, str]]:
+        return [(e.event_id, e.event_ord, e.data) for e in await pg_event_log.events(stream_name)]
+
+    await connect(b"id: 5\ndata: a\n\ndata: b\n\n")
+    assert await rows() == [("5", 0, "a"), ("5", 1, "b")]
+    await connect(b"data: c\n\n", route=Route.EXPLICIT, start_id="5")
+    assert await rows() == [("5", 0, "a"), ("5", 1, "b"), ("5", 1, "c")]
+    await connect(b"data: b\n\ndata: c\n\n", route=Route.EXPLICIT, start_id="5")
+    await connect(b"id: 4\ndata: z\n\nid: 5\ndata: a\n\ndata: b\n\ndata: c\n\n")
+    assert await rows() == [("5", 0, "a"), ("5", 1, "b"), ("5", 1, "c"), ("4", 0, "z")]
+    # Identical followers on one connection are each kept (and each deduplicated).
+    await connect(b"id: 6\ndata: p\n\ndata: p\n\ndata: p\n\n")
+    await connect(b"id: 6\ndata: p\n\ndata: p\n\ndata: p\n\n")
+    assert (await rows())[4:] == [("6", 0, "p"), ("6", 1, "p"), ("6", 2, "p")]
+
+
 async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
     reader: StreamReader, stream_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1006,8 +1034,9 @@ async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
             # Id 25 inserted and not committed: the reader's insert of the batch holding 25
             # waits for this transaction, and so do the batches after it.
             await blocker.hold(
-                "INSERT INTO sse_events (stream, event_id, event_ord, id_key, event_type, "
-                "data, received_at) VALUES (%s, '25', 0, %s, 'tick', 'held', now())",
+                "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, "
+                "event_type, data, received_at) "
+                "VALUES (%s, '25', 0, '', %s, 'tick', 'held', now())",
                 (stream_name, sort_key("25", "numeric")),
             )
             task = asyncio.create_task(

@@ -1,7 +1,7 @@
 """In-memory stand-ins for the event log and Redis, with the same semantics.
 
 The memory event log applies batches exactly as :class:`~durable_sse.eventlog.EventLog`
-does: rows deduplicated on ``(event_id, event_ord)``, the batch's gap changes applied in
+does: rows deduplicated on ``(event_id, follower_key)``, the batch's gap changes applied in
 the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
 chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
 :func:`durable_sse.gaps.lagging_target`. Only the storage is different.
@@ -41,7 +41,7 @@ class MemoryEventLog:
     def __init__(self, stream: str, order: str) -> None:
         self.stream = stream
         self.order = IdOrder(order)
-        self.rows: dict[tuple[str, int | None], Row] = {}
+        self.rows: dict[tuple[str, int | bytes | None], Row] = {}
         self._keys: list[tuple[bytes, str]] = []
         """Sorted ``(sort key, id)`` of rows carrying an id (ord 0)."""
         self.gaps: dict[str, Gap] = {}
@@ -57,7 +57,9 @@ class MemoryEventLog:
         """One transaction: insert the rows (dedupe), apply the gap changes."""
         new_rows = 0
         for record in records:
-            key = (record.event_id, record.event_ord)
+            # Carriers as (id, 0); followers by their content key, as the real log does.
+            follower = 0 if record.event_ord == 0 else record.follower_key
+            key = (record.event_id, follower)
             if record.event_id and key in self.rows:
                 continue
             self.seq += 1
