@@ -30,6 +30,7 @@ from durable_sse.contracts import (
     RECORDED_GAP,
     ConnectionProgress,
     Outcome,
+    ReadCounts,
     ReadResult,
     ReplaySignal,
     Route,
@@ -288,13 +289,7 @@ def record_result(
         result = ReadResult(outcome=Outcome.CANCELLED)
     outcome = Outcome(result.outcome)
     counters = state.counters
-    counters.events_read += result.counts.events_read
-    counters.events_persisted += result.counts.new_rows
-    counters.duplicates += result.counts.duplicates
-    counters.ids_out_of_order += result.counts.ids_out_of_order
-    state.live_cursor = newest([state.live_cursor, result.last_cursor], id_order)
-    if result.lagging_id is not None:
-        state.lagging_id = result.lagging_id
+    _add_reading(state, result.counts, result.last_cursor, result.lagging_id, id_order)
     state.last_outcome = outcome.value
     if result.error is not None:
         state.last_error = result.error  # the last error seen stays visible until a new one
@@ -378,14 +373,7 @@ def live_view(
     view = copy.deepcopy(state)
     if progress is None:
         return view
-    counters = view.counters
-    counters.events_read += progress.counts.events_read
-    counters.events_persisted += progress.counts.new_rows
-    counters.duplicates += progress.counts.duplicates
-    counters.ids_out_of_order += progress.counts.ids_out_of_order
-    view.live_cursor = newest([view.live_cursor, progress.cursor], id_order)
-    if progress.lagging_id is not None:
-        view.lagging_id = progress.lagging_id
+    _add_reading(view, progress.counts, progress.cursor, progress.lagging_id, id_order)
     if progress.gaps is not None:
         fold_gaps(view, progress.gaps)
     return view
@@ -419,3 +407,22 @@ def attribute_state(display: str) -> str:
 def copy_state(state: StreamState) -> StreamState:
     """A deep copy (tests compare before/after)."""
     return copy.deepcopy(state)
+
+
+def _add_reading(
+    state: StreamState,
+    counts: ReadCounts,
+    cursor: str | None,
+    lagging_id: str | None,
+    id_order: str,
+) -> None:
+    """What a connection read, from its result or its latest report: one rule for both,
+    so the status view and the state never disagree on how counts add up."""
+    counters = state.counters
+    counters.events_read += counts.events_read
+    counters.events_persisted += counts.new_rows
+    counters.duplicates += counts.duplicates
+    counters.ids_out_of_order += counts.ids_out_of_order
+    state.live_cursor = newest([state.live_cursor, cursor], id_order)
+    if lagging_id is not None:
+        state.lagging_id = lagging_id
