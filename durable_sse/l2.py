@@ -318,15 +318,15 @@ class RedisCursors:
         await self.flush()
         self._closed = True
         if self._flusher is not None:
+            # The flag ends the flusher's loop even if a cancellation landing inside a
+            # Redis call comes back as a timeout (caught as a failed batch); the wait is
+            # bounded, and a cancellation of close() itself is never swallowed.
             self._flusher.cancel()
-            try:
-                await self._flusher
-            except asyncio.CancelledError:
-                pass
+            await asyncio.wait({self._flusher}, timeout=5)
         await self._redis.aclose()
 
     async def _flush_forever(self) -> None:
-        while True:
+        while not self._closed:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._pending:

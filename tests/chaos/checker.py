@@ -129,16 +129,24 @@ class CursorSampler:
         self._l2: str | None = None
         self._lagging: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def __aenter__(self) -> CursorSampler:
         self._task = asyncio.create_task(self._run())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """Stop sampling. The flag ends the loop even when a client library swallows the
+        cancellation (a chaos run once hung here for minutes, sampling on), and the wait is
+        bounded; a cancellation of the test itself is never suppressed."""
         assert self._task is not None
+        self._stopping = True
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await asyncio.wait({self._task}, timeout=10)
+        if not self._task.done():
+            raise RuntimeError("the cursor sampler did not stop within 10 s")
+        if not self._task.cancelled() and self._task.exception() is not None:
+            raise self._task.exception()  # type: ignore[misc]
         await self.redis.aclose()
 
     def set_redis(self, redis_url: str) -> None:
@@ -149,7 +157,7 @@ class CursorSampler:
         return len(self.regressions)
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             await self.sample()
             await asyncio.sleep(self.every)
 
