@@ -656,12 +656,7 @@ class EventLog:
         events = events_table
         found: dict[str, bytes | None] = {}
         for stream in streams:
-            key = connection.execute(
-                sa.select(events.c.id_key)
-                .where(events.c.stream == stream, events.c.id_key.is_not(None))
-                .order_by(events.c.id_key.desc())
-                .limit(1)
-            ).scalar_one_or_none()
+            key = connection.execute(_newest_row(stream, events.c.id_key)).scalar_one_or_none()
             found[stream] = None if key is None else bytes(key)
         return found
 
@@ -672,12 +667,7 @@ class EventLog:
             return cursor.fetchall() if returning else max(cursor.rowcount, 0)
 
     def _newest_sync(self, stream: str, when: datetime | None = None) -> str | None:
-        query = (
-            sa.select(events_table.c.event_id)
-            .where(events_table.c.stream == stream, events_table.c.id_key.is_not(None))
-            .order_by(events_table.c.id_key.desc())
-            .limit(1)
-        )
+        query = _newest_row(stream, events_table.c.event_id)
         if when is not None:
             query = query.where(events_table.c.received_at <= when)
         with self._begin() as connection:
@@ -880,12 +870,7 @@ class EventLog:
                 )
             ).scalar_one_or_none()
             open_gaps = self._open_gaps(connection, stream)
-            floor = connection.execute(
-                sa.select(events.c.event_id)
-                .where(events.c.stream == stream, events.c.id_key.is_not(None))
-                .order_by(events.c.id_key.desc())
-                .limit(1)
-            ).scalar_one_or_none()
+            floor = connection.execute(_newest_row(stream, events.c.event_id)).scalar_one_or_none()
             cursor, source, witness = choose_start(
                 cursor=cursor,
                 source=source,
@@ -1217,3 +1202,14 @@ def _identity(value: Any) -> Any:
 def _iso(moment: datetime | None) -> str | None:
     value = from_db_time(moment)
     return None if value is None else value.isoformat()
+
+
+def _newest_row(stream: str, column: sa.Column[Any]) -> sa.Select[Any]:
+    """``column`` of the stream's newest stored row that carries an id (the floor)."""
+    events = events_table
+    return (
+        sa.select(column)
+        .where(events.c.stream == stream, events.c.id_key.is_not(None))
+        .order_by(events.c.id_key.desc())
+        .limit(1)
+    )
