@@ -70,7 +70,7 @@ from durable_sse.gaps import (
     numeric_span,
     summarize,
 )
-from durable_sse.ids import IdOrder, contiguous_number, sort_key
+from durable_sse.ids import IdOrder, contiguous_number, key_function, sort_key
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +119,13 @@ integrity constraint, program limit (a key too large for its index), a PL/pgSQL
 ``RAISE`` (a trigger that refuses rows)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EventRecord:
-    """One event as the reader hands it over for persisting."""
+    """One event as the reader hands it over for persisting; never changed once made.
+
+    Not frozen: a frozen dataclass costs more than twice as much to build, and the
+    reader builds one per event.
+    """
 
     event_id: str
     """The id in force ("" when none: such events are never deduplicated)."""
@@ -134,6 +138,9 @@ class EventRecord:
     follower_key: bytes | None = None
     """What tells an id-less follower apart (``durable_sse.followers.FollowerKeys``, which
     counts identical followers on the connection); None: derived from type and data."""
+    id_key: bytes | None = None
+    """``sort_key(event_id, order)`` when the reader computed it already (None: computed
+    here); the stream's id order is the only one a batch is written with."""
 
 
 @dataclass(frozen=True)
@@ -1130,7 +1137,11 @@ def _rows(
     replaces them with U+FFFD in ids and types.
     """
     rows = []
+    keyed = key_function(order)
+    received, received_utc = None, None
     for pos, record in enumerate(events, start):
+        if record.received_at is not received:  # one timestamp per chunk read, mostly
+            received, received_utc = record.received_at, to_utc(record.received_at)
         event_id, event_type = record.event_id, record.event_type
         if clean:
             event_id, event_type = _clean_text(event_id), _clean_text(event_type)
@@ -1138,7 +1149,7 @@ def _rows(
         follower: bytes | None = None
         ordinal = None
         if event_id:
-            key = sort_key(event_id, order)
+            key = record.id_key if record.id_key is not None and not clean else keyed(event_id)
             ordinal = record.event_ord
             follower = _follower_key(record) if ordinal is not None else None
         data, data_bytes = _storable_data(record.data, clean=clean)
@@ -1153,7 +1164,7 @@ def _rows(
                 event_type,
                 data,
                 data_bytes,
-                to_utc(record.received_at),
+                received_utc,
             )
         )
     return rows

@@ -25,7 +25,7 @@ from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts,
 from durable_sse.eventlog import EventRecord
 from durable_sse.followers import FollowerKeys
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
-from durable_sse.ids import contiguous_number, is_newer
+from durable_sse.ids import contiguous_number, is_newer, key_function
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, Event
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
@@ -111,6 +111,7 @@ class Intake:
         self._pending: list[EventRecord] = []
         self._pending_bytes = 0
         self._pending_last: str | None = None
+        self._pending_last_key: bytes | None = None
         self._pending_segment: frozenset[str] = frozenset()
         self._pending_since = 0.0
         self._ordinal = 0
@@ -118,6 +119,9 @@ class Intake:
         self._read_marks: deque[tuple[float, str]] = deque()
         """``(time, newest id read)`` at each batch cut: what was read when."""
         self._last_read: str | None = None
+        self._last_key = b""
+        """``sort_key`` of ``_last_read``: each id is keyed once, and ids compare as keys."""
+        self._key = key_function(spec.id_order)
         self._last_number: int | None = None
         self._drop_deadline: float | None = None
         """When the connection ends for a drop signal whose end bound has not come."""
@@ -244,6 +248,9 @@ class Intake:
     def _event(self, event: Event, received_at: datetime, now: float) -> None:
         event_id = event.id
         follower: bytes | None = None
+        key = None
+        if event_id:
+            key = self._last_key if event_id == self._last_read else self._key(event_id)
         if not event_id:
             ordinal = None
         elif event.id_field:
@@ -270,12 +277,13 @@ class Intake:
             data=event.data,
             received_at=received_at,
             follower_key=follower,
+            id_key=key,
         )
         self._pending.append(record)
         self._pending_bytes += len(event.data)
         self.counts.events_read += 1
-        if event_id and event.id_field:
-            self._new_id(event_id, now, announced_here=announces_drop)
+        if key is not None and event.id_field:
+            self._new_id(event_id, key, now, announced_here=announces_drop)
         if announces_drop:
             # The drop event is the notice: its own batch records the gap (no cursor may
             # pass it first) and, read after the skip, is no evidence for a repair.
@@ -293,7 +301,9 @@ class Intake:
         ):
             self._cut()
 
-    def _new_id(self, event_id: str, now: float, *, announced_here: bool = False) -> None:
+    def _new_id(
+        self, event_id: str, key: bytes, now: float, *, announced_here: bool = False
+    ) -> None:
         """An event carrying an id field: order, contiguity, gap bookkeeping."""
         first = self._last_read is None
         if first:
@@ -307,7 +317,7 @@ class Intake:
                 # explain it) so that another repair tries again.
                 self._signal("history_short", "the replay started past an open gap")
                 self._drop_deadline = now + DROP_GRACE
-        elif not is_newer(event_id, self._last_read, self.order):
+        elif key <= self._last_key:  # not newer than the id read before it
             self.counts.ids_out_of_order += 1
             if self.counts.ids_out_of_order == 1:
                 logger.warning(
@@ -321,9 +331,9 @@ class Intake:
         if self.spec.contiguous_ids:
             self._contiguity(event_id, first)
         self.gaps.id_read(event_id)
-        self._last_read = event_id
-        if is_newer(event_id, self._pending_last, self.order):
-            self._pending_last = event_id
+        self._last_read, self._last_key = event_id, key
+        if self._pending_last_key is None or key > self._pending_last_key:
+            self._pending_last, self._pending_last_key = event_id, key
         if self._noticed and not announced_here:
             self.outcome = Outcome.DROP_SIGNAL  # the first id after the notice bounds it
 
@@ -395,4 +405,5 @@ class Intake:
         self._pending = []
         self._pending_bytes = 0
         self._pending_last = None
+        self._pending_last_key = None
         self._pending_segment = frozenset()
