@@ -48,6 +48,7 @@ from durable_sse.contracts import (
     Route,
 )
 from durable_sse.errors import (
+    BatchRefusedError,
     ConfigError,
     LineTooLongError,
     StoreError,
@@ -291,6 +292,23 @@ class _Connection:
         if intake.outcome is not None:
             # Open gaps the workflow did not know of: end now so the repair can start.
             return await self._finish(intake.outcome)
+        try:
+            return await self._read_and_commit(url, headers)
+        except BatchRefusedError as error:
+            # Nothing from the refused batch on was stored and the cursor stands before
+            # it: parked, the status says why, and `resume` reads it all again.
+            activity.logger.warning("stream %s: %s; parked", self.stream, error)
+            # The batches after it fail with it (each waits for the one before it).
+            await asyncio.gather(*self.inflight, return_exceptions=True)
+            self.inflight.clear()
+            raise ApplicationError(
+                f"{error}; the stream is parked until resumed",
+                type="StreamRefusedError",
+                non_retryable=True,
+            ) from None
+
+    async def _read_and_commit(self, url: str, headers: dict[str, str]) -> ReadResult:
+        """Connect, read until an outcome, and commit what was read, whatever ends it."""
         try:
             outcome = await self._connect(url, headers)
         except asyncio.CancelledError:

@@ -55,7 +55,7 @@ from durable_sse.db import (
     make_engine,
     to_utc,
 )
-from durable_sse.errors import StoreError
+from durable_sse.errors import BatchRefusedError, StoreError
 from durable_sse.followers import CARRIER_KEY, FOLLOWER_WINDOW, follower_key
 from durable_sse.gaps import (
     Gap,
@@ -466,7 +466,7 @@ class EventLog:
             error_summary(error),
         )
         job.failed = True
-        job.error = StoreError(
+        job.error = BatchRefusedError(
             f"{self._where} refused a batch of stream {job.stream!r}: {error_summary(error)} "
             "(the other streams' batches of its group, if any, committed)"
         )
