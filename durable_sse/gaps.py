@@ -17,10 +17,13 @@ first id read after the signal; while it is unknown, at or before ``notice_id`` 
 as repairs are concerned). A notice does not say where the hole is (a server may
 announce late), so ``start_id`` is conservative: the connection's start cursor, or the
 id it read one replay window ago if it has read for longer. A notice is assumed to speak
-of what the connection was sent within the last replay window. The lagging id never
-*moves* past an open gap; a late notice (the server announced after the repair that
-skipped it had already been taken as proof) can open a gap behind it, and then the
-lagging id waits where it is until that gap is closed.
+of what the connection was sent within the last replay window; one that comes before the
+connection's first event can only be about the ids between the cursor and the first id
+after it, and with contiguous ids the store narrows it to those not stored
+(:func:`attribute_early_notice`). The lagging id never *moves* past an open gap; a late
+notice (the server announced after the repair that skipped it had already been taken as
+proof) can open a gap behind it, and then the lagging id waits where it is until that gap
+is closed.
 
 Evidence. A connection that sent cursor C *reached* C when the server's first event shows
 its history goes back that far (for contiguous ids: the first id is C + 1; else the

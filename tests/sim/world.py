@@ -453,6 +453,8 @@ class World:
                     self.tally.add("... after a truncation header")
                     if connection.behind:
                         self.tally.add("... on a replay from behind the newest stored id")
+                        if self.profile.contiguous:
+                            self.tally.add("... ... with contiguous ids (attributed exactly)")
         truth = set(range(1, self.server.newest + 1))
         stored = self.log.stored_numbers()
         extra = stored - truth
