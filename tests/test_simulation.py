@@ -160,11 +160,18 @@ def _forget_drop_signals(self, kind, *, announced=None, detail="", **_):  # noqa
     return gaps.Gap(gap_id="forgotten", stream="sim", kind=kind.value, start_id=None)
 
 
+def _early_notices_miss_nothing(cursor, first_after, *, floor, stored):  # noqa: ANN001, ANN202
+    return (max(cursor, min(floor or cursor, first_after - 1)), 0)
+
+
 MUTATIONS = [
     Mutation("gap changes never written", gaps.GapTracker, "batch_changes", _drop_gap_changes),
     Mutation("lagging id ignores gaps", gaps, "lagging_target", _lagging_ignores_gaps),
     Mutation("repairs need no continuity", gaps.GapTracker, "_covers", _close_on_any_read),
     Mutation("drop notices forgotten", gaps.GapTracker, "drop_signal", _forget_drop_signals),
+    Mutation(
+        "early notices miss nothing", gaps, "attribute_early_notice", _early_notices_miss_nothing
+    ),
 ]
 
 

@@ -75,11 +75,29 @@ class Faults:
     signal: float = 0.01
     truncate: float = 0.004
     redis: float = 0.004
+    one_shot: float = 0.04
+    """A one-shot drop injected as a connection starts, so that it is taken before the
+    connection's first event (chaos scenario 6's timing)."""
+    one_shot_replay: float = 0.3
+    """The same, as a replay (a lagged or explicit route) starts."""
+    one_shot_tick: float = 0.002
+    """A one-shot drop injected at a random moment (the connection writing takes it)."""
     quiet: bool = False
 
     @classmethod
     def none(cls) -> Faults:
-        return cls(crash=0, zombie=0, lose_result=0, signal=0, truncate=0, redis=0, quiet=True)
+        return cls(
+            crash=0,
+            zombie=0,
+            lose_result=0,
+            signal=0,
+            truncate=0,
+            redis=0,
+            one_shot=0,
+            one_shot_replay=0,
+            one_shot_tick=0,
+            quiet=True,
+        )
 
 
 @dataclass
@@ -143,6 +161,17 @@ class World:
         its retry had started (also with no cursor, reading live)."""
         self.trace: list[str] = []
         self._history_seen = 1
+        self.shots = random.Random(f"{seed}:one-shots")
+        """One-shot drops draw from their own generator: a schedule none hits runs as it
+        did before they existed."""
+
+    def maybe_inject_drop(self, chance: float) -> None:
+        """A one-shot drop of up to one and a half history windows (larger than the
+        history, as in chaos scenario 6, a third of the time)."""
+        if chance and self.shots.random() < chance:
+            window = self.profile.window
+            self.server.inject_drop(self.shots.randint(1, window + window // 2))
+            self.tally.add("one-shot drop injected")
 
     def note(self, text: str) -> None:
         self.trace.append(f"{self.clock:7.2f} {text}")
@@ -183,6 +212,7 @@ class World:
             else:
                 self.redis.values.clear()
                 self.tally.add("redis emptied")
+        self.maybe_inject_drop(faults.one_shot_tick)
         for zombie in list(self.zombies):
             zombie.lifetime -= 1
             outcome = zombie.step()
@@ -411,6 +441,20 @@ class World:
 
     def verdict(self) -> None:
         """The final oracle (after :meth:`run` settled)."""
+        for connection in self.server.connections:
+            early = [
+                n
+                for n in connection.announced
+                if n.one_shot and n.read and n.announced_after == -1 and not connection.cursorless
+            ]
+            if early:
+                self.tally.add("one-shot drop taken before the first event")
+                if connection.header == "earliest":
+                    self.tally.add("... after a truncation header")
+                    if connection.behind:
+                        self.tally.add("... on a replay from behind the newest stored id")
+                        if self.profile.contiguous:
+                            self.tally.add("... ... with contiguous ids (attributed exactly)")
         truth = set(range(1, self.server.newest + 1))
         stored = self.log.stored_numbers()
         extra = stored - truth
@@ -583,7 +627,16 @@ class Attempt:
             retried=retried,
         )
         attempt.decoder = SSEDecoder(last_event_id=start.cursor or "")
+        replay = Route(read_input.route) is not Route.LIVE
+        faults = world.faults
+        world.maybe_inject_drop(faults.one_shot_replay if replay else faults.one_shot)
         attempt.connection = world.server.connect(start.cursor, world.rng)
+        floor = start.context.floor
+        attempt.connection.behind = (
+            start.cursor is not None
+            and floor is not None
+            and compare_ids(start.cursor, floor, world.spec.id_order) < 0
+        )
         attempt.intake.head(truncation_header=attempt.connection.header)
         if world.rng.random() < 0.9:
             attempt._beat()
