@@ -4,14 +4,23 @@ written, counts and gap evidence stay exact, on real PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from datetime import UTC, datetime
+from typing import Any
 
-from durable_sse.contracts import Route
+import httpx
+from temporalio.testing import ActivityEnvironment
+
+from activities.read import StreamReader
+from durable_sse.contracts import ReadCounts, ReadInput, Route
 from durable_sse.eventlog import EventLog, EventRecord
 from durable_sse.followers import CARRIER_KEY, FollowerKeys
 from durable_sse.gaps import Gap, GapChange, GapState, StreamContext, apply_change
 from durable_sse.intake import SKIPPED_PER_ROW, Batch, Intake
+from durable_sse.l1 import LocalCursors
+from durable_sse.l2 import RedisCursors
+from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Event
 from durable_sse.stored import StoredAhead, StoredPage
@@ -219,6 +228,15 @@ def test_a_repair_proves_and_counts_the_same_with_or_without_skipping() -> None:
 # -- the event log: pages of stored keys, and exact counts --------------------------------
 
 
+async def execute(log: EventLog, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def run() -> list[tuple[Any, ...]]:
+        with log.engine.begin() as connection:
+            result = connection.exec_driver_sql(sql, params)
+            return [tuple(row) for row in result] if result.returns_rows else []
+
+    return await asyncio.to_thread(run)
+
+
 def record(event_id: str, ordinal: int = 0, *, follower: bytes | None = None) -> EventRecord:
     return EventRecord(
         event_id=event_id,
@@ -303,3 +321,51 @@ async def test_a_replay_writes_only_the_holes_and_counts_exactly_beside_another_
     assert (record_.state, record_.recovered, record_.missing) == (GapState.REPAIRED, 1, 0)
     stored_ids = await event_log.stored_keys(stream_name, order, after=None, limit=1000)
     assert [key[0] for key in stored_ids.keys] == [str(n) for n in range(1, 201)]
+
+
+# -- the read activity: a replay writes the holes only -------------------------------------
+
+
+async def test_a_replay_connection_writes_only_the_rows_missing(
+    source: SSESource, pg_event_log: EventLog, redis_url: str, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=2000, keepalive=0))
+    spec = StreamSpec(
+        name=stream_name, url=source.url(stream_name), id_order="numeric", batch_max_delay=0.02
+    )
+    l2 = RedisCursors(redis_url)
+    written: list[int] = []
+    submit = pg_event_log.submit_batch
+
+    def counting_submit(*args: Any, **kwargs: Any) -> Any:
+        written.append(len(args[2]))  # the rows of each batch, as handed to the real log
+        return submit(*args, **kwargs)
+
+    pg_event_log.submit_batch = counting_submit  # type: ignore[method-assign]
+    try:
+        async with httpx.AsyncClient(follow_redirects=False) as http:
+            reader = StreamReader(http=http, event_log=pg_event_log, l1=LocalCursors(), l2=l2)
+            env = ActivityEnvironment()
+            first = await env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT))
+            assert first.counts.new_rows == 2000 and sum(written) == 2000
+            holes = [str(n) for n in range(50, 2001, 100)]
+            await execute(
+                pg_event_log,
+                "DELETE FROM sse_events WHERE stream = %s AND event_id = ANY(%s)",
+                (stream_name, holes),
+            )
+            written.clear()
+            replay = await env.run(
+                reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
+            )
+    finally:
+        await l2.close()
+    assert replay.counts == ReadCounts(events_read=2000, new_rows=20, duplicates=1980)
+    assert replay.last_cursor == "2000"
+    assert sum(written) == len(holes)  # the stored 1,980 never became rows
+    [(count, distinct)] = await execute(
+        pg_event_log,
+        "SELECT count(*), count(DISTINCT event_id) FROM sse_events WHERE stream = %s",
+        (stream_name,),
+    )
+    assert count == distinct == 2000
