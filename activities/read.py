@@ -513,6 +513,10 @@ class _Connection:
                 intake.take(items, received_at=datetime.now(UTC), now=now)
                 if intake.stored is not None:
                     self._fetch_stored()
+                    if intake.stored.fetching:
+                        # Reading chunk after chunk from the queue never yields to the
+                        # event loop: let the page being fetched land before it is needed.
+                        await asyncio.sleep(0)
                 intake.poll(now)
                 await self._submit_ready()
                 if intake.outcome is not None:

@@ -25,9 +25,10 @@ from durable_sse.ids import IdOrder, compare_ids, is_newer
 
 PAGE_ROWS = 8192
 """Stored keys one query fetches: a few ms of PostgreSQL, ~0.1 s of reading at 100k ev/s;
-two pages held (the one being read, the one ahead) are ~2.5 MB per replaying connection."""
-KEEP_PAGES = 2
-"""Pages held at once: the one the reader is in, and the one fetched ahead of it."""
+the pages held (:data:`KEEP_PAGES`) are ~4 MB per replaying connection."""
+KEEP_PAGES = 3
+"""Pages held at once: the one the reader is in and two fetched ahead of it (a fetch
+competes with the reading for the interpreter, so it may take as long as a page's read)."""
 
 MIN_HIT_SHARE = 4
 """Fetching stops when fewer than one in this many events read since the last page was
@@ -94,9 +95,9 @@ class StoredAhead:
     def next_fetch(self, last_read: str | None) -> str | None:
         """The id after which the next page starts, or None: no page to fetch now.
 
-        The next page is asked for as soon as the reader is inside the newest one, so it
-        has a page of reading to arrive in; a reader already past the newest page (it
-        outran the fetches) skips ahead to where it reads.
+        The next page is asked for as soon as the reader is inside the page before the
+        newest one, so it has one to two pages of reading to arrive in; a reader already
+        past the newest page (it outran the fetches) skips ahead to where it reads.
         """
         if self.fetching or self.done:
             return None
@@ -107,17 +108,25 @@ class StoredAhead:
         if not newest_page.full:
             self.done = True
             return None
-        first, last = newest_page.first_id, newest_page.last_id
-        assert first is not None and last is not None  # a full page is not empty
-        if compare_ids(position, first, self.order) < 0:
-            return None
-        if self.checked >= self.page_rows // 2 and self.hits * MIN_HIT_SHARE < self.checked:
-            # Few events read were stored: the ids do not come in the stored order, or
-            # the replay is mostly new rows. Fetching more would cost more than it saves.
+        last = newest_page.last_id
+        assert last is not None  # a full page is not empty
+        if len(self._pages) > 1:
+            first = self._pages[-2].first_id
+            if first is not None and compare_ids(position, first, self.order) < 0:
+                return None
+        outran = is_newer(position, last, self.order)
+        if (
+            not outran
+            and self.checked >= self.page_rows // 2
+            and self.hits * MIN_HIT_SHARE < self.checked
+        ):
+            # Inside the pages, few events read were stored: the ids do not come in the
+            # stored order, or the replay is mostly new rows. Fetching more would cost
+            # more than it saves. (A reader that outran the pages missed for that.)
             self.done = True
             return None
         self.checked = self.hits = 0
-        return position if is_newer(position, last, self.order) else last
+        return position if outran else last
 
     def add(self, page: StoredPage) -> None:
         """A page fetched (after the one before it): its keys count from now on."""

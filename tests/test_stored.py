@@ -82,7 +82,7 @@ def ids(batch: Batch) -> list[str]:
 # -- the window of stored keys ------------------------------------------------------------
 
 
-def test_pages_are_fetched_one_ahead_of_the_reader() -> None:
+def test_pages_are_fetched_ahead_of_the_reader() -> None:
     ahead = StoredAhead("numeric", start="10", page_rows=4)
     assert ahead.next_fetch(None) == "10"  # the first page starts after the cursor
     ahead.fetching = True
@@ -90,12 +90,15 @@ def test_pages_are_fetched_one_ahead_of_the_reader() -> None:
     ahead.add(page(11, 12, 13, 14))
     assert ahead.has("12", CARRIER_KEY) and not ahead.has("15", CARRIER_KEY)
     assert not ahead.has("12", b"follower")
-    assert ahead.next_fetch("10") is None  # not inside the newest page yet
-    assert ahead.next_fetch("11") == "14"  # inside it: the next one starts after it
+    assert ahead.next_fetch("10") == "14"  # one page held: the next at once
     ahead.add(page(15, 16, 17, 18))
+    assert ahead.next_fetch("10") is None  # two ahead of the reader already
+    assert ahead.next_fetch("11") == "18"  # inside the page before the newest
     ahead.add(page(19, 20, 21, 22))
-    assert not ahead.has("12", CARRIER_KEY)  # two pages kept: the oldest went
-    assert ahead.has("16", CARRIER_KEY) and ahead.has("21", CARRIER_KEY)
+    assert ahead.next_fetch("14") is None and ahead.next_fetch("15") == "22"
+    ahead.add(page(23, 24, 25, 26))
+    assert not ahead.has("12", CARRIER_KEY)  # three pages kept: the oldest went
+    assert ahead.has("16", CARRIER_KEY) and ahead.has("25", CARRIER_KEY)
     assert ahead.next_fetch("40") == "40"  # a reader past every page skips ahead
     ahead.add(page(41, full=False))
     assert ahead.done and ahead.next_fetch("41") is None  # nothing more stored
