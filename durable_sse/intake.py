@@ -320,7 +320,9 @@ class Intake:
 
     def _new_id(self, event_id: str, now: float, *, announced_here: bool = False) -> None:
         """An event carrying an id field: order, contiguity, gap bookkeeping."""
-        first = self._last_read is None
+        previous = self._last_read
+        first = previous is None
+        in_order = False
         if first:
             self.gaps.first_event(
                 event_id,
@@ -332,7 +334,9 @@ class Intake:
                 # explain it) so that another repair tries again.
                 self._signal("history_short", "the replay started past an open gap")
                 self._drop_deadline = now + DROP_GRACE
-        elif not is_newer(event_id, self._last_read, self.order):
+        elif is_newer(event_id, previous, self.order):
+            in_order = True
+        else:
             self.counts.ids_out_of_order += 1
             if self.counts.ids_out_of_order == 1:
                 logger.warning(
@@ -347,7 +351,11 @@ class Intake:
             self._contiguity(event_id, first)
         self.gaps.id_read(event_id)
         self._last_read = event_id
-        if is_newer(event_id, self._pending_last, self.order):
+        # In order after the batch's newest id: newer than it without comparing again
+        # (every event passes here; comparing ids is a third of this method's time).
+        if (in_order and self._pending_last == previous) or is_newer(
+            event_id, self._pending_last, self.order
+        ):
             self._pending_last = event_id
         if self._noticed and not announced_here:
             self.outcome = Outcome.DROP_SIGNAL  # the first id after the notice bounds it
