@@ -736,10 +736,13 @@ class EventLog:
                 # would read every row after the key and sort them, 50 times slower.
                 with _driver(connection).cursor() as cursor:
                     cursor.execute("SET LOCAL enable_sort = off")
-                    cursor.execute(
-                        _STORED_KEYS_SQL.format(after="id_key > %s" if after_key else "TRUE"),
-                        (stream, after_key, limit) if after_key else (stream, limit),
-                    )
+                    if after_key is None:
+                        cursor.execute(_STORED_KEYS_SQL.format(after="TRUE"), (stream, limit))
+                    else:
+                        cursor.execute(
+                            _STORED_KEYS_SQL.format(after="id_key > %s"),
+                            (stream, after_key, limit),
+                        )
                     rows: list[Any] = cursor.fetchall()
             else:
                 events = events_table
