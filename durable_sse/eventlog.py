@@ -71,6 +71,7 @@ from durable_sse.gaps import (
     summarize,
 )
 from durable_sse.ids import IdOrder, contiguous_number, key_function, sort_key
+from durable_sse.stored import StoredPage
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,10 @@ _COPY_TYPES = (
 )
 """Binary COPY: a third of text COPY's client time per row (``bench/lean_log.py``)."""
 _RETURNING = " RETURNING stream, event_id, follower_key"
+_STORED_KEYS_SQL = (
+    f"SELECT event_id, follower_key FROM {EVENTS_TABLE} "
+    "WHERE stream = %s AND id_key IS NOT NULL AND {after} ORDER BY id_key LIMIT %s"
+)
 _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
@@ -290,6 +295,21 @@ class EventLog:
             self._events_sync,
             stream,
             after_seq,
+            limit,
+        )
+
+    async def stored_keys(
+        self, stream: str, id_order: str, *, after: str | None, limit: int
+    ) -> StoredPage:
+        """The keys of the first ``limit`` stored rows after ``after`` in id order, in one
+        indexed query (``(stream, id_key)``): what a replay need not write again
+        (:mod:`durable_sse.stored`)."""
+        return await self._run(
+            f"read the stored keys of stream {stream!r}",
+            self._stored_keys_sync,
+            stream,
+            IdOrder(id_order),
+            after,
             limit,
         )
 
@@ -711,6 +731,38 @@ class EventLog:
             )
             for row in rows
         ]
+
+    def _stored_keys_sync(
+        self, stream: str, order: IdOrder, after: str | None, limit: int
+    ) -> StoredPage:
+        after_key = None if after is None else sort_key(after, order)
+        with self._begin() as connection:
+            if self.dialect == "postgresql":
+                # Plain tuples straight from the driver (a page is thousands of rows), and
+                # the index's order: with no statistics yet (a young table) PostgreSQL
+                # would read every row after the key and sort them, 50 times slower.
+                with _driver(connection).cursor() as cursor:
+                    cursor.execute("SET LOCAL enable_sort = off")
+                    if after_key is None:
+                        cursor.execute(_STORED_KEYS_SQL.format(after="TRUE"), (stream, limit))
+                    else:
+                        cursor.execute(
+                            _STORED_KEYS_SQL.format(after="id_key > %s"),
+                            (stream, after_key, limit),
+                        )
+                    rows: list[Any] = cursor.fetchall()
+            else:
+                events = events_table
+                query = (
+                    sa.select(events.c.event_id, events.c.follower_key)
+                    .where(events.c.stream == stream, events.c.id_key.is_not(None))
+                    .order_by(events.c.id_key)
+                    .limit(limit)
+                )
+                if after_key is not None:
+                    query = query.where(events.c.id_key > after_key)
+                rows = [tuple(row) for row in connection.execute(query)]
+        return StoredPage(keys=rows, full=len(rows) >= limit)
 
     # -- checkpoint -----------------------------------------------------------------
 

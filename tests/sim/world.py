@@ -34,12 +34,13 @@ from durable_sse.contracts import (
     Route,
 )
 from durable_sse.gaps import GapChange, GapState
-from durable_sse.ids import compare_ids
+from durable_sse.ids import compare_ids, is_newer
 from durable_sse.intake import Batch, Intake
 from durable_sse.l1 import LocalCursors
 from durable_sse.resolve import CursorResolver
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, SSEDecoder
+from durable_sse.stored import StoredAhead, StoredPage
 from tests.sim.server import Profile, SimConnection, SimServer
 from tests.sim.stores import MemoryEventLog, MemoryRedis
 from workflows.routes import (
@@ -595,6 +596,9 @@ class Attempt:
         self.start_cursor: str | None = None
         self.first_id: str | None = None
         self.source = ""
+        self.page_coming: StoredPage | None = None
+        """A page of stored keys read from the log, not yet handed over (a fetch in
+        flight: the log may take more rows meanwhile, never lose one)."""
 
     @classmethod
     async def start(
@@ -626,6 +630,16 @@ class Attempt:
             now_iso=lambda: world.now.isoformat(),
             retried=retried,
         )
+        floor = start.context.floor
+        if start.cursor and is_newer(floor, start.cursor, world.spec.id_order):
+            if world.rng.random() < 0.8:
+                # A replay skips what is stored (durable_sse.stored), as the activity does:
+                # its first page before the first event, the next ones while it reads.
+                attempt.intake.stored = StoredAhead(
+                    world.spec.id_order, start=start.cursor, page_rows=world.rng.choice([2, 5, 40])
+                )
+                attempt._fetch_stored()
+                attempt._page_arrives()
         attempt.decoder = SSEDecoder(last_event_id=start.cursor or "")
         replay = Route(read_input.route) is not Route.LIVE
         faults = world.faults
@@ -667,6 +681,10 @@ class Attempt:
         chunk = connection.read(self.rng.randint(1, 200))
         if chunk:
             self._take(chunk)
+        if intake.stored is not None:
+            if self.page_coming is not None and self.rng.random() < 0.5:
+                self._page_arrives()
+            self._fetch_stored()
         intake.poll(self.world.clock)
         self._collect()
         while self.inflight and (len(self.inflight) > 3 or self.rng.random() < 0.6):
@@ -683,6 +701,20 @@ class Attempt:
             if isinstance(item, Comment) and item.text != "ping":
                 self.connection.notice_taken()
 
+    def _fetch_stored(self) -> None:
+        stored = self.intake.stored
+        assert stored is not None
+        after = stored.next_fetch(self.intake.last_read)
+        if after is not None:
+            stored.fetching = True
+            self.page_coming = self.world.log.stored_page(after, stored.page_rows)
+
+    def _page_arrives(self) -> None:
+        stored = self.intake.stored
+        if stored is not None and self.page_coming is not None:
+            stored.add(self.page_coming)
+            self.page_coming = None
+
     def _collect(self) -> None:
         while self.intake.ready:
             self.inflight.append(self.intake.ready.popleft())
@@ -692,6 +724,8 @@ class Attempt:
         world = self.world
         new_rows = world.log.commit(batch.records, batch.gap_changes, now=world.now)
         self.committed_any = True
+        if batch.skipped:
+            world.tally.add("events skipped as stored")
         if self.zombie and self.start_cursor is None:
             world.late_first_rows.update(int(r.event_id) for r in batch.records if r.event_id)
         first = self.first_id is None and self.start_cursor is None
@@ -708,7 +742,7 @@ class Attempt:
             world.redis.submit(STREAM, cursor, world.spec.id_order)
             world.check_notices(self.connection, cursor)
             if first:
-                self.first_id = batch.records[0].event_id or cursor
+                self.first_id = (batch.records[0].event_id if batch.records else "") or cursor
         if (first and self.first_id is not None) or self.rng.random() < 0.7:
             self._beat()
 
