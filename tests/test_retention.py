@@ -232,6 +232,54 @@ async def test_re_sent_ids_older_than_the_horizon_stay_duplicates(
     assert ids == [*map(str, range(10, 16)), "18", "19", "20", "16", "17", "", "21"]
 
 
+async def test_batches_of_one_group_keep_their_order_when_the_horizon_drops_rows(
+    event_log: EventLog, stream_name: str
+) -> None:
+    await minutely(event_log, stream_name, range(1, 21))
+    await set_lagging(event_log, stream_name, 10)
+    await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
+    later = T0 + 200 * MINUTE
+    first = [record(str(i), later) for i in [*range(1, 9), *range(100, 180)]]
+    second = [record(str(i), later) for i in range(180, 260)]
+    jobs = [event_log.submit_batch(stream_name, "numeric", rows) for rows in (first, second)]
+    results = [await event_log.committed(job) for job in jobs]
+    assert [(r.new_rows, r.duplicates) for r in results] == [(80, 8), (80, 0)]
+    ids = await stored_ids(event_log, stream_name)
+    assert ids == [str(i) for i in [*range(10, 21), *range(100, 260)]]
+
+
+async def test_deletes_and_a_busy_writer_do_not_fail_each_other(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """A live stream keeps committing while the deletes run, on both databases: neither
+    fails the other (SQLite has one writer at a time, and each batch is short)."""
+    await event_log.insert_batch(
+        stream_name,
+        "numeric",
+        [record(str(i), T0 + i * timedelta(seconds=1)) for i in range(1, 3001)],
+    )
+    moment = T0 + timedelta(seconds=2999.5) + MINUTE
+    assert (
+        await event_log.advance_lagging(stream_name, "numeric", window=60.0, now=moment)
+    ).lagging_id == "2999"
+    live = stream_name + "-live"
+
+    async def write() -> int:
+        stored = 0
+        for n in range(40):
+            rows = [record(str(n * 50 + i), datetime.now(UTC)) for i in range(50)]
+            stored += (await event_log.insert_batch(live, "numeric", rows)).new_rows
+            await asyncio.sleep(0)
+        return stored
+
+    writer = asyncio.create_task(write())
+    run = await event_log.apply_retention(
+        stream_name, "numeric", cutoff=T0 + 100 * MINUTE, batch_rows=100, max_batches=100
+    )
+    assert (run.deleted, run.complete) == (2998, True)
+    assert await writer == 2000
+
+
 async def execute_delete(log: EventLog, stream: str, ids: list[str]) -> None:
     """Remove rows as if never received (the hole a gap stands for)."""
 
