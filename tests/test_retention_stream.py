@@ -121,6 +121,38 @@ async def capture_checkpoint_run(client: Client, name: str) -> None:
     await capture_history(run, "checkpoint_retention")
 
 
+async def replay_what_was_deleted(
+    running: Running, handle: WorkflowHandle, log: EventLog, name: str
+) -> int:
+    """``replay --from-id 1``: the source re-sends everything from its first id, rows
+    retention deleted included. Returns how many ids it re-sent that were stored once.
+
+    The checkpoint schedule is paused meanwhile, so no delete runs during the replay
+    (a row deleted in the very milliseconds a replay re-sends it could be stored again:
+    the write path reads the horizon as its transaction starts).
+    """
+    schedule = running.client.get_schedule_handle(checkpoint_schedule_id(name))
+    await schedule.pause()
+    await asyncio.sleep(1.0)  # a run already started ends
+    before = await handle.query("status", result_type=StreamStatus)
+    oldest_kept = (await stored(log, name))[0]
+    assert before.live_cursor is not None and oldest_kept > 1
+    await handle.signal("replay", {"from_id": "1"})
+    resent = int(before.live_cursor) - 1
+
+    async def replayed() -> bool:
+        status = await handle.query("status", result_type=StreamStatus)
+        return status.counters.duplicates - before.counters.duplicates >= resent
+
+    await wait_for(replayed, timeout=60, what="the replay of every id from 2 on")
+    ids = await stored(log, name)
+    assert min(ids) == oldest_kept  # nothing retention deleted came back
+    status = await handle.query("status", result_type=StreamStatus)
+    assert status.counters.events_recovered == 0
+    await schedule.unpause()
+    return resent
+
+
 async def wait_for(check, *, timeout: float, what: str) -> None:  # noqa: ANN001
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -147,6 +179,7 @@ async def test_retention_deletes_behind_a_running_stream_and_loses_nothing_newer
     # Several deletes while the stream reads on (each run at most one window's rows).
     await wait_for(deleted_three_times, timeout=90, what="three windows of rows deleted")
     await capture_checkpoint_run(running.client, name)
+    resent = await replay_what_was_deleted(running, inherits, log, name)
     for handle in (inherits, own):
         await handle.signal("stop")
     finals = [await asyncio.wait_for(h.result(), 60) for h in (inherits, own)]
@@ -165,6 +198,7 @@ async def test_retention_deletes_behind_a_running_stream_and_loses_nothing_newer
     assert ids[0] <= lagging <= ids[-1] and str(ids[-1]) == final.live_cursor
     assert len(ids) + state.deleted_rows == final.counters.events_persisted
     assert final.counters.events_recovered == 0 and final.counters.gaps_open == 0
+    assert final.counters.duplicates >= resent
 
     # Status: the last report the stream got (later runs can only have deleted more).
     report = final.retention
