@@ -140,6 +140,11 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
         assert isinstance(action, ScheduleActionStartWorkflow)
         assert action.workflow == "CheckpointAdvanceWorkflow"
         assert action.task_queue == queue
+        # Built from the spec: the stream's retention, and the flag that lets runs apply it.
+        spec.retention = 3600.0
+        (built,) = schedules.build_schedule(spec).action.args  # type: ignore[attr-defined]
+        assert (built.retention, built.retention_declared) == (3600.0, True)
+        spec.retention = None
 
         moved = await run_scheduled(env, handle)
         assert moved.lagging_id == "3" and not moved.held_by_gap
