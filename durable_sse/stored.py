@@ -9,7 +9,8 @@ and the intake drops an event whose key is in it before it becomes a record: it 
 as a duplicate, exactly what ``ON CONFLICT DO NOTHING`` would have made of it.
 
 A key here is only ever one that was committed when its page was read, so a skipped
-event was stored (rows are never deleted under a reading connection). Everything else
+event was stored (retention may delete it meanwhile, only before the lagging id: the
+skip leaves it where a write just before the delete would have left it). Everything else
 (holes, ids past the last page, a page still being fetched) is written as before, with
 ``ON CONFLICT`` the backstop, so two attempts writing at once still count each new row
 once. Gap evidence does not change: the intake reads and weighs every event as before;

@@ -1078,7 +1078,13 @@ async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: s
             "ORDER BY table_name",
             s=schema,
         )
-        assert tables == [("sse_checkpoints",), ("sse_events",), ("sse_gaps",), ("sse_schema",)]
+        assert tables == [
+            ("sse_checkpoints",),
+            ("sse_events",),
+            ("sse_gaps",),
+            ("sse_retention",),
+            ("sse_schema",),
+        ]
         result = await logs[0].insert_batch("s", "numeric", [record("1")])
         assert result == InsertResult(1, 0)
     finally:

@@ -33,6 +33,7 @@ from durable_sse.contracts import (
     ReadCounts,
     ReadResult,
     ReplaySignal,
+    RetentionStatus,
     Route,
     StreamCounters,
 )
@@ -102,6 +103,8 @@ class StreamState:
     counters: StreamCounters = field(default_factory=StreamCounters)
 
     schedule_ensured: bool = False
+    retention: RetentionStatus | None = None
+    """The last retention report of the checkpoint runs (display only)."""
     max_connections_per_run: int = MAX_CONNECTIONS_PER_RUN
     max_history_events: int = MAX_HISTORY_EVENTS_PER_RUN
 
