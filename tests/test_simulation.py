@@ -132,6 +132,21 @@ async def test_the_issue_sequence_repairs_both_holes_and_counts_nothing_lost() -
     assert world.state.counters.events_unrecoverable == 0
 
 
+# -- schedules that once failed -------------------------------------------------------
+
+
+async def test_a_one_shot_drop_still_skipping_when_the_faults_stop_ends_with_them() -> None:
+    """Seed 381417397: a live-only stream that had stored nothing took a one-shot drop of
+    141 events as the faults stopped; it skipped everything the quiet phase generated, so
+    the stream could never catch up. Faults off ends one-shots too, as the chaos harness
+    clears them before it drains."""
+    world = World(381417397)
+    await world.run()
+    world.verdict()
+    assert world.tally.counts["one-shot drop injected"] == 2
+    assert world.state.live_cursor == str(world.server.newest)
+
+
 # -- the checker is trusted only after it has been seen failing ----------------------
 
 

@@ -162,6 +162,15 @@ class SimConnection:
             self._announce(self._one_shot)
             self._one_shot = None
 
+    def end_one_shot(self) -> None:
+        """The faults stop: a one-shot drop still skipping ends here, announced with what
+        it skipped (else a drop larger than what the server still generates would eat the
+        quiet phase, and a stream with nothing stored would never catch up)."""
+        self._one_shot_left = 0
+        if self._one_shot is not None:
+            self._announce(self._one_shot)
+            self._one_shot = None
+
     def _skip(self) -> None:
         server, rng = self.server, self.rng
         size = rng.randint(1, 6)
@@ -221,6 +230,13 @@ class SimServer:
         """A one-shot drop (the real source's ``inject(action="drop")``): the next
         connection to write skips ``count`` events, then says so."""
         self.one_shots.append(count)
+
+    def clear_one_shots(self) -> None:
+        """Faults off (as the chaos harness's ``inject(action="clear")``): no one-shot
+        drop is pending or skipping any longer."""
+        self.one_shots.clear()
+        for connection in self.connections:
+            connection.end_one_shot()
 
     def generate(self, count: int) -> None:
         self.newest += count

@@ -294,6 +294,7 @@ class World:
             if phase_steps >= deadline and not self.faults.quiet:
                 self.faults = Faults.none()
                 self.profile.drop_rate = self.profile.disconnect_rate = 0.0
+                self.server.clear_one_shots()
                 self.tally.add("quiet phase")
                 deadline, phase_steps = quiet_steps, 0
                 continue
