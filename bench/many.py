@@ -159,6 +159,13 @@ async def many_rows(
     )
     rows.append(
         Row(
+            "3",
+            f"{label}: heartbeats the workers sent per second (to the Temporal server)",
+            f"{probe.get('heartbeats', 0) / max(wall, 1e-9):.0f}",
+        )
+    )
+    rows.append(
+        Row(
             "6",
             f"{label}: SQL statements / Redis round trips per 1k events",
             f"{sql:.0f} / {redis_rt:.0f}",
