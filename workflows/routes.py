@@ -50,8 +50,10 @@ SCHEDULE_SPREAD = 0.9
 its replay window, not before its first connection: a thousand streams started at once
 no longer create a thousand schedules at once (60-90 s of a saturated Temporal server,
 docs/benchmarks.md section 3). Nothing is lost: the schedule fires on the window's
-epoch-aligned ticks, and no tick in a stream's first window can move its lagging id
-(nothing was persisted a window before it)."""
+epoch-aligned ticks, and no tick in a new stream's first window can move its lagging id
+(nothing was persisted a window before it). A stream started again over rows of an
+earlier life keeps its older lagging id up to this much longer: a lagged replay then
+re-reads more, never less."""
 BACKOFF_INITIAL = 1.0
 BACKOFF_CAP = 60.0
 HEALTHY_CONNECTION_SECONDS = 10.0
