@@ -166,9 +166,13 @@ class StreamReader:
                 nudges.unregister(connection.stream, connection.nudged)
             await connection.stop_reports()
 
-    def heartbeat_interval(self) -> float:
-        """Seconds between one connection's heartbeats, within the worker's budget."""
-        nudged = self.nudges is not None and self.nudges.live
+    def heartbeat_interval(self, *, streaming: bool = True) -> float:
+        """Seconds between one connection's heartbeats, within the worker's budget.
+
+        Only a connection that is streaming takes the long nudged interval: one still
+        resolving its cursor or waiting for a response head keeps the short one, so a
+        start-up burst that starves the event loop does not time its attempts out."""
+        nudged = streaming and self.nudges is not None and self.nudges.live
         return heartbeat_interval(self.open_connections, nudged=nudged)
 
     def activities(self) -> list[Any]:
@@ -247,6 +251,8 @@ class _Connection:
         self.inflight: deque[asyncio.Task[None]] = deque()
         self.last_job: CommitJob | None = None
         self.last_heartbeat = time.monotonic()
+        self.streaming = False
+        """The response head arrived and events are being read."""
         self.previous: ReadProgress | None = None
         """Heartbeat details of the attempt before (sent again until this one starts)."""
         self.carried = ReadCounts()
@@ -430,7 +436,7 @@ class _Connection:
         try:
             while True:
                 self._heartbeat()
-                done, _ = await asyncio.wait([task], timeout=self.reader.heartbeat_interval())
+                done, _ = await asyncio.wait([task], timeout=self._heartbeat_interval())
                 if done:
                     return task.result()
         finally:
@@ -472,6 +478,7 @@ class _Connection:
         assert intake is not None
         queue: asyncio.Queue[object] = asyncio.Queue(READ_AHEAD_CHUNKS)
         pump = asyncio.create_task(_pump(response, queue))
+        self.streaming = True
         rotate_at = time.monotonic() + self.spec.max_connection_age
         try:
             while True:
@@ -535,7 +542,7 @@ class _Connection:
 
     def _wait_budget(self, rotate_at: float) -> float:
         now = time.monotonic()
-        budget = min(self.reader.heartbeat_interval(), rotate_at - now)
+        budget = min(self._heartbeat_interval(), rotate_at - now)
         assert self.intake is not None
         deadline = self.intake.next_deadline(now)
         if deadline is not None:
@@ -619,7 +626,7 @@ class _Connection:
         if intake is not None and now >= self.next_report and self.reporting is None:
             self.next_report = now + self.reader.progress_interval
             self.reporting = asyncio.create_task(self._report())
-        if not force and now - self.last_heartbeat < self.reader.heartbeat_interval():
+        if not force and now - self.last_heartbeat < self._heartbeat_interval():
             return
         self.last_heartbeat = now
         if intake is None:
@@ -633,6 +640,9 @@ class _Connection:
                 counts=_added(self.carried, intake.counts),
             )
         activity.heartbeat(asdict(progress))
+
+    def _heartbeat_interval(self) -> float:
+        return self.reader.heartbeat_interval(streaming=self.streaming)
 
     def nudged(self) -> None:
         """The workflow asked for a cancellation: heartbeat now, so its answer brings it

@@ -1002,6 +1002,8 @@ async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
             )
             assert await nudges.listener.wait_live(GUARD)
             assert reader.heartbeat_interval() == NUDGED_HEARTBEAT_INTERVAL
+            # A connection still starting (no response head yet) keeps the short one.
+            assert reader.heartbeat_interval(streaming=False) == HEARTBEAT_INTERVAL
             await beats.wait_for(1)  # the start's heartbeat
             await asyncio.sleep(1.0)
             quiet = len(beats)
