@@ -13,7 +13,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -34,7 +34,6 @@ from durable_sse.eventlog import EventLog
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 from durable_sse.logs import configure_logging
-from durable_sse.looplag import LoopLag
 from durable_sse.metrics import prometheus_runtime, redis_failures_counter
 from durable_sse.nudge import Nudges
 from durable_sse.secrets import DeclaredSecrets
@@ -61,7 +60,6 @@ class WorkerResources:
     l2: RedisCursors
     http: httpx.AsyncClient
     nudges: Nudges
-    loop_lag: LoopLag = field(default_factory=LoopLag)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerResources:
@@ -85,7 +83,6 @@ class WorkerResources:
         await self.l2.flush()
         await self.l2.close()
         await self.nudges.close()
-        await self.loop_lag.close()
         await self.http.aclose()
         await self.event_log.close()
 
@@ -113,7 +110,6 @@ def build_worker(
         allowed_hosts=allowed_hosts,
         progress_interval=progress_interval,
         nudges=resources.nudges,
-        loop_lag=resources.loop_lag,
     )
     activities = [
         *reader.activities(),

@@ -76,7 +76,6 @@ from durable_sse.intake import Batch, Intake
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 from durable_sse.logs import install_redaction
-from durable_sse.looplag import LoopLag
 from durable_sse.metrics import ReaderMetrics
 from durable_sse.nudge import Nudges
 from durable_sse.resolve import CursorResolver
@@ -105,11 +104,6 @@ signal's cancellation then comes with the heartbeat its nudge asks for, so the r
 heartbeats only show the attempt is alive. 0.4 of ``READ_HEARTBEAT_TIMEOUT`` (10 s):
 one late heartbeat never times a live attempt out. A thousand connections cost 250 calls
 a second instead of 500, and a lost nudge leaves a cancellation at most this late."""
-LAGGING_LOOP = 1.0
-"""Seconds of event-loop lag (durable_sse/looplag.py) past which a worker's connections
-go back to the short heartbeat intervals even while nudges arrive: heartbeats due
-``NUDGED_HEARTBEAT_INTERVAL`` apart would arrive that much later, too close to the
-heartbeat timeout."""
 MAX_BATCHES_IN_FLIGHT = 3
 """Batches of one connection committing at once (they commit in order): the next batch
 is written while the previous one commits."""
@@ -142,12 +136,10 @@ class StreamReader:
         allowed_hosts: tuple[str, ...] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
         nudges: Nudges | None = None,
-        loop_lag: LoopLag | None = None,
     ) -> None:
         install_redaction()
         self.nudges = nudges
         """Without it (or while it is not subscribed) cancellations wait for heartbeats."""
-        self.loop_lag = loop_lag
         self.progress_interval = progress_interval
         self.allowed_hosts = allowed_hosts
         self.http = http
@@ -166,8 +158,6 @@ class StreamReader:
         if nudges is not None:
             nudges.start()
             nudges.register(connection.stream, connection.nudged)
-        if self.loop_lag is not None:
-            self.loop_lag.start()
         try:
             return await connection.run()
         finally:
@@ -181,11 +171,9 @@ class StreamReader:
 
         Only a connection that is streaming takes the long nudged interval: one still
         resolving its cursor or waiting for a response head keeps the short one, so a
-        start-up burst that starves the event loop does not time its attempts out; nor
-        does any connection while the worker's event loop lags (``LAGGING_LOOP``)."""
+        start-up burst that starves the event loop does not time its attempts out."""
         nudged = streaming and self.nudges is not None and self.nudges.live
-        lag = self.loop_lag.lag if self.loop_lag is not None else 0.0
-        return heartbeat_interval(self.open_connections, nudged=nudged, loop_lag=lag)
+        return heartbeat_interval(self.open_connections, nudged=nudged)
 
     def activities(self) -> list[Any]:
         return [self.read_stream]
@@ -196,15 +184,12 @@ MAX_CONNECTIONS_PER_WORKER = int(HEARTBEAT_BUDGET * MAX_HEARTBEAT_INTERVAL)
 ``MAX_HEARTBEAT_INTERVAL`` within the budget. ``worker.py`` sizes its activity slots by it."""
 
 
-def heartbeat_interval(
-    open_connections: int, *, nudged: bool = False, loop_lag: float = 0.0
-) -> float:
+def heartbeat_interval(open_connections: int, *, nudged: bool = False) -> float:
     """Seconds between one connection's heartbeats when the worker holds
     ``open_connections``: ``NUDGED_HEARTBEAT_INTERVAL`` while nudges reach the worker
-    (cancellations do not wait for heartbeats) and its event loop keeps time (lag under
-    ``LAGGING_LOOP``), else short for prompt cancellations, stretched to stay within
-    ``HEARTBEAT_BUDGET``, never past ``MAX_HEARTBEAT_INTERVAL``."""
-    if nudged and loop_lag < LAGGING_LOOP:
+    (cancellations do not wait for heartbeats), else short for prompt cancellations,
+    stretched to stay within ``HEARTBEAT_BUDGET``, never past ``MAX_HEARTBEAT_INTERVAL``."""
+    if nudged:
         return NUDGED_HEARTBEAT_INTERVAL
     stretched = max(HEARTBEAT_INTERVAL, open_connections / HEARTBEAT_BUDGET)
     return min(stretched, MAX_HEARTBEAT_INTERVAL)
