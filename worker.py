@@ -26,6 +26,7 @@ from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
 from activities.nudge import NudgeActivities
 from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
+from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
 from durable_sse import temporal_client
 from durable_sse.codec import data_converter_from_env
@@ -95,12 +96,13 @@ def build_worker(
     allowed_hosts: tuple[str, ...] | None = None,
     secrets: DeclaredSecrets | None = None,
     progress_interval: float = PROGRESS_INTERVAL,
+    retention: float | None = None,
     **options: Any,
 ) -> Worker:
     """The worker; without ``secrets`` no stream may name any secret.
 
     ``progress_interval``: seconds between a connection's progress reports (tests shorten
-    it)."""
+    it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own."""
     reader = StreamReader(
         http=resources.http,
         event_log=resources.event_log,
@@ -115,6 +117,7 @@ def build_worker(
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
         *CheckpointActivities(resources.event_log).activities(),
+        *RetentionActivities(resources.event_log, worker_retention=retention).activities(),
         *ScheduleActivities(client, task_queue).activities(),
         *SearchAttributeActivities(client).activities(),
     ]
@@ -228,6 +231,7 @@ async def run_worker(
         task_queue=settings.task_queue,
         allowed_hosts=settings.allowed_hosts,
         secrets=secrets,
+        retention=settings.retention,
     )
     log.info(
         "worker polling task queue %s of %s", settings.task_queue, settings.temporal.describe()

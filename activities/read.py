@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable
@@ -49,6 +50,7 @@ from durable_sse.contracts import (
     Route,
 )
 from durable_sse.errors import (
+    BatchRefusedError,
     ConfigError,
     LineTooLongError,
     StoreError,
@@ -56,7 +58,7 @@ from durable_sse.errors import (
     StreamRefusedError,
     UnsendableIdError,
 )
-from durable_sse.eventlog import ConnectionStart, EventLog
+from durable_sse.eventlog import ConnectionStart, EventLog, InsertResult
 from durable_sse.http import (
     REFUSAL_HINTS,
     StatusPolicy,
@@ -72,6 +74,7 @@ from durable_sse.http import (
     with_cursor,
     with_query,
 )
+from durable_sse.ids import is_newer
 from durable_sse.intake import Batch, Intake
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
@@ -82,6 +85,7 @@ from durable_sse.resolve import CursorResolver
 from durable_sse.secrets import DeclaredSecrets
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import SSEDecoder
+from durable_sse.stored import StoredAhead, StoredPage
 
 HEARTBEAT_INTERVAL = 0.8
 """Seconds between heartbeats, busy or quiet: cancellation arrives on heartbeats, so a
@@ -165,6 +169,7 @@ class StreamReader:
             if nudges is not None:
                 nudges.unregister(connection.stream, connection.nudged)
             await connection.stop_reports()
+            await connection.stop_fetching_stored()
 
     def heartbeat_interval(self, *, streaming: bool = True) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget.
@@ -264,6 +269,7 @@ class _Connection:
         """The last report the workflow got (its ``at`` left out)."""
         self.context = contextvars.copy_context()
         """The activity's context: a nudge heartbeats from the worker's listener task."""
+        self.fetching_stored: asyncio.Task[StoredPage] | None = None
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -291,6 +297,10 @@ class _Connection:
         self._begin(start)
         intake = self.intake
         assert intake is not None
+        if self.fetching_stored is not None:
+            # A replay: its first page of stored keys before its first event, so that it
+            # skips what is stored from the start (one indexed query, a few ms).
+            await self._heartbeating(asyncio.wait([self.fetching_stored]))
         try:
             headers = request_headers(
                 cursor=self.start_cursor,
@@ -320,6 +330,23 @@ class _Connection:
         if intake.outcome is not None:
             # Open gaps the workflow did not know of: end now so the repair can start.
             return await self._finish(intake.outcome)
+        try:
+            return await self._read_and_commit(url, headers)
+        except BatchRefusedError as error:
+            # Nothing from the refused batch on was stored and the cursor stands before
+            # it: parked, the status says why, and `resume` reads it all again.
+            activity.logger.warning("stream %s: %s; parked", self.stream, error)
+            # The batches after it fail with it (each waits for the one before it).
+            await asyncio.gather(*self.inflight, return_exceptions=True)
+            self.inflight.clear()
+            raise ApplicationError(
+                f"{error}; the stream is parked until resumed",
+                type="StreamRefusedError",
+                non_retryable=True,
+            ) from None
+
+    async def _read_and_commit(self, url: str, headers: dict[str, str]) -> ReadResult:
+        """Connect, read until an outcome, and commit what was read, whatever ends it."""
         try:
             outcome = await self._connect(url, headers)
         except asyncio.CancelledError:
@@ -358,6 +385,11 @@ class _Connection:
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
         if start.cursor:
             self.decoder.last_event_id = start.cursor
+        floor = start.context.floor
+        if start.cursor and is_newer(floor, start.cursor, self.order):
+            # A replay below the newest stored id: skip what is stored (durable_sse.stored).
+            self.intake.stored = StoredAhead(self.order, start=start.cursor)
+            self._fetch_stored()
         self._heartbeat(force=True)
 
     def _redact(self, url: str) -> str:
@@ -527,6 +559,12 @@ class _Connection:
                         f"{error}; the stream is parked until resumed"
                     ) from None
                 intake.take(items, received_at=datetime.now(UTC), now=now)
+                if intake.stored is not None:
+                    self._fetch_stored()
+                    if intake.stored.fetching:
+                        # Reading chunk after chunk from the queue never yields to the
+                        # event loop: let the page being fetched land before it is needed.
+                        await asyncio.sleep(0)
                 intake.poll(now)
                 await self._submit_ready()
                 if intake.outcome is not None:
@@ -549,6 +587,41 @@ class _Connection:
             budget = min(budget, deadline)
         return max(budget, 0.0)
 
+    # -- stored keys ahead of a replay ---------------------------------------------
+
+    def _fetch_stored(self) -> None:
+        """Fetch the next page of stored keys in the background, if one is due."""
+        intake = self.intake
+        assert intake is not None and intake.stored is not None
+        stored = intake.stored
+        after = stored.next_fetch(intake.last_read)
+        if after is None:
+            return
+        stored.fetching = True
+        task = asyncio.create_task(
+            self.reader.event_log.stored_keys(
+                self.stream, self.order, after=after, limit=stored.page_rows
+            )
+        )
+        task.add_done_callback(functools.partial(self._stored_fetched, stored))
+        self.fetching_stored = task
+
+    def _stored_fetched(self, stored: StoredAhead, task: asyncio.Task[StoredPage]) -> None:
+        if task.cancelled():
+            stored.give_up()
+        elif (error := task.exception()) is not None:
+            # An optimisation only: everything is written (ON CONFLICT) from here on.
+            activity.logger.info("stream %s: stored keys not read: %s", self.stream, error)
+            stored.give_up()
+        else:
+            stored.add(task.result())
+
+    async def stop_fetching_stored(self) -> None:
+        task = self.fetching_stored
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
     # -- persisting ----------------------------------------------------------------
 
     async def _submit_ready(self) -> None:
@@ -563,6 +636,12 @@ class _Connection:
 
     def _submit_nowait(self, batch: Batch) -> None:
         """Queue a batch for commit now; it commits after the ones before it."""
+        previous = self.inflight[-1] if self.inflight else None
+        if not batch.records and not batch.gap_changes:
+            # Nothing to write (a replay's stored events, skipped): its cursor moves once
+            # the batches before it committed, with no transaction of its own.
+            self.inflight.append(asyncio.create_task(self._persist(previous, None, batch)))
+            return
         job = self.reader.event_log.submit_batch(
             self.stream,
             self.order,
@@ -571,7 +650,6 @@ class _Connection:
             gap_changes=batch.gap_changes,
         )
         self.last_job = job
-        previous = self.inflight[-1] if self.inflight else None
         self.inflight.append(asyncio.create_task(self._persist(previous, job, batch)))
 
     async def _flush(self) -> None:
@@ -589,18 +667,22 @@ class _Connection:
             await self._heartbeating(last)
 
     async def _persist(
-        self, previous: asyncio.Task[None] | None, job: CommitJob, batch: Batch
+        self, previous: asyncio.Task[None] | None, job: CommitJob | None, batch: Batch
     ) -> None:
         started = time.monotonic()
         try:
-            inserted = await self.reader.event_log.committed(job)
+            if job is None:
+                inserted = InsertResult(new_rows=0, duplicates=0)
+            else:
+                inserted = await self.reader.event_log.committed(job)
         finally:
             if previous is not None:
                 await previous  # cursors move in commit order, so only ever forward
         assert self.intake is not None
-        self.metrics.batch_persist.record(time.monotonic() - started)
+        if job is not None:
+            self.metrics.batch_persist.record(time.monotonic() - started)
         self.metrics.events_persisted.add(inserted.new_rows)
-        self.metrics.duplicates.add(inserted.duplicates)
+        self.metrics.duplicates.add(inserted.duplicates + batch.skipped)
         if batch.recovered:
             self.metrics.events_recovered.add(inserted.new_rows)
         if batch.records:
@@ -615,7 +697,7 @@ class _Connection:
             self.reader.l2.submit(self.stream, cursor, self.order)
             if first:
                 # A retry of a connection with no cursor starts from its first id.
-                self.first_id = batch.records[0].event_id or cursor
+                self.first_id = (batch.records[0].event_id if batch.records else "") or cursor
         self._heartbeat(force=first and self.first_id is not None)
 
     def _heartbeat(self, *, force: bool = False) -> None:

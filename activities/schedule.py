@@ -56,6 +56,8 @@ class ScheduleActivities:
         advance = AdvanceInput(
             stream=StreamRef(name=spec.name, id_order=spec.id_order),
             replay_window=spec.replay_window,
+            retention=spec.retention,
+            retention_declared=True,
         )
         return Schedule(
             action=ScheduleActionStartWorkflow(

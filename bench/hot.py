@@ -29,6 +29,8 @@ from bench.common import (
 )
 from bench.temporal_stack import Temporal
 from durable_sse.contracts import ReplaySignal
+from durable_sse.eventlog import _COPY_LOG_SQL, EventLog, EventRecord, _rows
+from durable_sse.ids import IdOrder
 from durable_sse.l2 import cursor_key
 from durable_sse.spec import StreamSpec
 
@@ -63,6 +65,8 @@ class HotResult:
     batch_size: Figures = field(default_factory=Figures)
     """Cores busy machine-wide over the same interval (everything: PG, Temporal, source)."""
     cost: Cost = field(default_factory=Cost)
+    streams: list[str] = field(default_factory=list)
+    """The runs' stream names (their rows are the direct-COPY ceiling's input)."""
 
 
 async def _cursor(redis: aioredis.Redis, name: str) -> int:
@@ -148,6 +152,7 @@ async def hot_run(
     await asyncio.sleep(0.6)  # the probe file is rewritten every 0.25 s
     probe_after, xact_after = temporal.probe(), await _xact_commit(running)
 
+    result.streams.append(name)
     first, nth, rows = await _first_and_nth(running, name, events)
     result.rate.values.append((events - 1) / (nth - first))
     result.batch_size.values.append(persisted_in_window / commits)
@@ -181,6 +186,49 @@ async def _first_and_nth(running: Stack, name: str, n: int) -> tuple[float, floa
         running.psycopg_url, "SELECT count(*) FROM sse_events WHERE stream = %s", (name,)
     )
     return float(rows[0][0]), float(nth[0][0]), int(total[0][0])
+
+
+async def copy_ceiling(running: Stack, stream: str, *, events: int, batch: int) -> float:
+    """Rows/s of COPY straight into ``sse_events``: the write path's ceiling.
+
+    The hot run's own first ``events`` rows, read back, are written again under a new
+    stream name the way the production writer writes a live batch (``_rows`` and binary
+    COPY, in a database thread), ``batch`` rows per committed transaction, one after
+    another: no decoding, no staging, no conflict handling, no cursors.
+    """
+    stored = await pg_query(
+        running.psycopg_url,
+        "SELECT event_id, event_ord, follower_key, event_type, data, received_at "
+        "FROM sse_events WHERE stream = %s ORDER BY seq LIMIT %s",
+        (stream, events),
+    )
+    records = [
+        EventRecord(
+            event_id=event_id,
+            event_ord=ordinal,
+            event_type=event_type,
+            data=data,
+            received_at=received_at,
+            follower_key=bytes(follower) if follower is not None else None,
+        )
+        for event_id, ordinal, follower, event_type, data, received_at in stored
+    ]
+    target = f"ceiling-{uuid.uuid4().hex[:8]}"
+    log = EventLog(running.database_url)
+    try:
+
+        def write(chunk: list[EventRecord]) -> None:
+            rows = _rows(target, IdOrder.NUMERIC, chunk)
+            with log.engine.begin() as connection:
+                log._copy_rows(connection, _COPY_LOG_SQL, rows, skip=1)
+
+        started = time.perf_counter()
+        for start in range(0, len(records), batch):
+            await asyncio.to_thread(write, records[start : start + batch])
+        elapsed = time.perf_counter() - started
+    finally:
+        await log.close()
+    return len(records) / elapsed
 
 
 # -- (5) replay ---------------------------------------------------------------------------

@@ -178,21 +178,46 @@ async def _hot_rows(
         label = "per-event flush" if flush == "event" else "bulk writes"
         settings = f"batch {batch}/{args.batch_delay * 1000:g} ms"
         rows.append(Row("2", f"durable e2e, {label}, {settings} (ev/s)", result.rate.fmt()))
+        # The write path's ceiling in this run: the same rows, COPYed straight into the
+        # same schema in transactions of the size the hot runs committed, one per run.
+        copy_batch = max(1, round(result.batch_size.median))
+        copy = Figures()
+        for stream in result.streams:
+            copy.values.append(
+                await hot.copy_ceiling(
+                    running,  # type: ignore[arg-type]
+                    stream,
+                    events=sizes.hot_events,
+                    batch=copy_batch,
+                )
+            )
+        rows.append(
+            Row(
+                "2", f"direct COPY ceiling, same rows, {copy_batch:,} per commit (ev/s)", copy.fmt()
+            )
+        )
+        copy_ratio = Figures([v / copy.median for v in result.rate.values])
+        rows.append(
+            Row(
+                "2",
+                f"durable / direct-COPY ceiling, {label}",
+                copy_ratio.fmt(digits=2),
+                ">= 0.8",
+                verdict(copy_ratio.median >= 0.8),
+            )
+        )
         base = ceiling.get(flush)
         if base:
             ratio = Figures([v / base for v in result.rate.values])
-            if flush == "event":
-                rows.append(
-                    Row(
-                        "2",
-                        "durable / httpx-sse, per-event flush",
-                        ratio.fmt(digits=2),
-                        ">= 0.8",
-                        verdict(ratio.median >= 0.8),
-                    )
+            rows.append(
+                Row(
+                    "2",
+                    f"durable / httpx-sse, {label}",
+                    ratio.fmt(digits=2),
+                    ">= 0.5",
+                    verdict(ratio.median >= 0.5),
                 )
-            else:
-                rows.append(Row("2", "durable / httpx-sse, bulk writes", ratio.fmt(digits=2)))
+            )
         if flush == "bulk":
             rows.append(
                 Row(

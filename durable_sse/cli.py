@@ -22,6 +22,7 @@ from temporalio.client import Client
 from durable_sse import control
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.http import host_allowed, redact_url
+from durable_sse.retention import describe as retention_text
 from durable_sse.settings import Settings
 from durable_sse.spec import StreamSpec, load_streams, parse_replay_signal, spec_differences
 from durable_sse.temporal_client import CLIENT_ENVIRONMENT
@@ -45,6 +46,8 @@ ENVIRONMENT = {
     "REDIS_CURSOR_TTL_DAYS": "days a stream's Redis cursor lives (default 7)",
     "REDIS_TIMEOUT": "seconds a Redis call may take before it is skipped (default 0.5)",
     "SSE_METRICS_PORT": "serve Prometheus metrics on this port (default: off)",
+    "DURABLE_SSE_RETENTION": "keep events this long, e.g. 30d, for streams without a "
+    "retention of their own (default: forever)",
 }
 CLIENT_VARIABLES = (*CLIENT_ENVIRONMENT, "DURABLE_SSE_PAYLOAD_KEY")
 """What every client command reads (all commands also refuse a malformed value of any
@@ -308,6 +311,7 @@ STATUS_COLUMNS = (
     ("open gaps", control.open_gaps_text),
     ("recovered", lambda s: s["counters"]["events_recovered"]),
     ("lost", lambda s: control.lost_text(s["counters"])),
+    ("retention", lambda s: retention_text(s.get("retention"))),
     ("last error", lambda s: s.get("last_error") or ""),
 )
 ERROR_INDENT = "    "

@@ -185,6 +185,51 @@ class AdvanceInput:
     replay_window: float
     now: str | None = None
     """ISO time to measure the window from (the schedule's action time); None = now."""
+    retention: float | None = None
+    """The stream's own ``retention`` (None: the worker's ``DURABLE_SSE_RETENTION``)."""
+    retention_declared: bool = False
+    """The schedule was built by a version that knows retention, so ``retention`` None
+    means "not set". A schedule from before leaves retention alone (deleting is
+    irreversible: a stream's own setting must never be mistaken for unset); it is brought
+    up to date when its stream starts again."""
+
+
+@dataclass
+class RetentionInput:
+    stream: StreamRef
+    replay_window: float
+    retention: float | None = None
+    """The stream's own ``retention`` (None: the worker's)."""
+    now: str | None = None
+    """ISO time the retention is measured back from (the checkpoint run's start)."""
+
+
+@dataclass
+class RetentionStatus:
+    """What retention did to a stream (the ``retention`` activity's result, the
+    ``retention`` signal's payload, part of ``status``)."""
+
+    retention: float | None = None
+    """Seconds kept (None: forever, nothing is deleted)."""
+    source: str | None = None
+    """``stream`` (its own ``retention``) or ``worker`` (``DURABLE_SSE_RETENTION``)."""
+    deleted_rows: int = 0
+    """Rows deleted since the stream's first retention run."""
+    deleted_last_run: int = 0
+    complete: bool = True
+    """The last run deleted everything old enough (False: it stopped at its batch limit
+    and the next run goes on)."""
+    held_by: str | None = None
+    """What keeps younger rows: ``lagging`` (the lagging id), ``gap`` (the oldest open
+    gap's start), ``no-lagging-id``."""
+    keep_from: str | None = None
+    """The fence: this id and every newer one stay whatever their age."""
+    horizon_id: str | None = None
+    """The newest id deleted: re-sent ids at or before it are duplicates."""
+    oldest_kept_id: str | None = None
+    oldest_kept_at: str | None = None
+    """ISO receive time of the oldest row still stored."""
+    run_at: str | None = None
 
 
 @dataclass
@@ -194,6 +239,8 @@ class AdvanceResult:
     held_by_gap: bool = False
     """An open gap keeps the lagging id at or before its resume point."""
     cap_id: str | None = None
+    retention: RetentionStatus | None = None
+    """What the run's retention step did (None: it did not run)."""
 
 
 @dataclass
@@ -272,3 +319,5 @@ class StreamStatus:
     none yet); cursor, counters, gaps and lagging id include that report."""
     commit_lag: float | None = None
     """The running connection's last reported commit lag, seconds."""
+    retention: RetentionStatus | None = None
+    """The last checkpoint run's retention report (None: none yet, or none configured)."""

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 EVENTS_TABLE = "sse_events"
 CHECKPOINTS_TABLE = "sse_checkpoints"
 GAPS_TABLE = "sse_gaps"
+RETENTION_TABLE = "sse_retention"
 SCHEMA_TABLE = "sse_schema"
 SCHEMA_VERSION = 3
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
@@ -163,6 +164,26 @@ class SSEGap(SQLModel, table=True):
     detail: str = Field(default="", sa_column=sa.Column(sa.String, nullable=False))
 
 
+class SSERetention(SQLModel, table=True):
+    """What retention has deleted from a stream (see :mod:`durable_sse.retention`).
+
+    ``horizon_key`` is the newest id key deleted: the write path drops rows at or before
+    it as duplicates, so a server re-sending deleted ids cannot store them again. A table
+    of its own (created on every start when missing, no schema version step): older
+    versions of durable-sse simply ignore it.
+    """
+
+    __tablename__ = RETENTION_TABLE
+
+    stream: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
+    horizon_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    horizon_key: bytes | None = Field(
+        default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True)
+    )
+    deleted_rows: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
+    updated_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+
+
 class SSESchema(SQLModel, table=True):
     """The schema version of this database (one row)."""
 
@@ -187,6 +208,7 @@ event.listen(
 )
 checkpoints_table: sa.Table = SSECheckpoint.__table__  # type: ignore[attr-defined]
 gaps_table: sa.Table = SSEGap.__table__  # type: ignore[attr-defined]
+retention_table: sa.Table = SSERetention.__table__  # type: ignore[attr-defined]
 schema_table: sa.Table = SSESchema.__table__  # type: ignore[attr-defined]
 
 STAGING_COLUMNS = (
@@ -316,6 +338,7 @@ def _migrate(connection: Connection) -> None:
             connection, tables=[events_table, checkpoints_table, gaps_table, schema_table]
         )
         _set_version(connection, SCHEMA_VERSION)
+        retention_table.create(connection, checkfirst=True)
         return
     if version > SCHEMA_VERSION:
         raise StoreError(
@@ -326,6 +349,7 @@ def _migrate(connection: Connection) -> None:
         logger.info("migrating the schema from version %d to %d", step, step + 1)
         MIGRATIONS[step](connection)
         _set_version(connection, step + 1)
+    retention_table.create(connection, checkfirst=True)
 
 
 def _set_version(connection: Connection, version: int) -> None:

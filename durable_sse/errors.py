@@ -7,6 +7,8 @@
     ├── PlaintextPayloadError  (durable_sse.codec; also a non-retryable ApplicationError)
     │                          an unencrypted payload where a payload key is set
     ├── StoreError             a store (database, Redis) could not be reached or refused a write
+    │   └── BatchRefusedError  the database refused a batch for its own rows (a trigger, a
+    │                          constraint, a value it cannot hold); the stream parks
     ├── EmbeddedServiceError   a throwaway PostgreSQL or redis-server could not start or stop
     └── StreamError            the SSE server or the bytes it sent cannot be consumed
         ├── LineTooLongError   a line exceeded ``max_line_bytes``
@@ -35,6 +37,12 @@ class ConfigError(DurableSSEError, ValueError):
 
 class StoreError(DurableSSEError):
     """A store could not be reached or refused an operation."""
+
+
+class BatchRefusedError(StoreError):
+    """The database refused one batch for what its rows hold; the other streams' rows of
+    its group committed. Writing the same rows again would be refused again, so the
+    stream parks with this message until someone changes the database and resumes it."""
 
 
 class EmbeddedServiceError(DurableSSEError):

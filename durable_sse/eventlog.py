@@ -26,7 +26,8 @@ import asyncio
 import functools
 import logging
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from durable_sse.commits import CommitGroup, CommitJob, CommitQueue
 from durable_sse.contracts import AdvanceResult, CheckpointState
 from durable_sse.db import (
     EVENTS_TABLE,
+    RETENTION_TABLE,
     STAGING_COLUMNS,
     STAGING_TABLE,
     checkpoints_table,
@@ -53,9 +55,10 @@ from durable_sse.db import (
     from_db_time,
     gaps_table,
     make_engine,
+    retention_table,
     to_utc,
 )
-from durable_sse.errors import StoreError
+from durable_sse.errors import BatchRefusedError, StoreError
 from durable_sse.followers import CARRIER_KEY, FOLLOWER_WINDOW, follower_key
 from durable_sse.gaps import (
     Gap,
@@ -70,7 +73,15 @@ from durable_sse.gaps import (
     numeric_span,
     summarize,
 )
-from durable_sse.ids import IdOrder, contiguous_number, sort_key
+from durable_sse.ids import IdOrder, contiguous_number, key_function, sort_key
+from durable_sse.retention import (
+    BATCH_ROWS,
+    HELD_BY_NO_LAGGING,
+    MAX_BATCHES,
+    Fence,
+    retention_fence,
+)
+from durable_sse.stored import StoredPage
 
 logger = logging.getLogger(__name__)
 
@@ -98,9 +109,16 @@ _COPY_TYPES = (
 )
 """Binary COPY: a third of text COPY's client time per row (``bench/lean_log.py``)."""
 _RETURNING = " RETURNING stream, event_id, follower_key"
+_STORED_KEYS_SQL = (
+    f"SELECT event_id, follower_key FROM {EVENTS_TABLE} "
+    "WHERE stream = %s AND id_key IS NOT NULL AND {after} ORDER BY id_key LIMIT %s"
+)
 _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+_HORIZONS_SQL = (
+    f"SELECT stream, horizon_key FROM {RETENTION_TABLE} WHERE horizon_key IS NOT NULL AND "
 )
 _WORKERS = 16
 """Threads for database calls: the commit lanes plus checkpoint reads and writes."""
@@ -119,9 +137,13 @@ integrity constraint, program limit (a key too large for its index), a PL/pgSQL
 ``RAISE`` (a trigger that refuses rows)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EventRecord:
-    """One event as the reader hands it over for persisting."""
+    """One event as the reader hands it over for persisting; never changed once made.
+
+    Not frozen: a frozen dataclass costs more than twice as much to build, and the
+    reader builds one per event.
+    """
 
     event_id: str
     """The id in force ("" when none: such events are never deduplicated)."""
@@ -134,6 +156,9 @@ class EventRecord:
     follower_key: bytes | None = None
     """What tells an id-less follower apart (``durable_sse.followers.FollowerKeys``, which
     counts identical followers on the connection); None: derived from type and data."""
+    id_key: bytes | None = None
+    """``sort_key(event_id, order)`` when the reader computed it already (None: computed
+    here); the stream's id order is the only one a batch is written with."""
 
 
 @dataclass(frozen=True)
@@ -286,6 +311,21 @@ class EventLog:
             limit,
         )
 
+    async def stored_keys(
+        self, stream: str, id_order: str, *, after: str | None, limit: int
+    ) -> StoredPage:
+        """The keys of the first ``limit`` stored rows after ``after`` in id order, in one
+        indexed query (``(stream, id_key)``): what a replay need not write again
+        (:mod:`durable_sse.stored`)."""
+        return await self._run(
+            f"read the stored keys of stream {stream!r}",
+            self._stored_keys_sync,
+            stream,
+            IdOrder(id_order),
+            after,
+            limit,
+        )
+
     async def get_checkpoint(self, stream: str) -> CheckpointState | None:
         return await self._run(
             f"read the checkpoint of stream {stream!r}", self._get_checkpoint_sync, stream
@@ -347,6 +387,74 @@ class EventLog:
     async def gaps(self, stream: str) -> list[Gap]:
         """Every gap record of the stream, oldest first (tests and the status tools)."""
         return await self._run(f"read the gaps of stream {stream!r}", self._gaps_sync, stream)
+
+    async def apply_retention(
+        self,
+        stream: str,
+        id_order: str,
+        *,
+        cutoff: datetime,
+        batch_rows: int = BATCH_ROWS,
+        max_batches: int = MAX_BATCHES,
+        between: Callable[[int], Awaitable[None]] | None = None,
+    ) -> RetentionRun:
+        """Delete the stream's rows received before ``cutoff``, in bounded batches, never
+        one at or after the fence (:func:`durable_sse.retention.retention_fence`).
+
+        At most ``max_batches`` transactions of at most ``batch_rows`` rows each;
+        ``between(deleted so far)`` is awaited between them (the activity heartbeats).
+        Rows go in ``seq`` order from the oldest and the run stops at the first row
+        received at or after ``cutoff``: the primary key ``(stream, seq)`` (PostgreSQL),
+        ``ix_sse_events_stream_seq`` (SQLite) serves every statement, and no statement
+        reads more than ``batch_rows`` rows. ``received_at`` has no index of its own (it
+        would cost every insert); arrival order is time order to within a batch, and a
+        row received out of that order merely waits for a later run.
+        """
+        order = IdOrder(id_order)
+        cutoff = to_utc(cutoff)
+        plan = await self._run(
+            f"plan retention of stream {stream!r}",
+            self._retention_plan_sync,
+            stream,
+            order,
+            cutoff,
+        )
+        deleted = statements = 0
+        longest = 0.0
+        after: int | None = None
+        complete = plan.nothing
+        while not complete and statements < max_batches:
+            if statements and between is not None:
+                await between(deleted)
+            batch = await self._run(
+                f"delete old events of stream {stream!r}",
+                self._delete_batch_sync,
+                stream,
+                plan,
+                after,
+                batch_rows,
+            )
+            statements += 1
+            deleted += batch.deleted
+            longest = max(longest, batch.longest)
+            after = batch.last_seq
+            complete = batch.done
+        state = await self.retention_state(stream)
+        return RetentionRun(
+            deleted=deleted,
+            batches=statements,
+            complete=complete,
+            held_by=plan.fence.held_by,
+            keep_from=plan.fence.keep_from,
+            longest_statement=longest,
+            state=state,
+        )
+
+    async def retention_state(self, stream: str) -> RetentionState:
+        """What retention has deleted from the stream so far, and its oldest row kept."""
+        return await self._run(
+            f"read the retention of stream {stream!r}", self._retention_state_sync, stream
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -459,7 +567,7 @@ class EventLog:
             error_summary(error),
         )
         job.failed = True
-        job.error = StoreError(
+        job.error = BatchRefusedError(
             f"{self._where} refused a batch of stream {job.stream!r}: {error_summary(error)} "
             "(the other streams' batches of its group, if any, committed)"
         )
@@ -552,10 +660,18 @@ class EventLog:
         """
         rows: list[tuple[Any, ...]] = []
         spans: list[tuple[int, int]] = []
+        horizons = self._horizons(connection, jobs)
+        # ``pos`` of the next row: unique and increasing across the group whatever the
+        # horizon filter leaves out (``seq`` follows it).
+        position = 0
         for job in jobs:
             order, events = job.payload.order, job.payload.events
             start = len(rows)
-            rows.extend(_rows(job.stream, order, events, start=start, clean=clean))
+            batch_rows = _rows(job.stream, order, events, start=position, clean=clean)
+            position += len(events)
+            if job.stream in horizons:
+                batch_rows = _after_horizon(batch_rows, horizons[job.stream])
+            rows.extend(batch_rows)
             spans.append((start, len(rows)))
             if newest is not None:
                 keys = [row[5] for row in rows[start:] if row[5] is not None]
@@ -704,6 +820,38 @@ class EventLog:
             )
             for row in rows
         ]
+
+    def _stored_keys_sync(
+        self, stream: str, order: IdOrder, after: str | None, limit: int
+    ) -> StoredPage:
+        after_key = None if after is None else sort_key(after, order)
+        with self._begin() as connection:
+            if self.dialect == "postgresql":
+                # Plain tuples straight from the driver (a page is thousands of rows), and
+                # the index's order: with no statistics yet (a young table) PostgreSQL
+                # would read every row after the key and sort them, 50 times slower.
+                with _driver(connection).cursor() as cursor:
+                    cursor.execute("SET LOCAL enable_sort = off")
+                    if after_key is None:
+                        cursor.execute(_STORED_KEYS_SQL.format(after="TRUE"), (stream, limit))
+                    else:
+                        cursor.execute(
+                            _STORED_KEYS_SQL.format(after="id_key > %s"),
+                            (stream, after_key, limit),
+                        )
+                    rows: list[Any] = cursor.fetchall()
+            else:
+                events = events_table
+                query = (
+                    sa.select(events.c.event_id, events.c.follower_key)
+                    .where(events.c.stream == stream, events.c.id_key.is_not(None))
+                    .order_by(events.c.id_key)
+                    .limit(limit)
+                )
+                if after_key is not None:
+                    query = query.where(events.c.id_key > after_key)
+                rows = [tuple(row) for row in connection.execute(query)]
+        return StoredPage(keys=rows, full=len(rows) >= limit)
 
     # -- checkpoint -----------------------------------------------------------------
 
@@ -951,6 +1099,230 @@ class EventLog:
             )
             return [_gap_from_row(row) for row in rows]
 
+    # -- retention ------------------------------------------------------------------
+
+    def _horizons(self, connection: Connection, jobs: list[CommitJob]) -> dict[str, bytes]:
+        """Each stream's retention horizon (streams retention never touched: absent).
+
+        On the write path, once per group transaction: plain driver SQL, a fifth of what
+        the same query costs through SQLAlchemy (about 50 us on PostgreSQL, see
+        ``bench/retention.py``).
+        """
+        streams = sorted({job.stream for job in jobs if job.payload.events})
+        if not streams:
+            return {}
+        if self.dialect == "postgresql":
+            with _driver(connection).cursor() as cursor:
+                cursor.execute(_HORIZONS_SQL + "stream = ANY(%s)", [streams])
+                rows = cursor.fetchall()
+        else:
+            marks = ", ".join("?" for _ in streams)
+            rows = connection.exec_driver_sql(
+                _HORIZONS_SQL + f"stream IN ({marks})", tuple(streams)
+            ).all()
+        return {stream: bytes(key) for stream, key in rows}
+
+    def _retention_plan_sync(self, stream: str, order: IdOrder, cutoff: datetime) -> _RetentionPlan:
+        events = events_table
+        with self._begin() as connection:
+            lagging = connection.execute(
+                sa.select(checkpoints_table.c.lagging_id).where(
+                    checkpoints_table.c.stream == stream
+                )
+            ).scalar_one_or_none()
+            fence = retention_fence(lagging, self._open_gaps(connection, stream), order)
+            if not fence.ids_deletable:
+                # Only a stream that never stored an id may lose rows without a fence
+                # (such rows are never replayed nor deduplicated): keep everything else.
+                has_ids = connection.execute(_newest_row(stream, events.c.seq)).scalar_one_or_none()
+                nothing = has_ids is not None or fence.held_by != HELD_BY_NO_LAGGING
+                return _RetentionPlan(fence, None, None, cutoff, nothing=nothing)
+            assert fence.keep_from is not None
+            key = sort_key(fence.keep_from, order)
+            end_seq = connection.execute(
+                sa.select(sa.func.min(events.c.seq)).where(
+                    events.c.stream == stream, events.c.id_key == key
+                )
+            ).scalar_one_or_none()
+            if end_seq is None:  # the fence id is not stored: the first id after it
+                end_seq = connection.execute(
+                    sa.select(events.c.seq)
+                    .where(events.c.stream == stream, events.c.id_key > key)
+                    .order_by(events.c.id_key)
+                    .limit(1)
+                ).scalar_one_or_none()
+        return _RetentionPlan(fence, key, end_seq, cutoff)
+
+    def _delete_batch_sync(
+        self, stream: str, plan: _RetentionPlan, after: int | None, limit: int
+    ) -> _RetentionBatch:
+        """One transaction: read the next ``limit`` rows in ``seq`` order, delete those
+        older than the cutoff and before the fence, and count them with the horizon."""
+        events, cutoff = events_table, plan.cutoff
+        lower = [events.c.stream == stream]
+        if after is not None:
+            lower.append(events.c.seq > after)
+        where = list(lower)
+        if plan.end_seq is not None:
+            where.append(events.c.seq < plan.end_seq)
+        longest = 0.0
+        with self._begin() as connection:
+            # A write first: on SQLite the batch then reads and deletes under the write
+            # lock, one snapshot (the DELETE re-checks every condition all the same).
+            self._ensure_retention_row(connection, stream)
+            started = time.monotonic()
+            rows = connection.execute(
+                sa.select(events.c.seq, events.c.id_key, events.c.received_at)
+                .where(*where)
+                .order_by(events.c.seq)
+                .limit(limit)
+            ).all()
+            longest = time.monotonic() - started
+            last_seq, doomed, newest_key, young = after, 0, None, False
+            for row in rows:
+                if (from_db_time(row.received_at) or cutoff) >= cutoff:
+                    young = True
+                    break
+                last_seq = row.seq
+                key = None if row.id_key is None else bytes(row.id_key)
+                if key is None or (plan.fence_key is not None and key < plan.fence_key):
+                    doomed += 1
+                    if key is not None and (newest_key is None or key > newest_key):
+                        newest_key = key
+            done = young or len(rows) < limit
+            if not doomed:
+                return _RetentionBatch(0, last_seq, done, longest)
+            horizon_id = None
+            if newest_key is not None:
+                horizon_id = connection.execute(
+                    sa.select(events.c.event_id)
+                    .where(events.c.stream == stream, events.c.id_key == newest_key)
+                    .limit(1)
+                ).scalar_one()
+            kept = (
+                events.c.id_key.is_(None)
+                if plan.fence_key is None
+                else sa.or_(events.c.id_key.is_(None), events.c.id_key < plan.fence_key)
+            )
+            started = time.monotonic()
+            result = connection.execute(
+                sa.delete(events).where(
+                    *lower,
+                    events.c.seq <= last_seq,
+                    events.c.received_at < cutoff,
+                    kept,
+                )
+            )
+            longest = max(longest, time.monotonic() - started)
+            deleted = max(result.rowcount, 0)
+            self._count_deleted(connection, stream, deleted, newest_key, horizon_id)
+        return _RetentionBatch(deleted, last_seq, done, longest)
+
+    def _count_deleted(
+        self,
+        connection: Connection,
+        stream: str,
+        deleted: int,
+        newest_key: bytes | None,
+        horizon_id: str | None,
+    ) -> None:
+        table, now = retention_table, datetime.now(UTC)
+        connection.execute(
+            sa.update(table)
+            .where(table.c.stream == stream)
+            .values(deleted_rows=table.c.deleted_rows + deleted, updated_at=now)
+        )
+        if newest_key is not None:
+            connection.execute(
+                sa.update(table)
+                .where(
+                    table.c.stream == stream,
+                    sa.or_(table.c.horizon_key.is_(None), table.c.horizon_key < newest_key),
+                )
+                .values(horizon_key=newest_key, horizon_id=horizon_id)
+            )
+
+    def _ensure_retention_row(self, connection: Connection, stream: str) -> None:
+        connection.execute(
+            self._insert_stmt()(retention_table)
+            .values(stream=stream, deleted_rows=0, updated_at=datetime.now(UTC))
+            .on_conflict_do_nothing(index_elements=["stream"])
+        )
+
+    def _retention_state_sync(self, stream: str) -> RetentionState:
+        events, table = events_table, retention_table
+        with self._begin() as connection:
+            row = connection.execute(
+                sa.select(table.c.deleted_rows, table.c.horizon_id).where(table.c.stream == stream)
+            ).first()
+            oldest = connection.execute(
+                sa.select(events.c.event_id, events.c.received_at)
+                .where(events.c.stream == stream)
+                .order_by(events.c.seq)
+                .limit(1)
+            ).first()
+        return RetentionState(
+            deleted_rows=int(row.deleted_rows) if row is not None else 0,
+            horizon_id=row.horizon_id if row is not None else None,
+            oldest_kept_id=oldest.event_id if oldest is not None else None,
+            oldest_kept_at=from_db_time(oldest.received_at) if oldest is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class RetentionState:
+    """What retention has done to a stream, as the store has it now."""
+
+    deleted_rows: int = 0
+    """Rows deleted since the stream's first retention run."""
+    horizon_id: str | None = None
+    """The newest id deleted: rows re-sent at or before it are dropped as duplicates."""
+    oldest_kept_id: str | None = None
+    """Id of the oldest row still stored (in arrival order; "" for a row with no id)."""
+    oldest_kept_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RetentionRun:
+    """One :meth:`EventLog.apply_retention`."""
+
+    deleted: int
+    batches: int
+    complete: bool
+    """Nothing more was old enough (False: ``max_batches`` ran out; the next run goes on)."""
+    held_by: str
+    keep_from: str | None
+    """The fence: this id and newer ones stay whatever their age."""
+    longest_statement: float
+    """Seconds of the longest statement of the run (a select or a delete)."""
+    state: RetentionState
+
+
+@dataclass(frozen=True)
+class _RetentionPlan:
+    fence: Fence
+    fence_key: bytes | None
+    end_seq: int | None
+    """Rows from this seq on stay (the fence row's); None: no bound from the fence."""
+    cutoff: datetime
+    nothing: bool = False
+    """Nothing may go at all (ids stored but no fence yet)."""
+
+
+@dataclass(frozen=True)
+class _RetentionBatch:
+    deleted: int
+    last_seq: int | None
+    done: bool
+    longest: float
+
+
+def _after_horizon(rows: list[tuple[Any, ...]], horizon: bytes) -> list[tuple[Any, ...]]:
+    """The staging rows whose id key sorts after the retention horizon (or that carry no
+    id): the others were deleted by retention, and storing them again would make them new
+    rows. (``pos`` may skip numbers afterwards: it only orders the rows.)"""
+    return [row for row in rows if row[5] is None or row[5] > horizon]
+
 
 class _SqlStoredIds:
     """``gaps.StoredIds`` over one transaction: what a closing gap counts exactly."""
@@ -1130,7 +1502,11 @@ def _rows(
     replaces them with U+FFFD in ids and types.
     """
     rows = []
+    keyed = key_function(order)
+    received, received_utc = None, None
     for pos, record in enumerate(events, start):
+        if record.received_at is not received:  # one timestamp per chunk read, mostly
+            received, received_utc = record.received_at, to_utc(record.received_at)
         event_id, event_type = record.event_id, record.event_type
         if clean:
             event_id, event_type = _clean_text(event_id), _clean_text(event_type)
@@ -1138,7 +1514,7 @@ def _rows(
         follower: bytes | None = None
         ordinal = None
         if event_id:
-            key = sort_key(event_id, order)
+            key = record.id_key if record.id_key is not None and not clean else keyed(event_id)
             ordinal = record.event_ord
             follower = _follower_key(record) if ordinal is not None else None
         data, data_bytes = _storable_data(record.data, clean=clean)
@@ -1153,7 +1529,7 @@ def _rows(
                 event_type,
                 data,
                 data_bytes,
-                to_utc(record.received_at),
+                received_utc,
             )
         )
     return rows

@@ -17,10 +17,13 @@ first id read after the signal; while it is unknown, at or before ``notice_id`` 
 as repairs are concerned). A notice does not say where the hole is (a server may
 announce late), so ``start_id`` is conservative: the connection's start cursor, or the
 id it read one replay window ago if it has read for longer. A notice is assumed to speak
-of what the connection was sent within the last replay window. The lagging id never
-*moves* past an open gap; a late notice (the server announced after the repair that
-skipped it had already been taken as proof) can open a gap behind it, and then the
-lagging id waits where it is until that gap is closed.
+of what the connection was sent within the last replay window; one that comes before the
+connection's first event can only be about the ids between the cursor and the first id
+after it, and with contiguous ids the store narrows it to those not stored
+(:func:`attribute_early_notice`). The lagging id never *moves* past an open gap; a late
+notice (the server announced after the repair that skipped it had already been taken as
+proof) can open a gap behind it, and then the lagging id waits where it is until that gap
+is closed.
 
 Evidence. A connection that sent cursor C *reached* C when the server's first event shows
 its history goes back that far (for contiguous ids: the first id is C + 1; else the
@@ -164,6 +167,10 @@ class GapChange:
     """A connection re-read past the gap's end (or nothing of it is reachable): close it."""
     contiguous: bool = False
     """The stream's ids are contiguous integers: count what is missing exactly."""
+    early_floor: str | None = None
+    """Set with ``end_id`` when the gap's notice came before the connection's first event
+    (contiguous ids): the newest stored id the connection knew of. The store narrows the
+    gap to the ids really missing (:func:`attribute_early_notice`)."""
 
 
 class StoredIds(Protocol):
@@ -208,6 +215,9 @@ def apply_change(
         record.end_id = change.end_id  # set once, also on a gap closed as it opened
     if not record.is_open:
         return record
+    if change.early_floor is not None and stored is not None and change.contiguous:
+        if _attribute(record, change.early_floor, stored=stored):
+            change = dataclasses.replace(change, close=True)  # nothing of it is missing
     lost_to = change.lost_to
     close = change.close
     if change.short_to is not None:
@@ -255,6 +265,48 @@ def _close(record: Gap, *, order: IdOrder | str, now: str, stored: StoredIds | N
         record.missing = None
     else:
         record.missing = max(record.announced - record.recovered, 0)
+
+
+def attribute_early_notice(
+    cursor: int, first_after: int, *, floor: int | None, stored: Callable[[int, int], int]
+) -> tuple[int, int]:
+    """Where the hole of a notice that came before a connection's first event lies:
+    ``(start, missing)`` -- the hole is strictly after ``start`` and strictly before
+    ``first_after``, and ``missing`` of its ids are not stored.
+
+    Contiguous ids only. A connection that sent ``cursor`` should have sent ``cursor + 1``,
+    ``cursor + 2``, ... next; it sent ``first_after`` first, after the notice. So the notice
+    (and a truncated history, if the server said so) speaks of the ids strictly between
+    the two, and nothing else: the connection had sent nothing the notice could be about.
+    Ids among them already stored (an older connection read them; typical for a replay
+    from the lagging id) are not lost. When every id from the cursor up to ``floor`` (the
+    newest stored id the connection knew of) is stored, the hole starts at ``floor``: the
+    repair starts there and the lagging id is not held behind it. ``stored(low, high)``
+    counts stored integers strictly between ``low`` and ``high``.
+    """
+    start = cursor
+    if floor is not None and cursor < floor < first_after:
+        if stored(cursor, floor + 1) == floor - cursor:
+            start = floor
+    if first_after - start <= 1:
+        return start, 0
+    return start, first_after - start - 1 - stored(start, first_after)
+
+
+def _attribute(record: Gap, floor: str, *, stored: StoredIds) -> bool:
+    """Narrow an early notice's gap to the ids really missing (see
+    :func:`attribute_early_notice`); True when none is (the gap closes as repaired)."""
+    low = contiguous_number(record.start_id) if record.start_id is not None else None
+    high = contiguous_number(record.end_id) if record.end_id is not None else None
+    if low is None or high is None or high <= low:
+        return False
+    start, missing = attribute_early_notice(
+        low, high, floor=contiguous_number(floor), stored=stored.stored_numbers_between
+    )
+    if start != low:
+        record.start_id = floor
+    record.announced = missing
+    return missing == 0
 
 
 def numeric_span(gap: Gap) -> tuple[int, int] | None:
@@ -528,6 +580,8 @@ class GapTracker:
         self._queued: list[GapChange] = []
         self._awaiting_end: Gap | None = None
         self._first_seen = False
+        self._early_notice: str | None = None
+        """The gap of a notice that came before the connection's first event."""
 
     # -- reading --------------------------------------------------------------------
 
@@ -596,7 +650,13 @@ class GapTracker:
             gap = self._awaiting_end
             if gap.end_id is None:
                 gap.end_id = event_id
-                self._queued.append(GapChange(gap.gap_id, end_id=event_id))
+                change = GapChange(gap.gap_id, end_id=event_id)
+                if gap.gap_id == self._early_notice and self.contiguous:
+                    # The notice came before any event: it speaks of the ids between the
+                    # cursor and this one only. The store narrows it to what is missing.
+                    change.contiguous = True
+                    change.early_floor = self.context.floor or gap.start_id
+                self._queued.append(change)
             self._awaiting_end = None
         self.last_id = event_id
 
@@ -657,6 +717,8 @@ class GapTracker:
             detail=detail,
         )
         self._awaiting_end = gap
+        if not self._first_seen and self.cursor is not None and start == self.cursor:
+            self._early_notice = gap.gap_id
         return gap
 
     # -- writing --------------------------------------------------------------------

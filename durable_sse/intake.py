@@ -25,10 +25,11 @@ from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts,
 from durable_sse.eventlog import EventRecord
 from durable_sse.followers import FollowerKeys
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
-from durable_sse.ids import contiguous_number, is_newer
+from durable_sse.ids import contiguous_number, is_newer, key_function
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, Event
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
+from durable_sse.stored import StoredAhead
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,11 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 """Event data one batch holds at most: with a few batches in flight per connection this
 bounds a connection's memory however large its events are."""
 MAX_DETAIL = 200
+SKIPPED_PER_ROW = 16
+"""A batch of a replay covers up to this many times ``batch_max_events`` events read when
+most are skipped as stored: a batch costs a commit however few rows it holds, and a
+replay's batches would otherwise wait on commits, not on reading. Its age still cuts it
+(``batch_max_delay``), so its cursor moves as often as a live stream's."""
 
 
 @dataclass
@@ -51,6 +57,8 @@ class Batch:
     gap_changes: list[GapChange] = field(default_factory=list)
     recovered: bool = False
     """The records lie inside an open gap: their new rows are recovered rows."""
+    skipped: int = 0
+    """Events of the batch left out of ``records`` as already stored (duplicates)."""
 
 
 class Intake:
@@ -109,8 +117,12 @@ class Intake:
         self.history_confirmed = False
 
         self._pending: list[EventRecord] = []
+        self._pending_count = 0
+        """Events in the pending batch: its records and those skipped as stored."""
+        self._pending_skipped = 0
         self._pending_bytes = 0
         self._pending_last: str | None = None
+        self._pending_last_key: bytes | None = None
         self._pending_segment: frozenset[str] = frozenset()
         self._pending_since = 0.0
         self._ordinal = 0
@@ -118,6 +130,9 @@ class Intake:
         self._read_marks: deque[tuple[float, str]] = deque()
         """``(time, newest id read)`` at each batch cut: what was read when."""
         self._last_read: str | None = None
+        self._last_key = b""
+        """``sort_key`` of ``_last_read``: each id is keyed once, and ids compare as keys."""
+        self._key = key_function(spec.id_order)
         self._last_number: int | None = None
         self._drop_deadline: float | None = None
         """When the connection ends for a drop signal whose end bound has not come."""
@@ -126,6 +141,9 @@ class Intake:
         self._repaired_at: float | None = None
         """When to end a connection that closed every gap it knew of."""
         self._now = 0.0
+        self.stored: StoredAhead | None = None
+        """Keys stored ahead of a replay (set by the reader): such events are counted as
+        duplicates and become no record (see :mod:`durable_sse.stored`)."""
 
         if retried:
             self.gaps.suspect("an attempt that read here died; what it read is read again")
@@ -171,7 +189,7 @@ class Intake:
         """Time passed: cut an old pending batch; end after a notice's grace, or a
         finished repair's."""
         self._now = now
-        if self._pending and now - self._pending_since >= self.spec.batch_max_delay:
+        if self._pending_count and now - self._pending_since >= self.spec.batch_max_delay:
             self._cut()
         if self._drop_deadline is not None and now >= self._drop_deadline:
             self.outcome = Outcome.DROP_SIGNAL
@@ -181,7 +199,7 @@ class Intake:
     def next_deadline(self, now: float) -> float | None:
         """Seconds until :meth:`poll` has something to do (None: nothing pending)."""
         deadlines = []
-        if self._pending:
+        if self._pending_count:
             deadlines.append(self._pending_since + self.spec.batch_max_delay)
         if self._drop_deadline is not None:
             deadlines.append(self._drop_deadline)
@@ -203,7 +221,7 @@ class Intake:
     def committed(self, batch: Batch, *, new_rows: int) -> bool:
         """``batch`` committed (call in submission order); True when the cursor moved."""
         self.counts.new_rows += new_rows
-        self.counts.duplicates += len(batch.records) - new_rows
+        self.counts.duplicates += len(batch.records) - new_rows + batch.skipped
         if batch.recovered:
             self.counts.recovered += new_rows
         if batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order):
@@ -218,7 +236,12 @@ class Intake:
 
     @property
     def pending_events(self) -> int:
-        return len(self._pending)
+        return self._pending_count
+
+    @property
+    def last_read(self) -> str | None:
+        """The last id read (None: none yet)."""
+        return self._last_read
 
     @property
     def open_gaps_opened(self) -> list[str]:
@@ -244,6 +267,9 @@ class Intake:
     def _event(self, event: Event, received_at: datetime, now: float) -> None:
         event_id = event.id
         follower: bytes | None = None
+        key = None
+        if event_id:
+            key = self._last_key if event_id == self._last_read else self._key(event_id)
         if not event_id:
             ordinal = None
         elif event.id_field:
@@ -258,24 +284,30 @@ class Intake:
             self._noticed = True
             self._cut()
         segment = self.gaps.segment(event_id) if event_id and self.gaps.gaps else frozenset()
-        if self._pending and segment != self._pending_segment:
+        if self._pending_count and segment != self._pending_segment:
             self._cut()
-        if not self._pending:
+        if not self._pending_count:
             self._pending_since = now
             self._pending_segment = segment
-        record = EventRecord(
-            event_id=event_id,
-            event_ord=ordinal,
-            event_type=event.event,
-            data=event.data,
-            received_at=received_at,
-            follower_key=follower,
-        )
-        self._pending.append(record)
-        self._pending_bytes += len(event.data)
+        self._pending_count += 1
+        stored = self.stored
+        if stored is not None and follower is not None and stored.has(event_id, follower):
+            self._pending_skipped += 1  # stored already: ON CONFLICT would discard it
+        else:
+            record = EventRecord(
+                event_id=event_id,
+                event_ord=ordinal,
+                event_type=event.event,
+                data=event.data,
+                received_at=received_at,
+                follower_key=follower,
+                id_key=key,
+            )
+            self._pending.append(record)
+            self._pending_bytes += len(event.data)
         self.counts.events_read += 1
-        if event_id and event.id_field:
-            self._new_id(event_id, now, announced_here=announces_drop)
+        if key is not None and event.id_field:
+            self._new_id(event_id, key, now, announced_here=announces_drop)
         if announces_drop:
             # The drop event is the notice: its own batch records the gap (no cursor may
             # pass it first) and, read after the skip, is no evidence for a repair.
@@ -289,11 +321,14 @@ class Intake:
             self._drop_deadline = now + DROP_GRACE
         elif (
             len(self._pending) >= self.spec.batch_max_events
+            or self._pending_count >= self.spec.batch_max_events * SKIPPED_PER_ROW
             or self._pending_bytes >= MAX_BATCH_BYTES
         ):
             self._cut()
 
-    def _new_id(self, event_id: str, now: float, *, announced_here: bool = False) -> None:
+    def _new_id(
+        self, event_id: str, key: bytes, now: float, *, announced_here: bool = False
+    ) -> None:
         """An event carrying an id field: order, contiguity, gap bookkeeping."""
         first = self._last_read is None
         if first:
@@ -307,7 +342,7 @@ class Intake:
                 # explain it) so that another repair tries again.
                 self._signal("history_short", "the replay started past an open gap")
                 self._drop_deadline = now + DROP_GRACE
-        elif not is_newer(event_id, self._last_read, self.order):
+        elif key <= self._last_key:  # not newer than the id read before it
             self.counts.ids_out_of_order += 1
             if self.counts.ids_out_of_order == 1:
                 logger.warning(
@@ -321,9 +356,9 @@ class Intake:
         if self.spec.contiguous_ids:
             self._contiguity(event_id, first)
         self.gaps.id_read(event_id)
-        self._last_read = event_id
-        if is_newer(event_id, self._pending_last, self.order):
-            self._pending_last = event_id
+        self._last_read, self._last_key = event_id, key
+        if self._pending_last_key is None or key > self._pending_last_key:
+            self._pending_last, self._pending_last_key = event_id, key
         if self._noticed and not announced_here:
             self.outcome = Outcome.DROP_SIGNAL  # the first id after the notice bounds it
 
@@ -368,7 +403,7 @@ class Intake:
 
     def _cut(self) -> None:
         """Move the pending events into a batch with the gap changes they carry."""
-        if not self._pending and not self.gaps.has_queued:
+        if not self._pending_count and not self.gaps.has_queued:
             return
         last_id = self._pending_last
         if last_id is not None:
@@ -390,9 +425,13 @@ class Intake:
                 last_id=last_id,
                 gap_changes=changes,
                 recovered=recovered,
+                skipped=self._pending_skipped,
             )
         )
         self._pending = []
+        self._pending_count = 0
+        self._pending_skipped = 0
         self._pending_bytes = 0
         self._pending_last = None
+        self._pending_last_key = None
         self._pending_segment = frozenset()

@@ -8,10 +8,14 @@ Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
 ``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
 ``events_unrecoverable``, ``gaps_unrecoverable``, ``ids_out_of_order``,
 ``redis_write_failures``, ``batch_persist_seconds`` (histogram), ``cursor_lag_seconds``
-(gauge: now - receive time of the newest persisted event).
+(gauge: now - receive time of the newest persisted event), ``retention_deleted_rows``
+(rows retention deleted), ``retention_oldest_kept_timestamp_seconds`` (gauge: receive time
+of the oldest row still stored, Unix seconds).
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from temporalio.common import MetricMeter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
@@ -81,6 +85,26 @@ class WorkflowMetrics:
 
     def reconnect(self, route: str) -> None:
         self._reconnects.add(1, {"route": route})
+
+
+class RetentionMetrics:
+    """What one retention run records (the ``apply_retention`` activity)."""
+
+    def __init__(self, meter: MetricMeter, stream: str) -> None:
+        meter = meter.with_additional_attributes({"stream": stream})
+        self.deleted_rows = meter.create_counter(
+            PREFIX + "retention_deleted_rows", "Rows retention deleted from the event log"
+        )
+        self.oldest_kept = meter.create_gauge_float(
+            PREFIX + "retention_oldest_kept_timestamp_seconds",
+            "Receive time of the oldest row still stored (Unix seconds)",
+            "s",
+        )
+
+    def record(self, deleted: int, oldest_kept_at: datetime | None) -> None:
+        self.deleted_rows.add(deleted)  # 0 too: the series exists from the first run
+        if oldest_kept_at is not None:
+            self.oldest_kept.set(oldest_kept_at.timestamp())
 
 
 def redis_failures_counter(meter: MetricMeter):  # noqa: ANN201 - SDK counter type

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from durable_sse.codec import KEY_ENV as PAYLOAD_KEY_ENV
 from durable_sse.errors import ConfigError
 from durable_sse.http import parse_allowed_hosts
+from durable_sse.retention import RETENTION_ENV, parse_retention_setting
 from durable_sse.secrets import SecretBinding, parse_secret_bindings
 from durable_sse.temporal_client import DEFAULT_ADDRESS as DEFAULT_TEMPORAL_ADDRESS
 from durable_sse.temporal_client import DEFAULT_NAMESPACE, TemporalTarget, load_target
@@ -43,6 +44,9 @@ class Settings:
     Names and hosts only: values stay in the environment until a connection needs them."""
     require_encryption: bool = False
     """``DURABLE_SSE_REQUIRE_ENCRYPTION``: refuse to start without a payload key."""
+    retention: float | None = None
+    """``DURABLE_SSE_RETENTION``: seconds the worker keeps the events of streams that set
+    no ``retention`` of their own (None: forever). See :mod:`durable_sse.retention`."""
 
     @property
     def temporal_address(self) -> str:
@@ -84,6 +88,7 @@ class Settings:
             require_encryption=_flag(
                 "DURABLE_SSE_REQUIRE_ENCRYPTION", env.get("DURABLE_SSE_REQUIRE_ENCRYPTION")
             ),
+            retention=parse_retention_setting(env.get(RETENTION_ENV)),
         )
         if settings.require_encryption and not (env.get(PAYLOAD_KEY_ENV) or "").strip():
             # Checked here, before any client exists: a deployment that lost its key must

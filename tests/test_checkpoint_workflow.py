@@ -23,6 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.checkpoint import CheckpointActivities
+from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
 from durable_sse.binaries import temporal_dev_server
 from durable_sse.contracts import (
@@ -124,7 +125,7 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
         env.client,
         task_queue=queue,
         workflows=[CheckpointAdvanceWorkflow],
-        activities=checkpoints.activities(),
+        activities=[*checkpoints.activities(), *RetentionActivities(event_log).activities()],
     ):
         # Created, then updated in place (idempotent; the interval follows the window).
         spec.replay_window = 3.0
@@ -139,6 +140,11 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
         assert isinstance(action, ScheduleActionStartWorkflow)
         assert action.workflow == "CheckpointAdvanceWorkflow"
         assert action.task_queue == queue
+        # Built from the spec: the stream's retention, and the flag that lets runs apply it.
+        spec.retention = 3600.0
+        (built,) = schedules.build_schedule(spec).action.args  # type: ignore[attr-defined]
+        assert (built.retention, built.retention_declared) == (3600.0, True)
+        spec.retention = None
 
         moved = await run_scheduled(env, handle)
         assert moved.lagging_id == "3" and not moved.held_by_gap
@@ -193,3 +199,54 @@ async def test_resolve_since_and_get_checkpoint(event_log: EventLog) -> None:
     assert await checkpoints.get_checkpoint(ref) is None
     gaps = await checkpoints.stream_gaps(ref)
     assert gaps.lagging_id is None and gaps.gaps.open == []
+
+
+async def test_a_checkpoint_run_applies_retention_without_its_stream_running(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    """A run built with retention deletes behind the lagging id it just set, and returns
+    what it did even when the stream's workflow is gone (its signal has nowhere to go)."""
+    name = f"ck-{uuid.uuid4().hex[:16]}"
+    ref = StreamRef(name=name, id_order="numeric")
+    queue = f"tq-{uuid.uuid4().hex}"
+    now = datetime.now(UTC)
+    await persist(event_log, name, range(1, 11), now - timedelta(hours=3))
+    await persist(event_log, name, range(11, 16), now - timedelta(minutes=30))
+    await persist(event_log, name, range(16, 21), now)
+    async with Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[CheckpointAdvanceWorkflow],
+        activities=[
+            *CheckpointActivities(event_log).activities(),
+            *RetentionActivities(event_log, worker_retention=86400.0).activities(),
+        ],
+    ):
+        result = await env.client.execute_workflow(
+            CheckpointAdvanceWorkflow.run,
+            AdvanceInput(
+                stream=ref, replay_window=600.0, retention=3600.0, retention_declared=True
+            ),
+            id=checkpoint_schedule_id(name),
+            task_queue=queue,
+            result_type=AdvanceResult,
+        )
+        assert result.lagging_id == "15"
+        report = result.retention
+        assert report is not None and (report.retention, report.source) == (3600.0, "stream")
+        assert (report.deleted_last_run, report.oldest_kept_id, report.keep_from) == (
+            10,
+            "11",
+            "15",
+        )
+        # A schedule from before retention existed: the lagging id moves, nothing is deleted.
+        await persist(event_log, name, range(21, 23), now - timedelta(minutes=20))
+        legacy = await env.client.execute_workflow(
+            CheckpointAdvanceWorkflow.run,
+            AdvanceInput(stream=ref, replay_window=600.0),
+            id=checkpoint_schedule_id(name),
+            task_queue=queue,
+            result_type=AdvanceResult,
+        )
+        assert legacy.retention is None
+        assert (await event_log.retention_state(name)).deleted_rows == 10

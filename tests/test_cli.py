@@ -198,6 +198,11 @@ def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
         open_gaps=[{"resume_from": "3366"}],
         repair_pending=True,
         counters={"gaps_open": 1, "gaps_unrecoverable": 3, "events_unrecoverable": 7},
+        retention={
+            "retention": 7 * 86400.0,
+            "deleted_rows": 1204,
+            "oldest_kept_at": "2026-12-01T10:00:00.250000+00:00",
+        },
     )
     statuses = [parked, status_row("ticks")]
     for width in (80, 120, 400, None):  # None: --wide
@@ -206,8 +211,9 @@ def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
         assert header.split() == [
             "stream", "state", "route", "cursor", "lagging", "id", "persisted", "lag",
             "drops",
-            "open", "gaps", "recovered", "lost", "last", "error",
+            "open", "gaps", "recovered", "lost", "retention", "last", "error",
         ]  # fmt: skip
+        assert "7d: 1204 deleted, oldest kept 2026-12-01T10:00:00Z" in lines[0]
         assert " ".join(table.split()).count(REFUSAL) == 1, table  # whole, wrapped or not
         assert "1 (oldest after 3366, repair pending)" in lines[0]
         assert "7 (3 gaps)" in lines[0]

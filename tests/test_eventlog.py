@@ -791,6 +791,29 @@ async def test_closing_a_contiguous_gap_counts_what_is_missing_exactly(
     assert (totals.unrecoverable, totals.events_unrecoverable, totals.unknown_size) == (2, 7, 0)
 
 
+async def test_an_early_notice_is_narrowed_to_the_ids_really_missing(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """Chaos scenario 6's timing: a replay from 10 took a notice before its first event
+    (30) while 11..20 were stored: the gap is 21..29, counted exactly, in the transaction
+    of the batch holding 30; one over stored ids only is repaired at once."""
+    await commit(event_log, stream_name, [record(str(i)) for i in range(10, 21)])
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "early", "10", None))
+    end = GapChange("early", end_id="30", early_floor="20", contiguous=True)
+    await commit(event_log, stream_name, [record("30")], end)
+    await commit(event_log, stream_name, [], gap_opened(stream_name, "stored", "10", None))
+    covered = GapChange("stored", end_id="16", early_floor="20", contiguous=True)
+    await commit(event_log, stream_name, [record("16")], covered)
+    gaps = {gap.gap_id: gap for gap in await event_log.gaps(stream_name)}
+    early = gaps["early"]
+    assert (early.start_id, early.end_id, early.announced, early.state) == ("20", "30", 9, "open")
+    assert (gaps["stored"].state, gaps["stored"].missing) == ("repaired", 0)
+    start = await event_log.connection_context(
+        stream_name, "numeric", cursor=None, source="none", repair=True
+    )
+    assert (start.cursor, start.source) == ("19", "gap")  # the repair starts at the hole
+
+
 async def test_recovered_rows_are_counted_per_gap(event_log: EventLog, stream_name: str) -> None:
     await commit(
         event_log, stream_name, [record("1"), record("5")], gap_opened(stream_name, "g", "1", "5")
@@ -1055,7 +1078,13 @@ async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: s
             "ORDER BY table_name",
             s=schema,
         )
-        assert tables == [("sse_checkpoints",), ("sse_events",), ("sse_gaps",), ("sse_schema",)]
+        assert tables == [
+            ("sse_checkpoints",),
+            ("sse_events",),
+            ("sse_gaps",),
+            ("sse_retention",),
+            ("sse_schema",),
+        ]
         result = await logs[0].insert_batch("s", "numeric", [record("1")])
         assert result == InsertResult(1, 0)
     finally:

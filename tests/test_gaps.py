@@ -25,6 +25,7 @@ from durable_sse.gaps import (
     GapView,
     StreamContext,
     apply_change,
+    attribute_early_notice,
     choose_start,
     count_missing,
     lagging_cap,
@@ -918,6 +919,127 @@ def test_mercure_short_history_past_the_gap_closes_it() -> None:
     assert (lose.lost_to, lose.close, lose.end_id) == ("35", True, "30")
     record = apply(gap("a", "20", "30", announced=4, recovered=1), lose)
     assert record is not None and (record.state, record.missing) == (GapState.UNRECOVERABLE, 3)
+
+
+# -- a notice before a connection's first event (contiguous ids) -----------------------------
+
+
+def stored_in(ids: Iterable[int]):  # noqa: ANN201 - the store's counting callable
+    present = set(ids)
+    return lambda low, high: sum(1 for n in present if low < n < high)
+
+
+def test_an_early_notice_on_a_replay_starts_at_the_newest_stored_id() -> None:
+    """Chaos scenario 6's timing: a replay from the lagging id 100 (everything up to the
+    newest stored id 400 is stored) takes a drop notice first thing, then sends 541: the
+    hole is 401..540, 140 ids, not the 440 between the cursor and 541."""
+    assert attribute_early_notice(100, 541, floor=400, stored=stored_in(range(1, 401))) == (
+        400,
+        140,
+    )
+
+
+def test_an_early_notice_keeps_the_cursor_when_stored_ids_are_missing_below_the_floor() -> None:
+    # 150 is not stored: its loss belongs to this hole as far as anyone can tell
+    present = set(range(1, 401)) - {150}
+    assert attribute_early_notice(100, 541, floor=400, stored=stored_in(present)) == (100, 141)
+
+
+def test_an_early_notice_counts_only_ids_not_stored() -> None:
+    # a zombie attempt stored 500..509 meanwhile: not missing
+    present = set(range(1, 401)) | set(range(500, 510))
+    assert attribute_early_notice(100, 541, floor=400, stored=stored_in(present)) == (400, 130)
+
+
+def test_an_early_notice_over_stored_ids_only_misses_nothing() -> None:
+    assert attribute_early_notice(100, 301, floor=400, stored=stored_in(range(1, 401))) == (
+        100,
+        0,
+    )
+    assert attribute_early_notice(400, 401, floor=400, stored=stored_in(range(1, 401))) == (
+        400,
+        0,
+    )
+
+
+def test_an_early_notice_on_a_live_resume_counts_from_the_cursor() -> None:
+    assert attribute_early_notice(400, 411, floor=400, stored=stored_in(range(1, 401))) == (
+        400,
+        10,
+    )
+    assert attribute_early_notice(5, 11, floor=None, stored=stored_in(())) == (5, 5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cursor=st.integers(0, 40),
+    width=st.integers(1, 40),
+    floor=st.none() | st.integers(0, 80),
+    present=st.sets(st.integers(0, 90)),
+)
+def test_an_early_notice_never_leaves_a_missing_id_out(
+    cursor: int, width: int, floor: int | None, present: set[int]
+) -> None:
+    """Whatever is stored, every id between the cursor and the first id after the notice
+    that is not stored lies in the narrowed hole, and the count is exactly those ids."""
+    first_after = cursor + width
+    start, missing = attribute_early_notice(
+        cursor, first_after, floor=floor, stored=stored_in(present)
+    )
+    absent = {n for n in range(cursor + 1, first_after) if n not in present}
+    assert cursor <= start < first_after
+    assert all(n > start for n in absent)
+    assert missing == len(absent)
+
+
+def test_the_tracker_marks_the_end_of_an_early_notice_for_attribution() -> None:
+    t = tracker("100", lagging="100", floor="400", contiguous=True)
+    opened = t.drop_signal(GapKind.COMMENT, announced=400)
+    assert opened.announced is None  # about a replay's ids: no count taken from the text
+    read(t, 541)
+    [opening, end] = t.batch_changes(last_id="541", segment=frozenset())
+    assert opening.opened is opened
+    assert (end.end_id, end.early_floor, end.contiguous) == ("541", "400", True)
+    record = apply(apply(None, opening), end, stored=Ids(range(1, 401)))
+    assert record is not None and record.is_open
+    assert (record.start_id, record.end_id, record.announced) == ("400", "541", 140)
+    assert record.resume_from(ORDER) == "400"  # the repair and the lagging id start there
+
+
+def test_an_early_notice_over_stored_ids_closes_as_repaired() -> None:
+    t = tracker("100", floor="400", contiguous=True)
+    t.drop_signal(GapKind.COMMENT)
+    read(t, 301)
+    opening, end = t.batch_changes(last_id="301", segment=frozenset())
+    record = apply(apply(None, opening), end, stored=Ids(range(1, 401)))
+    assert record is not None and (record.state, record.missing) == (GapState.REPAIRED, 0)
+
+
+def test_an_early_notice_is_attributed_after_a_truncation_header_too() -> None:
+    t = tracker("100", floor="400", contiguous=True)
+    t.drop_signal(GapKind.COMMENT)
+    t.first_event("541", history_short=True)
+    read(t, 541)
+    changes = t.pending_changes()
+    assert [c.opened is not None for c in changes] == [True, False]  # no header gap too
+    record = apply(apply(None, changes[0]), changes[1], stored=Ids(range(1, 401)))
+    assert record is not None and (record.start_id, record.announced) == ("400", 140)
+
+
+def test_a_notice_after_the_first_event_or_without_contiguous_ids_is_not_attributed() -> None:
+    late = tracker("100", floor="400", contiguous=True)
+    read(late, 101)
+    late.drop_signal(GapKind.COMMENT)
+    read(late, 541)
+    assert all(c.early_floor is None for c in late.pending_changes())
+    plain = tracker("100", floor="400")
+    plain.drop_signal(GapKind.COMMENT)
+    read(plain, 541)
+    assert all(c.early_floor is None for c in plain.pending_changes())
+    unattributed = apply(
+        gap("g", "100", "541"), GapChange("g", end_id="541", early_floor="400", contiguous=True)
+    )
+    assert unattributed is not None and unattributed.start_id == "100"  # no store: as it was
 
 
 # -- GapTracker: holes in contiguous ids mid-connection ---------------------------------------

@@ -447,14 +447,14 @@ async def test_an_idless_event_after_a_reconnect_is_kept_and_a_resent_one_is_not
     assert rows == [("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c")]
 
 
-async def test_rows_the_database_refuses_fail_only_their_own_stream(
+async def test_rows_the_database_refuses_park_only_their_own_stream(
     temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
 ) -> None:
     """Issue 13 case 4 / invariant 7: a trigger refuses one stream's rows. Its batches
     share group transactions with the healthy stream's; those commit, the refused ones
-    fail alone, and the read attempt fails with the database's message naming the stream
-    (Temporal retries it with backoff; the status query does not show the error yet, the
-    pending activity's last failure does)."""
+    fail alone. Writing them again would be refused again, so the stream parks with the
+    database's message in its status (not an attempt retried out of sight), and once the
+    database takes the rows, ``resume`` reads them again: nothing is lost."""
     name = "refused-" + uuid.uuid4().hex[:6]
     trigger = f"refuse_{name.replace('-', '_')}"
 
@@ -481,24 +481,34 @@ async def test_rows_the_database_refuses_fail_only_their_own_stream(
             spec = StreamSpec(name=name, url=server.url("refused"), id_order="numeric")
             handle = await start_stream(temporal.client, spec, queue)
 
-            async def refused() -> None:
-                async def said() -> bool:
-                    description = await handle.describe()
-                    pending = description.raw_description.pending_activities
-                    return any(
-                        activity.attempt >= 2
-                        and f"refused a batch of stream '{name}'" in activity.last_failure.message
-                        and "refused by the test" in activity.last_failure.message
-                        for activity in pending
-                    )
+            async def parked() -> None:
+                async def is_parked() -> bool:
+                    return (await status_of(handle)).state == "parked"
 
-                await wait_until(said, timeout=60, what="a refused attempt", handle=handle)
+                await wait_until(
+                    is_parked, timeout=60, what="the refused stream to park", handle=handle
+                )
 
-            await while_watching(log, healthy, refused)
+            await while_watching(log, healthy, parked)
+            status = await status_of(handle)
+            assert status.last_error is not None
+            assert f"refused a batch of stream '{name}'" in status.last_error
+            assert "refused by the test" in status.last_error
+            assert "parked until resumed" in status.last_error
+            assert (await newest_row(log, name))[0] == 0
+
+            await asyncio.to_thread(ddl, f"DROP TRIGGER {trigger} ON sse_events")
+            await handle.signal("resume")
+
+            async def stored() -> bool:
+                return (await newest_row(log, name))[0] >= 50
+
+            await wait_until(stored, timeout=60, what="rows after resume", handle=handle)
             await stop(handle)
     finally:
         await asyncio.to_thread(ddl, f"DROP TRIGGER IF EXISTS {trigger} ON sse_events")
-    assert (await newest_row(log, name))[0] == 0
+    ids = [int(event.event_id) for event in await log.events(name, limit=100_000)]
+    assert ids[0] == 1 and ids == list(range(1, len(ids) + 1))  # from the first id, no hole
 
 
 def resident_mb() -> float:

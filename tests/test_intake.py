@@ -20,6 +20,7 @@ from durable_sse.gaps import (
     StreamContext,
     apply_change,
 )
+from durable_sse.ids import is_newer, newest, sort_key
 from durable_sse.intake import DROP_GRACE, MAX_BATCH_BYTES, Batch, Intake
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, Event
@@ -157,6 +158,27 @@ def test_ids_without_an_id_field_ride_along_with_ordinals() -> None:
         ("", None),
     ]
     assert batch.last_id == "2"
+
+
+@pytest.mark.parametrize("order", ["numeric", "natural", "lexicographic"])
+def test_each_id_is_keyed_once_and_batches_end_at_the_newest_under_the_order(
+    order: str,
+) -> None:
+    # The intake keys each id once and hands the key to the writer with the record;
+    # its order decisions are made on those keys, so they must be the store's keys.
+    i = intake(None, id_order=order, batch_max_events=10)
+    sent = ["a-9", "a-10", "7", "a-10", "é-2", "0012"]
+    take(i, *[ev(n) for n in sent], Event(data="f", id="0012"), Event(data="g"))
+    i.end()
+    [batch] = cut(i)
+    assert [(r.event_id, r.id_key) for r in batch.records] == [
+        (r.event_id, sort_key(r.event_id, order) if r.event_id else None) for r in batch.records
+    ]
+    assert batch.last_id == newest(sent, order)
+    expected_out_of_order = sum(
+        not is_newer(now, before, order) for before, now in itertools.pairwise(sent)
+    )
+    assert i.counts.ids_out_of_order == expected_out_of_order > 0
 
 
 def test_committed_moves_the_cursor_forward_only_and_counts() -> None:

@@ -213,6 +213,8 @@ async def test_history_truncated(source: SSESource, client: httpx.AsyncClient) -
     assert items[1] == Item("comment", text="history truncated")
     assert items[2].kind == "event" and items[2].id == str(oldest)
     await response.aclose()
+    # the ground truth: ids 6..oldest-1 were asked for after the history had lost them
+    assert source.truth(name).unavailable == [(6, oldest - 1)]
 
 
 async def test_bulk_mode_is_contiguous(source: SSESource, client: httpx.AsyncClient) -> None:
@@ -268,6 +270,30 @@ async def test_one_shot_drop_action(source: SSESource, client: httpx.AsyncClient
     assert items[2].id == "4"
     assert source.truth(name).dropped == [(1, 3)]
     assert source.describe(name)["pending"] == []
+
+
+async def test_a_first_drop_waits_for_a_connection_that_has_sent_nothing(
+    source: SSESource, client: httpx.AsyncClient
+) -> None:
+    """``first``: the drop is taken before a connection's first event (chaos scenario 6's
+    timing), never by a connection already streaming."""
+    name = new_stream(source, rate=200, keepalive=0)
+    streaming, old_reader = await connect(client, source.url(name))
+    await old_reader.items(2, kind="event")
+    source.inject(name, action="drop", count=3, first=True)
+    later = ids(await old_reader.items(20, kind="event"))
+    assert later == list(range(later[0], later[0] + 20))  # the open connection skipped none
+    assert source.truth(name).dropped == []
+    assert source.describe(name)["pending"] == [{"action": "drop", "count": 3, "first": True}]
+    response, reader = await connect(client, source.url(name), params={"cursor": "0"})
+    items = [item for item in await reader.items(3) if item.kind != "retry"]
+    await response.aclose()
+    await streaming.aclose()
+    assert items[0] == Item("comment", text="dropping events: discarded 3 events (slow consumer)")
+    assert items[1].id == "4"
+    assert source.truth(name).dropped == [(1, 3)]
+    with pytest.raises(ConfigError):
+        source.inject(name, action="drop", count=3, first="yes")
 
 
 async def test_drop_on_live_rate_limited_stream(

@@ -6,6 +6,13 @@ or retried run still advances to where the schedule meant it to. The event log r
 to move it past an open gap; this workflow only asks, and only for the stream its id is
 bound to (``sse-checkpoint:<name>``, see :mod:`durable_sse.ownership`): a run whose id
 names another stream fails at once without touching anything.
+
+Then retention (:mod:`activities.retention`): the stream's events older than its
+retention go, in bounded batches, never one at or after the lagging id just set or the
+oldest open gap. What it did is signalled to the stream's workflow (``retention``) for its
+``status``. A run of a schedule built before retention existed skips the step (see
+``AdvanceInput.retention_declared``), and histories from before it replay without it
+(``workflow.patched``).
 """
 
 from __future__ import annotations
@@ -15,13 +22,33 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from durable_sse.contracts import AdvanceInput, AdvanceResult
+    from durable_sse.contracts import (
+        AdvanceInput,
+        AdvanceResult,
+        RetentionInput,
+        RetentionStatus,
+        stream_workflow_id,
+    )
     from durable_sse.ownership import checkpoint_owner_error
 
 ADVANCE_TIMEOUT = timedelta(seconds=60)
+RETENTION_PATCH = "sse-retention"
+"""Runs recorded before retention existed replay without its activity and signal."""
+RETENTION_TIMEOUT = timedelta(minutes=4)
+"""Inside the run's own timeout (at least 5 minutes): a run is a few bounded batches."""
+RETENTION_HEARTBEAT = timedelta(seconds=30)
+QUIET_REPORT_WINDOW = 60.0
+"""A run that deleted nothing still reports (the status shows the retention in force)
+when runs are at least this many seconds apart: one history event per run."""
+RETENTION_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+    non_retryable_error_types=["ConfigError"],
+)
 
 
 @workflow.defn
@@ -51,4 +78,41 @@ class CheckpointAdvanceWorkflow:
             result.moved,
             result.held_by_gap,
         )
+        if input.retention_declared and workflow.patched(RETENTION_PATCH):
+            result.retention = await self._retention(input)
         return result
+
+    async def _retention(self, input: AdvanceInput) -> RetentionStatus | None:
+        """Apply the stream's retention and tell its workflow; a failure is logged, never
+        the run's (the next run, one window later, tries again)."""
+        try:
+            status = await workflow.execute_activity(
+                "apply_retention",
+                RetentionInput(
+                    stream=input.stream,
+                    replay_window=input.replay_window,
+                    retention=input.retention,
+                    now=input.now,
+                ),
+                result_type=RetentionStatus,
+                start_to_close_timeout=RETENTION_TIMEOUT,
+                heartbeat_timeout=RETENTION_HEARTBEAT,
+                retry_policy=RETENTION_RETRY,
+            )
+        except ActivityError as error:
+            workflow.logger.warning(
+                "retention of %s failed: %s", input.stream.name, error.cause or error
+            )
+            return None
+        if status.retention is None:
+            return status  # nothing configured: nothing to tell
+        if not status.deleted_last_run and input.replay_window < QUIET_REPORT_WINDOW:
+            return status  # frequent runs report only what changed (history is not free)
+        try:
+            stream = workflow.get_external_workflow_handle(stream_workflow_id(input.stream.name))
+            await stream.signal("retention", status)
+        except Exception as error:  # noqa: BLE001 - a stopped stream just misses the news
+            workflow.logger.info(
+                "retention of %s not reported to its workflow: %s", input.stream.name, error
+            )
+        return status

@@ -33,6 +33,7 @@ from durable_sse.contracts import (
     ReadCounts,
     ReadResult,
     ReplaySignal,
+    RetentionStatus,
     Route,
     StreamCounters,
 )
@@ -116,6 +117,8 @@ class StreamState:
     schedule_spread: float = SCHEDULE_SPREAD
     """Fraction of the replay window over which a new stream's schedule creation is
     spread (0: create it before the first connection, as before the spread existed)."""
+    retention: RetentionStatus | None = None
+    """The last retention report of the checkpoint runs (display only)."""
     max_connections_per_run: int = MAX_CONNECTIONS_PER_RUN
     max_history_events: int = MAX_HISTORY_EVENTS_PER_RUN
 

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         ReadInput,
         ReadResult,
         ReplaySignal,
+        RetentionStatus,
         ScheduleInput,
         SinceInput,
         StreamGaps,
@@ -50,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.errors import ConfigError
     from durable_sse.metrics import WorkflowMetrics
     from durable_sse.ownership import require_stream_owner
-    from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
+    from durable_sse.spec import StreamSpec, format_duration, parse_replay_signal, parse_spec
     from workflows.routes import (
         HOLD_PARKED,
         ConnectionPlan,
@@ -288,6 +289,17 @@ class StreamWorkflow:
         self._publish()
 
     @workflow.signal
+    def retention(self, report: Any = None) -> None:
+        """What the last checkpoint run's retention step did (display only); a report
+        that does not parse is dropped."""
+        try:
+            self._state.retention = value_to_type(RetentionStatus, report)
+        except Exception:  # noqa: BLE001 - a malformed report is dropped, never fatal
+            workflow.logger.debug("malformed retention report ignored")
+            return
+        self._publish()
+
+    @workflow.signal
     def pause(self) -> None:
         self._state.paused = True
         self._publish()
@@ -327,6 +339,7 @@ class StreamWorkflow:
             repair_pending=s.repair_wanted and not self._repairing,
             progress_at=progress.at if progress is not None else None,
             commit_lag=progress.commit_lag if progress is not None else None,
+            retention=s.retention,
         )
 
     # --- one connection ----------------------------------------------------------------
@@ -655,6 +668,13 @@ class StreamWorkflow:
         if status.progress_at is not None:
             lag = "-" if status.commit_lag is None else f"{status.commit_lag:.1f} s"
             lines.append(f"as of {status.progress_at} (connection reports) · commit lag {lag}")
+        if status.retention is not None and status.retention.retention is not None:
+            r = status.retention
+            lines.append(
+                f"retention {format_duration(r.retention)} ({r.source}): deleted "
+                f"{r.deleted_rows} · oldest kept `{_shown(r.oldest_kept_id)}` at "
+                f"{r.oldest_kept_at or '-'} · kept from `{_shown(r.keep_from)}` ({r.held_by})"
+            )
         if status.next_reconnect_at:
             lines.append(f"next reconnect: {status.next_reconnect_at}")
         if status.last_error:

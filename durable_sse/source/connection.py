@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from durable_sse.source.stream import SourceStream
+from durable_sse.source.stream import OneShot, SourceStream
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class EventConnection:
         if self.next_id < oldest:
             if oldest > stream.config.start_id:
                 self._emit(TRUNCATED)
+                stream.record_unavailable(max(self.next_id, stream.config.start_id), oldest - 1)
             self.next_id = oldest
         if self.next_id <= stream.newest:
             return await self._send(stream.newest)
@@ -148,24 +149,38 @@ class EventConnection:
 
     async def _one_shots(self) -> bool:
         stream = self.stream
-        while stream.one_shots:
-            shot = stream.one_shots.popleft()
-            logger.info("stream %s: one-shot %s %s", stream.name, shot.action, shot.params)
-            if shot.action == "drop":
-                count = int(shot.params.get("count", 1))
-                self.skip_remaining += count
-                self.skip_total += count
-            elif shot.action == "malformed":
-                self._emit(MALFORMED)
-                await self._flush()
-            elif shot.action == "oversized":
-                size = int(shot.params.get("bytes", 1024 * 1024))
-                self._emit((b"data: " + b"x" * max(size - 6, 0))[:size])
-                await self._flush()
-                if shot.params.get("close", True):
+        later: list[OneShot] = []
+        try:
+            while stream.one_shots:
+                shot = stream.one_shots.popleft()
+                if shot.params.get("first") and self.sent:
+                    later.append(shot)  # for a connection that has sent nothing yet
+                    continue
+                if await self._one_shot(shot):
                     return True
-            elif shot.action == "disconnect":
+            return False
+        finally:
+            stream.one_shots.extendleft(reversed(later))
+
+    async def _one_shot(self, shot: OneShot) -> bool:
+        """Apply one one-shot fault; True = close the connection."""
+        stream = self.stream
+        logger.info("stream %s: one-shot %s %s", stream.name, shot.action, shot.params)
+        if shot.action == "drop":
+            count = int(shot.params.get("count", 1))
+            self.skip_remaining += count
+            self.skip_total += count
+        elif shot.action == "malformed":
+            self._emit(MALFORMED)
+            await self._flush()
+        elif shot.action == "oversized":
+            size = int(shot.params.get("bytes", 1024 * 1024))
+            self._emit((b"data: " + b"x" * max(size - 6, 0))[:size])
+            await self._flush()
+            if shot.params.get("close", True):
                 return True
+        elif shot.action == "disconnect":
+            return True
         return False
 
     async def _idle(self, wakeup: asyncio.Event) -> bool:

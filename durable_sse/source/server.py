@@ -166,12 +166,13 @@ class SSESource:
     def inject(self, name: str, **action: Any) -> dict[str, Any]:
         """Change settings (``inject(n, rate=5)``) or act (``inject(n, action="drop", count=3)``).
 
-        Actions: ``drop`` (``count``), ``malformed``, ``oversized`` (``bytes``, ``close``
-        = True), ``disconnect``: one-shots consumed by the next connection that looks
-        (an open one, else the next to connect); ``status`` (``code``, ``times`` = 1,
-        ``retry_after``, ``content_type``, ``location``): the next ``times`` connections
-        get that response; ``pause``, ``resume``; ``clear`` (all faults off).
-        Returns :meth:`describe`.
+        Actions: ``drop`` (``count``; ``first`` = True: taken only by a connection that
+        has sent no event yet, before its first event), ``malformed``, ``oversized``
+        (``bytes``, ``close`` = True), ``disconnect``: one-shots consumed by the next
+        connection that looks (an open one, else the next to connect); ``status``
+        (``code``, ``times`` = 1, ``retry_after``, ``content_type``, ``location``): the
+        next ``times`` connections get that response; ``pause``, ``resume``; ``clear``
+        (all faults off). Returns :meth:`describe`.
         """
         stream = self._stream(name)
         verb = action.pop("action", None)
@@ -361,10 +362,12 @@ def _cursor(prefix: str, *candidates: str | None) -> int | None:
 
 
 def _one_shot_params(verb: str, params: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"drop": {"count"}, "oversized": {"bytes", "close"}}.get(verb, set())
+    allowed = {"drop": {"count", "first"}, "oversized": {"bytes", "close"}}.get(verb, set())
     unknown = set(params) - allowed
     if unknown:
         raise ConfigError(f"action {verb!r} takes {sorted(allowed)}, got {sorted(unknown)}")
+    if "first" in params and not isinstance(params["first"], bool):
+        raise ConfigError(f"action {verb!r}: 'first' must be true or false")
     for key in ("count", "bytes"):
         if key in params:
             value = params[key]

@@ -39,6 +39,9 @@ class SourceTruth:
     generated: int
     history_start: int
     """Oldest id still resumable (``newest + 1`` when nothing is)."""
+    unavailable: list[tuple[int, int]] = field(default_factory=list)
+    """Ranges a connection asked for (its cursor was older) after the history had lost
+    them: the server could no longer deliver these ids to anyone."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,7 @@ class SourceTruth:
             "dropped": [list(r) for r in self.dropped],
             "generated": self.generated,
             "history_start": self.history_start,
+            "unavailable": [list(r) for r in self.unavailable],
         }
 
 
@@ -66,6 +70,7 @@ class SourceStream:
         self.newest = config.start_id - 1
         self.oldest = config.start_id
         self.dropped: list[tuple[int, int]] = []
+        self.unavailable: list[tuple[int, int]] = []
         self.one_shots: deque[OneShot] = deque()
         self.connections = 0
         self.rng = random.Random(f"{seed}:{name}")
@@ -155,6 +160,11 @@ class SourceStream:
         self.dropped.append((first, last))
         logger.info("stream %s: skipped events %d..%d on a connection", self.name, first, last)
 
+    def record_unavailable(self, first: int, last: int) -> None:
+        """A connection asked for ``first..last`` after the history had lost them."""
+        if first <= last:
+            self.unavailable.append((first, last))
+
     def truth(self) -> SourceTruth:
         self._trim()
         start = self.config.start_id
@@ -163,6 +173,7 @@ class SourceStream:
             dropped=list(self.dropped),
             generated=self.newest - start + 1,
             history_start=self.oldest,
+            unavailable=list(self.unavailable),
         )
 
     def describe(self) -> dict[str, Any]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 import sqlalchemy as sa
 
 from durable_sse.eventlog import EventLog
+from durable_sse.gaps import Gap, GapState
 from durable_sse.ids import compare_ids
 from durable_sse.l2 import cursor_key, parse_value
 from durable_sse.source import SourceTruth
@@ -60,6 +62,9 @@ class Verdict:
     unexpected: int = 0
     duplicate_rows: int = 0
     out_of_window: int = 0
+    unknown_size: int = 0
+    """Of ``out_of_window``: ids inside unrecoverable gaps of unknown size (announced lost,
+    in no exact count): ``events_unrecoverable`` should be ``out_of_window`` less these."""
     regressions: int = 0
     cursor_ahead: int = 0
     samples: int = 0
@@ -69,21 +74,28 @@ class Verdict:
     first_lost: list[int] = field(default_factory=list)
 
     def row(self) -> str:
+        unknown = f" ({self.unknown_size} of unknown size)" if self.unknown_size else ""
         return (
             f"| {self.scenario} | {self.emitted} | {self.faults} | {self.lost} | "
             f"{self.duplicate_rows} rows / {self.reread} re-read | {self.regressions} "
             f"({self.samples} samples, {self.cursor_ahead} ahead) | {self.recovered} | "
-            f"{self.out_of_window} |"
+            f"{self.out_of_window}{unknown} |"
         )
 
 
-def check(scenario: str, truth: SourceTruth, rows: Stored) -> Verdict:
+def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] = ()) -> Verdict:
     """Lost / unexpected / duplicate / out-of-window, from the first id the stream stored.
 
     A stream connects live-only the first time, so ids generated before its first stored
-    id were never expected. A missing id inside a range the source dropped, and older than
-    every id of that range that a replay did recover, is *out of window* (the history no
-    longer held it); every other missing id is *lost*.
+    id were never expected. A missing id is *out of window* only if the source really
+    skipped it (a dropped range) and the history no longer held it: it is older than
+    every id of that range a replay recovered, or a connection asked for it after the
+    history had lost it (``truth.unavailable``: a drop taken before a replay's first
+    event skips the ids after the newest stored one, and the repair finds them gone).
+    A skipped id inside an unrecoverable gap record of *unknown size* (``gaps``, from
+    ``sse_gaps``: no count was announced and ids are not contiguous) was announced lost:
+    out of window too, and counted in ``unknown_size`` since no exact figure includes it.
+    Every other missing id is *lost* (silently).
     """
     verdict = Verdict(scenario=scenario, stored=rows.rows, duplicate_rows=rows.duplicate_rows)
     if not rows.ids:
@@ -96,15 +108,22 @@ def check(scenario: str, truth: SourceTruth, rows: Stored) -> Verdict:
     verdict.emitted = len(emitted)
     verdict.unexpected = len(have - set(truth.ids))
     missing = emitted - have
+    skipped = {i for i in missing if any(low <= i <= high for low, high in truth.dropped)}
     out_of_window: set[int] = set()
     for low, high in truth.dropped:
         recovered = [i for i in range(low, high + 1) if i in have]
         bound = min(recovered) if recovered else high + 1
         out_of_window |= {i for i in missing if low <= i < bound}
-    lost = sorted(missing - out_of_window)
+    out_of_window |= {
+        i for i in skipped if any(low <= i <= high for low, high in truth.unavailable)
+    }
+    unknown = [g for g in gaps if g.state == GapState.UNRECOVERABLE.value and g.missing is None]
+    announced = {i for i in skipped if any(g.contains(str(i), ORDER) for g in unknown)}
+    lost = sorted(missing - out_of_window - announced)
     verdict.lost = len(lost)
     verdict.first_lost = lost[:10]
-    verdict.out_of_window = len(out_of_window)
+    verdict.out_of_window = len(out_of_window | announced)
+    verdict.unknown_size = len(announced)
     return verdict
 
 

@@ -64,7 +64,7 @@ async def verdict_of(
     status: StreamStatus,
     verdicts: list[Verdict],
 ) -> Verdict:
-    verdict = check(scenario, source.truth(name), await stored(log, name))
+    verdict = check(scenario, source.truth(name), await stored(log, name), await log.gaps(name))
     verdict.faults = faults
     verdict.regressions = sampler.regression_count
     verdict.cursor_ahead = len(sampler.ahead)
@@ -384,7 +384,91 @@ async def test_6_gap_older_than_the_history_is_reported(
     verdicts: list[Verdict],
 ) -> None:
     """The history holds ~0.75 s; the lagged replay is throttled for 4 s after a harmless
-    replay, so when it runs the whole gap (1 s of events) has left the history."""
+    replay, so when it runs the whole gap (1 s of events) has left the history. The drop
+    lands on the signalled replay connection while it streams new ids: its notice counts
+    the 400 exactly."""
+    name, gap, verdict, status = await _scenario_6(
+        "6 gap > history",
+        address,
+        pg_url,
+        redis_url,
+        temporal,
+        source,
+        chaos_log,
+        sizes,
+        tmp_path,
+        verdicts,
+        before_first_event=False,
+        contiguous=False,
+    )
+    [(low, high)] = source.truth(name).dropped
+    assert high - low + 1 == gap
+    assert status.counters.events_unrecoverable == gap
+    assert verdict.out_of_window == gap, "the whole gap should have left the history"
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "not-contiguous"])
+async def test_6_drop_before_the_replay_s_first_event_is_reported(
+    temporal: WorkflowEnvironment,
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    source: SSESource,
+    chaos_log: EventLog,
+    sizes: Sizes,
+    tmp_path: Path,
+    verdicts: list[Verdict],
+    contiguous: bool,
+) -> None:
+    """Issue 12's open case from CI: the signalled replay (from the lagging id, behind the
+    history: a truncation header) takes the drop before its first event. The live
+    connection had stored the start of the dropped range, so only the ids after the newest
+    stored one are lost. With ``contiguous_ids`` they are counted exactly; without, the gap
+    is unrecoverable of unknown size and the checker counts its ids as announced lost."""
+    name, gap, verdict, status = await _scenario_6(
+        f"6 drop before the first event ({'contiguous' if contiguous else 'not contiguous'})",
+        address,
+        pg_url,
+        redis_url,
+        temporal,
+        source,
+        chaos_log,
+        sizes,
+        tmp_path,
+        verdicts,
+        before_first_event=True,
+        contiguous=contiguous,
+    )
+    [(low, high)] = source.truth(name).dropped
+    assert high - low + 1 == gap
+    assert 0 < verdict.out_of_window < gap, "the live connection stored the range's start"
+    if contiguous:
+        assert status.counters.gaps_unknown_size == 0 and verdict.unknown_size == 0
+        assert status.counters.events_unrecoverable == verdict.out_of_window
+    else:
+        assert status.counters.gaps_unknown_size == 1
+        assert status.counters.events_unrecoverable == 0
+        assert verdict.unknown_size == verdict.out_of_window
+
+
+async def _scenario_6(
+    scenario: str,
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    temporal: WorkflowEnvironment,
+    source: SSESource,
+    chaos_log: EventLog,
+    sizes: Sizes,
+    tmp_path: Path,
+    verdicts: list[Verdict],
+    *,
+    before_first_event: bool,
+    contiguous: bool,
+) -> tuple[str, int, Verdict, StreamStatus]:
+    """A drop of 1 s of events on the signalled replay, the history 0.75 s: the gap is
+    reported unrecoverable in the status, the metric and the log. Returns the stream, the
+    drop's size, the verdict (clean) and the final status."""
     history = int(sizes.rate * 0.75)
     gap = int(sizes.rate)
     name = new_stream(source, "lost", sizes, history=history)
@@ -402,10 +486,18 @@ async def test_6_gap_older_than_the_history_is_reported(
     try:
         async with CursorSampler(chaos_log, redis_url, name) as sampler:
             spec = chaos_spec(
-                name, source.url(name), mercure_last_event_id=True, lagged_reconnect_interval=4.0
+                name,
+                source.url(name),
+                mercure_last_event_id=True,
+                lagged_reconnect_interval=4.0,
+                contiguous_ids=contiguous,
             )
             handle = await start_stream(temporal.client, spec, task_queue)
             await ready_for_a_gap(chaos_log, name)
+            if before_first_event:
+                # Taken only by a connection that has sent nothing: the live one streams
+                # on untouched, the replay the signal starts takes it first thing.
+                source.inject(name, action="drop", count=gap, first=True)
             await handle.signal("replay")  # starts the lagged-reconnect throttle
 
             async def replay_done() -> bool:
@@ -413,13 +505,12 @@ async def test_6_gap_older_than_the_history_is_reported(
                 return status.counters.lagged_replays == 1 and status.route == "lagged"
 
             await wait_until(replay_done, timeout=30, what="the signalled replay")
-            # The status says "lagged" as soon as the replay is planned, before its
-            # connection streams anything. A drop injected then is taken by that connection
-            # first thing, and a notice before any event on a cursor older than the newest
-            # stored id is attributable to no ids: unknown size, not the exact size this
-            # scenario checks. The replay connection lives for the 4 s throttle.
-            await asyncio.sleep(0.5)
-            source.inject(name, action="drop", count=gap)
+            if not before_first_event:
+                # The status says "lagged" as soon as the replay is planned, before its
+                # connection streams anything: wait until it streams (it lives for the
+                # 4 s throttle), so the drop lands on new ids.
+                await asyncio.sleep(0.5)
+                source.inject(name, action="drop", count=gap)
 
             async def reported() -> bool:
                 summary = await chaos_log.gap_summary(name, "numeric")
@@ -434,18 +525,16 @@ async def test_6_gap_older_than_the_history_is_reported(
     finally:
         end_process(process)
     faults = f"1 drop notice of {gap} events, history {history} events"
-    verdict = await verdict_of(
-        "6 gap > history", faults, source, chaos_log, name, sampler, status, verdicts
+    verdict = await verdict_of(scenario, faults, source, chaos_log, name, sampler, status, verdicts)
+    print(
+        f"6: status unrecoverable {status.counters.events_unrecoverable} "
+        f"(unknown size {status.counters.gaps_unknown_size}), metric {metric}"
     )
-    print(f"6: status unrecoverable {status.counters.events_unrecoverable}, metric {metric}")
     assert_clean(verdict, sampler)
-    [(low, high)] = source.truth(name).dropped
-    assert high - low + 1 == gap
     assert status.counters.gaps_unrecoverable == 1
-    assert status.counters.events_unrecoverable == gap
-    assert verdict.out_of_window == gap, "the whole gap should have left the history"
-    assert metric == gap
+    assert metric == status.counters.events_unrecoverable
     assert "UNRECOVERABLE GAP" in log_file.read_text()
+    return name, gap, verdict, status
 
 
 def _scrape(port: int, metric: str, stream: str) -> float:

@@ -43,6 +43,8 @@ class Notice:
     read: bool = False
     """The consumer took the notice (one lost with its connection, or arriving after the
     consumer stopped reading, was not)."""
+    one_shot: bool = False
+    """A one-shot drop (:meth:`SimServer.inject_drop`), announced once it has skipped all."""
 
 
 @dataclass
@@ -75,14 +77,25 @@ class SimConnection:
     announced: list[Notice] = field(default_factory=list)
     """Notices in the order they were written."""
     taken: int = 0
+    behind: bool = False
+    """Its cursor was older than the newest stored id (a replay), as the reader saw it."""
     _late: list[tuple[int, Notice]] = field(default_factory=list)
+    _one_shot: Notice | None = None
+    _one_shot_left: int = 0
 
     def pump(self) -> None:
         """Write what the server has generated since the last pump."""
         server = self.server
+        if server.one_shots:
+            # Like the real source's one-shots: the next connection to look takes them.
+            self._one_shot_left += sum(server.one_shots)
+            server.one_shots.clear()
         # A connection that is already streaming keeps its place even when the history
         # drops ids it has yet to send: truncation only shows to the next connection.
         while self.next_id <= server.newest and len(self.buffer) < 4096:
+            if self._one_shot_left:
+                self._one_shot_skip()
+                continue
             scripted = server.scripted_drop(self) if server.script else None
             if scripted is not None:
                 if scripted.last > server.newest:
@@ -133,6 +146,31 @@ class SimConnection:
         else:
             self._late.append((drop.notice_after - skipped[-1], notice))
 
+    def _one_shot_skip(self) -> None:
+        """Skip what the one-shot drop still owes, as far as ids exist; announce it (with
+        its whole size) once it is complete, before the next event, as the real source
+        does. A connection that has sent nothing yet announces before its first event."""
+        last = min(self.next_id + self._one_shot_left - 1, self.server.newest)
+        skipped = list(range(self.next_id, last + 1))
+        if self._one_shot is None:
+            self._one_shot = Notice(skipped=[], announced_after=None, one_shot=True)
+            self.notices.append(self._one_shot)
+        self._one_shot.skipped.extend(skipped)
+        self._one_shot_left -= len(skipped)
+        self.next_id = last + 1
+        if not self._one_shot_left:
+            self._announce(self._one_shot)
+            self._one_shot = None
+
+    def end_one_shot(self) -> None:
+        """The faults stop: a one-shot drop still skipping ends here, announced with what
+        it skipped (else a drop larger than what the server still generates would eat the
+        quiet phase, and a stream with nothing stored would never catch up)."""
+        self._one_shot_left = 0
+        if self._one_shot is not None:
+            self._announce(self._one_shot)
+            self._one_shot = None
+
     def _skip(self) -> None:
         server, rng = self.server, self.rng
         size = rng.randint(1, 6)
@@ -175,6 +213,8 @@ class SimServer:
         self.history_start = 1
         self.connections: list[SimConnection] = []
         self.script: list[ScriptedDrop] = []
+        self.one_shots: list[int] = []
+        """Drops of this many events that the next connection to write takes."""
         self.delivered: set[int] = set()
         """Ids whose drop notice the consumer took: it knows they were skipped. An event
         read but then skipped by the next connection without a word cannot be told apart
@@ -185,6 +225,18 @@ class SimServer:
             if drop.connection == connection.index and drop.first == connection.next_id:
                 return drop
         return None
+
+    def inject_drop(self, count: int) -> None:
+        """A one-shot drop (the real source's ``inject(action="drop")``): the next
+        connection to write skips ``count`` events, then says so."""
+        self.one_shots.append(count)
+
+    def clear_one_shots(self) -> None:
+        """Faults off (as the chaos harness's ``inject(action="clear")``): no one-shot
+        drop is pending or skipping any longer."""
+        self.one_shots.clear()
+        for connection in self.connections:
+            connection.end_one_shot()
 
     def generate(self, count: int) -> None:
         self.newest += count

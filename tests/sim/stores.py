@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from durable_sse.contracts import CheckpointState
 from durable_sse.eventlog import ConnectionStart, EventRecord
+from durable_sse.followers import CARRIER_KEY
 from durable_sse.gaps import (
     Gap,
     GapChange,
@@ -27,6 +28,7 @@ from durable_sse.gaps import (
     summarize,
 )
 from durable_sse.ids import IdOrder, contiguous_number, is_newer, sort_key
+from durable_sse.stored import StoredPage
 
 
 @dataclass
@@ -131,6 +133,21 @@ class MemoryEventLog:
             return self._keys[index][1] if index >= 0 else None
         index = bisect.bisect_right(self._keys, (key, "\U0010ffff"))
         return self._keys[index][1] if index < len(self._keys) else None
+
+    def stored_page(self, after: str | None, limit: int) -> StoredPage:
+        """``EventLog.stored_keys``: the first ``limit`` stored keys after ``after``."""
+        low = None if after is None else sort_key(after, self.order)
+        ahead = sorted(
+            (
+                sort_key(event_id, self.order),
+                event_id,
+                key if isinstance(key, bytes) else CARRIER_KEY,
+            )
+            for (event_id, key) in self.rows
+            if event_id and (low is None or sort_key(event_id, self.order) > low)
+        )[:limit]
+        keys = [(event_id, key) for _, event_id, key in ahead]
+        return StoredPage(keys=keys, full=len(keys) >= limit)
 
     def open_gaps(self) -> list[Gap]:
         return [gap for gap in self.gaps.values() if gap.is_open]

@@ -34,12 +34,13 @@ from durable_sse.contracts import (
     Route,
 )
 from durable_sse.gaps import GapChange, GapState
-from durable_sse.ids import compare_ids
+from durable_sse.ids import compare_ids, is_newer
 from durable_sse.intake import Batch, Intake
 from durable_sse.l1 import LocalCursors
 from durable_sse.resolve import CursorResolver
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, SSEDecoder
+from durable_sse.stored import StoredAhead, StoredPage
 from tests.sim.server import Profile, SimConnection, SimServer
 from tests.sim.stores import MemoryEventLog, MemoryRedis
 from workflows.routes import (
@@ -75,11 +76,29 @@ class Faults:
     signal: float = 0.01
     truncate: float = 0.004
     redis: float = 0.004
+    one_shot: float = 0.04
+    """A one-shot drop injected as a connection starts, so that it is taken before the
+    connection's first event (chaos scenario 6's timing)."""
+    one_shot_replay: float = 0.3
+    """The same, as a replay (a lagged or explicit route) starts."""
+    one_shot_tick: float = 0.002
+    """A one-shot drop injected at a random moment (the connection writing takes it)."""
     quiet: bool = False
 
     @classmethod
     def none(cls) -> Faults:
-        return cls(crash=0, zombie=0, lose_result=0, signal=0, truncate=0, redis=0, quiet=True)
+        return cls(
+            crash=0,
+            zombie=0,
+            lose_result=0,
+            signal=0,
+            truncate=0,
+            redis=0,
+            one_shot=0,
+            one_shot_replay=0,
+            one_shot_tick=0,
+            quiet=True,
+        )
 
 
 @dataclass
@@ -143,6 +162,17 @@ class World:
         its retry had started (also with no cursor, reading live)."""
         self.trace: list[str] = []
         self._history_seen = 1
+        self.shots = random.Random(f"{seed}:one-shots")
+        """One-shot drops draw from their own generator: a schedule none hits runs as it
+        did before they existed."""
+
+    def maybe_inject_drop(self, chance: float) -> None:
+        """A one-shot drop of up to one and a half history windows (larger than the
+        history, as in chaos scenario 6, a third of the time)."""
+        if chance and self.shots.random() < chance:
+            window = self.profile.window
+            self.server.inject_drop(self.shots.randint(1, window + window // 2))
+            self.tally.add("one-shot drop injected")
 
     def note(self, text: str) -> None:
         self.trace.append(f"{self.clock:7.2f} {text}")
@@ -183,6 +213,7 @@ class World:
             else:
                 self.redis.values.clear()
                 self.tally.add("redis emptied")
+        self.maybe_inject_drop(faults.one_shot_tick)
         for zombie in list(self.zombies):
             zombie.lifetime -= 1
             outcome = zombie.step()
@@ -263,6 +294,7 @@ class World:
             if phase_steps >= deadline and not self.faults.quiet:
                 self.faults = Faults.none()
                 self.profile.drop_rate = self.profile.disconnect_rate = 0.0
+                self.server.clear_one_shots()
                 self.tally.add("quiet phase")
                 deadline, phase_steps = quiet_steps, 0
                 continue
@@ -411,6 +443,20 @@ class World:
 
     def verdict(self) -> None:
         """The final oracle (after :meth:`run` settled)."""
+        for connection in self.server.connections:
+            early = [
+                n
+                for n in connection.announced
+                if n.one_shot and n.read and n.announced_after == -1 and not connection.cursorless
+            ]
+            if early:
+                self.tally.add("one-shot drop taken before the first event")
+                if connection.header == "earliest":
+                    self.tally.add("... after a truncation header")
+                    if connection.behind:
+                        self.tally.add("... on a replay from behind the newest stored id")
+                        if self.profile.contiguous:
+                            self.tally.add("... ... with contiguous ids (attributed exactly)")
         truth = set(range(1, self.server.newest + 1))
         stored = self.log.stored_numbers()
         extra = stored - truth
@@ -551,6 +597,9 @@ class Attempt:
         self.start_cursor: str | None = None
         self.first_id: str | None = None
         self.source = ""
+        self.page_coming: StoredPage | None = None
+        """A page of stored keys read from the log, not yet handed over (a fetch in
+        flight: the log may take more rows meanwhile, never lose one)."""
 
     @classmethod
     async def start(
@@ -582,8 +631,27 @@ class Attempt:
             now_iso=lambda: world.now.isoformat(),
             retried=retried,
         )
+        floor = start.context.floor
+        if start.cursor and is_newer(floor, start.cursor, world.spec.id_order):
+            if world.rng.random() < 0.8:
+                # A replay skips what is stored (durable_sse.stored), as the activity does:
+                # its first page before the first event, the next ones while it reads.
+                attempt.intake.stored = StoredAhead(
+                    world.spec.id_order, start=start.cursor, page_rows=world.rng.choice([2, 5, 40])
+                )
+                attempt._fetch_stored()
+                attempt._page_arrives()
         attempt.decoder = SSEDecoder(last_event_id=start.cursor or "")
+        replay = Route(read_input.route) is not Route.LIVE
+        faults = world.faults
+        world.maybe_inject_drop(faults.one_shot_replay if replay else faults.one_shot)
         attempt.connection = world.server.connect(start.cursor, world.rng)
+        floor = start.context.floor
+        attempt.connection.behind = (
+            start.cursor is not None
+            and floor is not None
+            and compare_ids(start.cursor, floor, world.spec.id_order) < 0
+        )
         attempt.intake.head(truncation_header=attempt.connection.header)
         if world.rng.random() < 0.9:
             attempt._beat()
@@ -614,6 +682,10 @@ class Attempt:
         chunk = connection.read(self.rng.randint(1, 200))
         if chunk:
             self._take(chunk)
+        if intake.stored is not None:
+            if self.page_coming is not None and self.rng.random() < 0.5:
+                self._page_arrives()
+            self._fetch_stored()
         intake.poll(self.world.clock)
         self._collect()
         while self.inflight and (len(self.inflight) > 3 or self.rng.random() < 0.6):
@@ -630,6 +702,20 @@ class Attempt:
             if isinstance(item, Comment) and item.text != "ping":
                 self.connection.notice_taken()
 
+    def _fetch_stored(self) -> None:
+        stored = self.intake.stored
+        assert stored is not None
+        after = stored.next_fetch(self.intake.last_read)
+        if after is not None:
+            stored.fetching = True
+            self.page_coming = self.world.log.stored_page(after, stored.page_rows)
+
+    def _page_arrives(self) -> None:
+        stored = self.intake.stored
+        if stored is not None and self.page_coming is not None:
+            stored.add(self.page_coming)
+            self.page_coming = None
+
     def _collect(self) -> None:
         while self.intake.ready:
             self.inflight.append(self.intake.ready.popleft())
@@ -639,6 +725,8 @@ class Attempt:
         world = self.world
         new_rows = world.log.commit(batch.records, batch.gap_changes, now=world.now)
         self.committed_any = True
+        if batch.skipped:
+            world.tally.add("events skipped as stored")
         if self.zombie and self.start_cursor is None:
             world.late_first_rows.update(int(r.event_id) for r in batch.records if r.event_id)
         first = self.first_id is None and self.start_cursor is None
@@ -655,7 +743,7 @@ class Attempt:
             world.redis.submit(STREAM, cursor, world.spec.id_order)
             world.check_notices(self.connection, cursor)
             if first:
-                self.first_id = batch.records[0].event_id or cursor
+                self.first_id = (batch.records[0].event_id if batch.records else "") or cursor
         if (first and self.first_id is not None) or self.rng.random() < 0.7:
             self._beat()
 

@@ -1,0 +1,100 @@
+"""The ``apply_retention`` activity: delete a stream's events older than its retention.
+
+Run by ``CheckpointAdvanceWorkflow`` right after it moves the lagging id, so the fence
+(the lagging id, the oldest open gap) is as fresh as it gets. The decisions are in
+:mod:`durable_sse.retention`, the statements in
+:meth:`~durable_sse.eventlog.EventLog.apply_retention`; this activity picks the
+retention (the stream's own, else the worker's), heartbeats between the bounded
+batches, and records the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from temporalio import activity
+
+from activities.checkpoint import _parse_time
+from durable_sse.contracts import RetentionInput, RetentionStatus
+from durable_sse.eventlog import EventLog
+from durable_sse.metrics import RetentionMetrics
+from durable_sse.retention import BATCH_ROWS, MAX_BATCHES, effective_retention
+
+logger = logging.getLogger(__name__)
+
+
+class RetentionActivities:
+    """``apply_retention`` over the worker's :class:`EventLog` and its retention setting."""
+
+    def __init__(
+        self,
+        event_log: EventLog,
+        *,
+        worker_retention: float | None = None,
+        batch_rows: int = BATCH_ROWS,
+        max_batches: int = MAX_BATCHES,
+    ) -> None:
+        self._log = event_log
+        self._worker_retention = worker_retention
+        self._batch_rows = batch_rows
+        self._max_batches = max_batches
+
+    @activity.defn
+    async def apply_retention(self, input: RetentionInput) -> RetentionStatus:
+        """Delete what the stream's retention lets go; report what is deleted and kept."""
+        name = input.stream.name
+        retention, source = effective_retention(
+            input.retention, self._worker_retention, input.replay_window
+        )
+        now = _parse_time(input.now) if input.now else datetime.now(UTC)
+        if retention is None:
+            return RetentionStatus(run_at=now.isoformat())
+
+        async def beat(deleted: int) -> None:
+            if activity.in_activity():
+                activity.heartbeat(deleted)
+
+        run = await self._log.apply_retention(
+            name,
+            input.stream.id_order,
+            cutoff=now - timedelta(seconds=retention),
+            batch_rows=self._batch_rows,
+            max_batches=self._max_batches,
+            between=beat,
+        )
+        state = run.state
+        status = RetentionStatus(
+            retention=retention,
+            source=source,
+            deleted_rows=state.deleted_rows,
+            deleted_last_run=run.deleted,
+            complete=run.complete,
+            held_by=run.held_by,
+            keep_from=run.keep_from,
+            horizon_id=state.horizon_id,
+            oldest_kept_id=state.oldest_kept_id,
+            oldest_kept_at=state.oldest_kept_at.isoformat() if state.oldest_kept_at else None,
+            run_at=now.isoformat(),
+        )
+        if activity.in_activity():
+            RetentionMetrics(activity.metric_meter(), name).record(
+                run.deleted, state.oldest_kept_at
+            )
+        logger.log(
+            logging.INFO if run.deleted else logging.DEBUG,
+            "retention %s: deleted %d rows in %d statements (longest %.3f s, %s), kept from "
+            "%r (%s), oldest kept %s",
+            name,
+            run.deleted,
+            run.batches,
+            run.longest_statement,
+            "done" if run.complete else "more next run",
+            run.keep_from,
+            run.held_by,
+            status.oldest_kept_at,
+        )
+        return status
+
+    def activities(self) -> list:
+        return [self.apply_retention]

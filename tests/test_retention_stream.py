@@ -1,0 +1,223 @@
+"""Retention under running streams, on a real Temporal dev server.
+
+The real worker (reader, PostgreSQL, Redis, the checkpoint schedule) reads the demo
+source while the checkpoint runs delete behind it: nothing at or after the lagging id is
+lost, every row stored is either still there or counted as deleted, and the counts in
+``status``, the database and the Prometheus metrics agree. A second stream with its own,
+longer retention shows the stream's setting overriding the worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+import sqlalchemy as sa
+from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from durable_sse.contracts import StreamStatus, checkpoint_schedule_id, stream_workflow_id
+from durable_sse.eventlog import EventLog
+from durable_sse.metrics import prometheus_runtime
+from durable_sse.settings import Settings
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.spec import StreamSpec
+from tests.test_e2e import capture_history, metric, scrape
+from worker import WorkerResources, build_worker
+
+pytestmark = pytest.mark.slow
+
+WINDOW = 2.0
+"""The streams' replay window, so also the checkpoint schedule's interval."""
+WORKER_RETENTION = 6.0
+"""The worker's retention, in seconds: far below what ``DURABLE_SSE_RETENTION`` accepts
+(1m), so that a test sees several deletes; the activity takes any number of seconds."""
+RATE = 50.0
+
+
+@dataclass
+class Running:
+    client: Client
+    queue: str
+    log: EventLog
+    metrics_port: int
+
+
+@pytest.fixture
+async def running(
+    temporal: WorkflowEnvironment, pg_url: str, redis_url: str
+) -> AsyncIterator[Running]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = await Client.connect(
+        temporal.client.service_client.config.target_host,
+        namespace=temporal.client.namespace,
+        runtime=prometheus_runtime(port, host="127.0.0.1"),
+    )
+    settings = Settings.from_env({"DATABASE_URL": pg_url, "REDIS_URL": redis_url})
+    resources = WorkerResources.from_settings(settings)
+    await resources.event_log.create_schema()
+    queue = f"retention-{uuid.uuid4().hex[:8]}"
+    worker = build_worker(
+        client, resources, task_queue=queue, progress_interval=1.0, retention=WORKER_RETENTION
+    )
+    try:
+        async with worker:
+            yield Running(client, queue, resources.event_log, port)
+    finally:
+        await resources.close()
+
+
+async def start(
+    running: Running, source: SSESource, *, retention: float | None = None
+) -> WorkflowHandle:
+    name = "ret-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=RATE, keepalive=1, retry_ms=None))
+    spec = StreamSpec(
+        name=name,
+        url=source.url(name),
+        id_order="numeric",
+        max_connection_age=3600.0,
+        batch_max_delay=0.05,
+        replay_window=WINDOW,
+        retention=retention,
+    )
+    return await running.client.start_workflow(
+        "StreamWorkflow",
+        spec,
+        id=stream_workflow_id(name),
+        task_queue=running.queue,
+        result_type=StreamStatus,
+    )
+
+
+async def stored(log: EventLog, stream: str) -> list[int]:
+    def query() -> list[int]:
+        with log.engine.connect() as connection:
+            rows = connection.execute(
+                sa.text("SELECT event_id FROM sse_events WHERE stream = :s ORDER BY seq"),
+                {"s": stream},
+            )
+            return [int(row[0]) for row in rows]
+
+    return await asyncio.to_thread(query)
+
+
+async def capture_checkpoint_run(client: Client, name: str) -> None:
+    """With DURABLE_SSE_CAPTURE_HISTORY=1, store a finished checkpoint run with retention."""
+    if not os.environ.get("DURABLE_SSE_CAPTURE_HISTORY"):
+        return
+    schedule = await client.get_schedule_handle(checkpoint_schedule_id(name)).describe()
+    action = schedule.info.recent_actions[-2].action  # the last one may still run
+    assert isinstance(action, ScheduleActionExecutionStartWorkflow)
+    run = client.get_workflow_handle(action.workflow_id, run_id=action.first_execution_run_id)
+    await run.result()
+    await capture_history(run, "checkpoint_retention")
+
+
+async def replay_what_was_deleted(
+    running: Running, handle: WorkflowHandle, log: EventLog, name: str
+) -> int:
+    """``replay --from-id 1``: the source re-sends everything from its first id, rows
+    retention deleted included. Returns how many ids it re-sent that were stored once.
+
+    The checkpoint schedule is paused meanwhile, so no delete runs during the replay
+    (a row deleted in the very milliseconds a replay re-sends it could be stored again:
+    the write path reads the horizon as its transaction starts).
+    """
+    schedule = running.client.get_schedule_handle(checkpoint_schedule_id(name))
+    await schedule.pause()
+    await asyncio.sleep(1.0)  # a run already started ends
+    before = await handle.query("status", result_type=StreamStatus)
+    oldest_kept = (await stored(log, name))[0]
+    assert before.live_cursor is not None and oldest_kept > 1
+    await handle.signal("replay", {"from_id": "1"})
+    resent = int(before.live_cursor) - 1
+
+    async def replayed() -> bool:
+        status = await handle.query("status", result_type=StreamStatus)
+        return status.counters.duplicates - before.counters.duplicates >= resent
+
+    await wait_for(replayed, timeout=60, what="the replay of every id from 2 on")
+    ids = await stored(log, name)
+    assert min(ids) == oldest_kept  # nothing retention deleted came back
+    status = await handle.query("status", result_type=StreamStatus)
+    assert status.counters.events_recovered == 0
+    await schedule.unpause()
+    return resent
+
+
+async def wait_for(check, *, timeout: float, what: str) -> None:  # noqa: ANN001
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: never happened")
+        await asyncio.sleep(0.25)
+
+
+async def test_retention_deletes_behind_a_running_stream_and_loses_nothing_newer(
+    running: Running, source: SSESource
+) -> None:
+    inherits = await start(running, source)  # the worker's retention
+    own = await start(running, source, retention=3600.0)  # its own: nothing is old enough
+    log = running.log
+    name = inherits.id.removeprefix("sse-stream:")
+    own_name = own.id.removeprefix("sse-stream:")
+
+    async def deleted_three_times() -> bool:
+        status = await inherits.query("status", result_type=StreamStatus)
+        report = status.retention
+        return report is not None and report.deleted_rows >= 3 * RATE * WINDOW
+
+    # Several deletes while the stream reads on (each run at most one window's rows).
+    await wait_for(deleted_three_times, timeout=90, what="three windows of rows deleted")
+    await capture_checkpoint_run(running.client, name)
+    resent = await replay_what_was_deleted(running, inherits, log, name)
+    for handle in (inherits, own):
+        await handle.signal("stop")
+    finals = [await asyncio.wait_for(h.result(), 60) for h in (inherits, own)]
+    await asyncio.sleep(2 * WINDOW)  # a checkpoint run still in flight ends
+
+    await capture_history(inherits, "stream_retention_reports")
+    final = finals[0]
+    state = await log.retention_state(name)
+    ids = await stored(log, name)
+    checkpoint = await log.get_checkpoint(name)
+    assert checkpoint is not None and checkpoint.lagging_id is not None
+    lagging = int(checkpoint.lagging_id)
+    # Nothing lost: the ids stored run without a hole from the oldest kept to the cursor,
+    # every id from the lagging id on is among them, and what is not is counted deleted.
+    assert ids == list(range(ids[0], ids[-1] + 1))
+    assert ids[0] <= lagging <= ids[-1] and str(ids[-1]) == final.live_cursor
+    assert len(ids) + state.deleted_rows == final.counters.events_persisted
+    assert final.counters.events_recovered == 0 and final.counters.gaps_open == 0
+    assert final.counters.duplicates >= resent
+
+    # Status: the last report the stream got (later runs can only have deleted more).
+    report = final.retention
+    assert report is not None
+    assert (report.retention, report.source) == (WORKER_RETENTION, "worker")
+    assert 3 * RATE * WINDOW <= report.deleted_rows <= state.deleted_rows
+    assert report.oldest_kept_at is not None and report.held_by == "lagging"
+    # Metrics: every run's deletes, and the oldest row kept, as the database has them.
+    samples = scrape(running.metrics_port)
+    assert metric(samples, "durable_sse_retention_deleted_rows", stream=name) == (
+        state.deleted_rows
+    )
+    assert state.oldest_kept_at is not None
+    oldest = metric(samples, "durable_sse_retention_oldest_kept_timestamp_seconds", stream=name)
+    assert oldest == pytest.approx(state.oldest_kept_at.timestamp(), abs=1e-3)
+
+    # The stream with its own retention (an hour) kept everything it read.
+    own_ids = await stored(log, own_name)
+    assert own_ids == list(range(own_ids[0], own_ids[-1] + 1))
+    assert len(own_ids) == finals[1].counters.events_persisted
+    assert (await log.retention_state(own_name)).deleted_rows == 0
+    assert metric(samples, "durable_sse_retention_deleted_rows", stream=own_name) == 0
