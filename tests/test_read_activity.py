@@ -975,8 +975,7 @@ def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
     for count in [0, 1, 400, 1000, MAX_CONNECTIONS_PER_WORKER]:
         assert heartbeat_interval(count, nudged=True) == NUDGED_HEARTBEAT_INTERVAL
     assert 2 * NUDGED_HEARTBEAT_INTERVAL < timeout
-    assert heartbeat_interval(100, nudged=True) > heartbeat_interval(100)  # fewer calls
-    assert heartbeat_interval(1000, nudged=True) <= heartbeat_interval(1000)  # never more
+    assert heartbeat_interval(1000, nudged=True) > heartbeat_interval(1000)  # fewer calls
 
 
 async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
