@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
+from activities.nudge import NudgeActivities
 from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
 from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
@@ -35,6 +36,7 @@ from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 from durable_sse.logs import configure_logging
 from durable_sse.metrics import prometheus_runtime, redis_failures_counter
+from durable_sse.nudge import Nudges
 from durable_sse.secrets import DeclaredSecrets
 from durable_sse.settings import Settings
 from workflows.checkpoint import CheckpointAdvanceWorkflow
@@ -43,7 +45,8 @@ from workflows.stream import StreamWorkflow
 log = logging.getLogger(__name__)
 
 HEARTBEAT_THROTTLE = timedelta(milliseconds=500)
-"""Cancellation reaches an activity only on a heartbeat: keep signals prompt (~1 s)."""
+"""Cancellation reaches an activity only on a heartbeat: keep signals prompt (~1 s), also
+the heartbeat a nudge asks for (durable_sse/nudge.py)."""
 DEPENDENCY_WAIT = 60.0
 STORE_SLOTS = 100
 """Activity slots beyond the connections: checkpoint, gap and schedule activities."""
@@ -57,6 +60,7 @@ class WorkerResources:
     l1: LocalCursors
     l2: RedisCursors
     http: httpx.AsyncClient
+    nudges: Nudges
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerResources:
@@ -73,11 +77,13 @@ class WorkerResources:
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
                 trust_env=False,
             ),
+            nudges=Nudges(settings.redis_url, timeout=settings.redis_timeout),
         )
 
     async def close(self) -> None:
         await self.l2.flush()
         await self.l2.close()
+        await self.nudges.close()
         await self.http.aclose()
         await self.event_log.close()
 
@@ -105,9 +111,11 @@ def build_worker(
         secrets=secrets,
         allowed_hosts=allowed_hosts,
         progress_interval=progress_interval,
+        nudges=resources.nudges,
     )
     activities = [
         *reader.activities(),
+        *NudgeActivities(resources.nudges).activities(),
         *CheckpointActivities(resources.event_log).activities(),
         *RetentionActivities(resources.event_log, worker_retention=retention).activities(),
         *ScheduleActivities(client, task_queue).activities(),

@@ -5,11 +5,17 @@ and a failed workflow task is retried forever: a stream would hang on it. So eac
 ``StreamWorkflow`` asks once, at its start, through this activity, and sets the attribute
 only where it is registered as a Keyword. Where it is not, the stream works the same and
 only Temporal's list views lack the column (the worker logs how to register it).
+
+A worker answers from its last listing for ``ANSWER_TTL`` seconds, and concurrent asks
+share one listing: a thousand streams started at once ask the server once, not a
+thousand times (docs/benchmarks.md, section 3).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
@@ -20,6 +26,10 @@ from temporalio.service import RPCError
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 
 logger = logging.getLogger(__name__)
+
+ANSWER_TTL = 30.0
+"""Seconds a worker reuses its answer: an attribute registered (or removed) meanwhile is
+seen by runs that start after this."""
 
 REGISTER_HINT = (
     f"register it with `temporal operator search-attribute create --name "
@@ -34,10 +44,28 @@ class SearchAttributeActivities:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._told = False
+        self._lock = asyncio.Lock()
+        self._answer: tuple[float, bool] | None = None
+        """(monotonic time it was listed, the answer)."""
+        self.listings = 0
 
     @activity.defn(name="stream_state_attribute_registered")
     async def stream_state_attribute_registered(self) -> bool:
         """True when ``SseStreamState`` is a Keyword search attribute of this namespace."""
+        async with self._lock:
+            if answer_fresh(self._answer, time.monotonic()):
+                assert self._answer is not None
+                return self._answer[1]
+            listed_at = time.monotonic()
+            answer = await self._list()
+            if answer is None:  # the listing failed: this run goes without, no caching
+                return False
+            self._answer = (listed_at, answer)
+            return answer
+
+    async def _list(self) -> bool | None:
+        """The answer, or None when the namespace could not be listed."""
+        self.listings += 1
         namespace = self.client.namespace
         try:
             response = await self.client.operator_service.list_search_attributes(
@@ -48,7 +76,7 @@ class SearchAttributeActivities:
                 f"cannot list the search attributes of namespace {namespace} ({error.message}); "
                 f"streams do not set {STREAM_STATE_ATTRIBUTE}"
             )
-            return False
+            return None
         kind = response.custom_attributes.get(STREAM_STATE_ATTRIBUTE)
         if kind is None:
             self._tell(
@@ -72,3 +100,8 @@ class SearchAttributeActivities:
 
     def activities(self) -> list[object]:
         return [self.stream_state_attribute_registered]
+
+
+def answer_fresh(answer: tuple[float, bool] | None, now: float, ttl: float = ANSWER_TTL) -> bool:
+    """Whether a listing made at ``answer[0]`` still answers at ``now``."""
+    return answer is not None and 0 <= now - answer[0] < ttl

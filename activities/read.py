@@ -25,6 +25,7 @@ decision about what a connection read (batches, drop signals, gaps, when to end)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import time
 from collections import deque
@@ -79,6 +80,7 @@ from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
 from durable_sse.logs import install_redaction
 from durable_sse.metrics import ReaderMetrics
+from durable_sse.nudge import Nudges
 from durable_sse.resolve import CursorResolver
 from durable_sse.secrets import DeclaredSecrets
 from durable_sse.sse.content_type import is_event_stream
@@ -100,6 +102,12 @@ MAX_HEARTBEAT_INTERVAL = 5.0
 """Half the read activity's heartbeat timeout (``READ_HEARTBEAT_TIMEOUT``, 10 s, in
 workflows/stream.py): however many connections a worker holds, one slow heartbeat call
 does not time a live attempt out (Temporal would start a duplicate)."""
+NUDGED_HEARTBEAT_INTERVAL = 4.0
+"""Seconds between heartbeats while the worker hears nudges (durable_sse/nudge.py): a
+signal's cancellation then comes with the heartbeat its nudge asks for, so the regular
+heartbeats only show the attempt is alive. 0.4 of ``READ_HEARTBEAT_TIMEOUT`` (10 s):
+one late heartbeat never times a live attempt out. A thousand connections cost 250 calls
+a second instead of 500, and a lost nudge leaves a cancellation at most this late."""
 MAX_BATCHES_IN_FLIGHT = 3
 """Batches of one connection committing at once (they commit in order): the next batch
 is written while the previous one commits."""
@@ -108,7 +116,7 @@ READ_AHEAD_CHUNKS = 64
 """Chunks (up to 64 KiB each) read ahead while a batch commits: bounds memory."""
 PROGRESS_INTERVAL = 20.0
 """Seconds between progress reports to the workflow (only sent when something changed).
-A report is checked for at the next heartbeat after this (at most
+A report is checked for whenever the connection wakes (a batch, or at most
 ``MAX_HEARTBEAT_INTERVAL`` later), so the workflow's view is under 30 s old; each report
 costs the workflow's history four events (docs/benchmarks.md)."""
 PROGRESS_TIMEOUT = 5.0
@@ -131,8 +139,11 @@ class StreamReader:
         secrets: DeclaredSecrets | None = None,
         allowed_hosts: tuple[str, ...] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
+        nudges: Nudges | None = None,
     ) -> None:
         install_redaction()
+        self.nudges = nudges
+        """Without it (or while it is not subscribed) cancellations wait for heartbeats."""
         self.progress_interval = progress_interval
         self.allowed_hosts = allowed_hosts
         self.http = http
@@ -147,16 +158,27 @@ class StreamReader:
     async def read_stream(self, input: ReadInput) -> ReadResult:
         self.open_connections += 1
         connection = _Connection(self, input)
+        nudges = self.nudges
+        if nudges is not None:
+            nudges.start()
+            nudges.register(connection.stream, connection.nudged)
         try:
             return await connection.run()
         finally:
             self.open_connections -= 1
+            if nudges is not None:
+                nudges.unregister(connection.stream, connection.nudged)
             await connection.stop_reports()
             await connection.stop_fetching_stored()
 
-    def heartbeat_interval(self) -> float:
-        """Seconds between one connection's heartbeats, within the worker's budget."""
-        return heartbeat_interval(self.open_connections)
+    def heartbeat_interval(self, *, streaming: bool = True) -> float:
+        """Seconds between one connection's heartbeats, within the worker's budget.
+
+        Only a connection that is streaming takes the long nudged interval: one still
+        resolving its cursor or waiting for a response head keeps the short one, so a
+        start-up burst that starves the event loop does not time its attempts out."""
+        nudged = streaming and self.nudges is not None and self.nudges.live
+        return heartbeat_interval(self.open_connections, nudged=nudged)
 
     def activities(self) -> list[Any]:
         return [self.read_stream]
@@ -167,10 +189,13 @@ MAX_CONNECTIONS_PER_WORKER = int(HEARTBEAT_BUDGET * MAX_HEARTBEAT_INTERVAL)
 ``MAX_HEARTBEAT_INTERVAL`` within the budget. ``worker.py`` sizes its activity slots by it."""
 
 
-def heartbeat_interval(open_connections: int) -> float:
+def heartbeat_interval(open_connections: int, *, nudged: bool = False) -> float:
     """Seconds between one connection's heartbeats when the worker holds
-    ``open_connections``: stretched to stay within ``HEARTBEAT_BUDGET``, never past
-    ``MAX_HEARTBEAT_INTERVAL``."""
+    ``open_connections``: ``NUDGED_HEARTBEAT_INTERVAL`` while nudges reach the worker
+    (cancellations do not wait for heartbeats), else short for prompt cancellations,
+    stretched to stay within ``HEARTBEAT_BUDGET``, never past ``MAX_HEARTBEAT_INTERVAL``."""
+    if nudged:
+        return NUDGED_HEARTBEAT_INTERVAL
     stretched = max(HEARTBEAT_INTERVAL, open_connections / HEARTBEAT_BUDGET)
     return min(stretched, MAX_HEARTBEAT_INTERVAL)
 
@@ -231,6 +256,8 @@ class _Connection:
         self.inflight: deque[asyncio.Task[None]] = deque()
         self.last_job: CommitJob | None = None
         self.last_heartbeat = time.monotonic()
+        self.streaming = False
+        """The response head arrived and events are being read."""
         self.previous: ReadProgress | None = None
         """Heartbeat details of the attempt before (sent again until this one starts)."""
         self.carried = ReadCounts()
@@ -240,6 +267,8 @@ class _Connection:
         self.reporting: asyncio.Task[None] | None = None
         self.reported: ConnectionProgress | None = None
         """The last report the workflow got (its ``at`` left out)."""
+        self.context = contextvars.copy_context()
+        """The activity's context: a nudge heartbeats from the worker's listener task."""
         self.fetching_stored: asyncio.Task[StoredPage] | None = None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -439,7 +468,7 @@ class _Connection:
         try:
             while True:
                 self._heartbeat()
-                done, _ = await asyncio.wait([task], timeout=self.reader.heartbeat_interval())
+                done, _ = await asyncio.wait([task], timeout=self._heartbeat_interval())
                 if done:
                     return task.result()
         finally:
@@ -481,6 +510,7 @@ class _Connection:
         assert intake is not None
         queue: asyncio.Queue[object] = asyncio.Queue(READ_AHEAD_CHUNKS)
         pump = asyncio.create_task(_pump(response, queue))
+        self.streaming = True
         rotate_at = time.monotonic() + self.spec.max_connection_age
         try:
             while True:
@@ -550,7 +580,7 @@ class _Connection:
 
     def _wait_budget(self, rotate_at: float) -> float:
         now = time.monotonic()
-        budget = min(self.reader.heartbeat_interval(), rotate_at - now)
+        budget = min(self._heartbeat_interval(), rotate_at - now)
         assert self.intake is not None
         deadline = self.intake.next_deadline(now)
         if deadline is not None:
@@ -672,10 +702,15 @@ class _Connection:
 
     def _heartbeat(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self.last_heartbeat < self.reader.heartbeat_interval():
+        intake = self.intake
+        # Checked on every call, not only when a heartbeat goes out: heartbeats may be
+        # ``NUDGED_HEARTBEAT_INTERVAL`` apart, reports are due every ``progress_interval``.
+        if intake is not None and now >= self.next_report and self.reporting is None:
+            self.next_report = now + self.reader.progress_interval
+            self.reporting = asyncio.create_task(self._report())
+        if not force and now - self.last_heartbeat < self._heartbeat_interval():
             return
         self.last_heartbeat = now
-        intake = self.intake
         if intake is None:
             # Still resolving the start: keep the dead attempt's start for the next retry.
             progress = self.previous or ReadProgress(counts=self.carried)
@@ -687,9 +722,14 @@ class _Connection:
                 counts=_added(self.carried, intake.counts),
             )
         activity.heartbeat(asdict(progress))
-        if intake is not None and now >= self.next_report and self.reporting is None:
-            self.next_report = now + self.reader.progress_interval
-            self.reporting = asyncio.create_task(self._report())
+
+    def _heartbeat_interval(self) -> float:
+        return self.reader.heartbeat_interval(streaming=self.streaming)
+
+    def nudged(self) -> None:
+        """The workflow asked for a cancellation: heartbeat now, so its answer brings it
+        (the SDK still spaces heartbeats by its throttle, 0.5 s)."""
+        self.context.run(self._heartbeat, force=True)
 
     # -- progress reports ----------------------------------------------------------
 

@@ -66,7 +66,9 @@ def _cursor_id(value: Any) -> int:
     return int(value.decode().split("#", 1)[1]) if value is not None else 0
 
 
-async def many_rows(running: Stack, redis: aioredis.Redis, count: int, seconds: float) -> list[Row]:
+async def many_rows(
+    running: Stack, redis: aioredis.Redis, count: int, seconds: float, *, workers: int = 1
+) -> list[Row]:
     _stamp_generation()
     tag = uuid.uuid4().hex[:6]
     names = [f"m{count}-{tag}-{i}" for i in range(count)]
@@ -74,10 +76,10 @@ async def many_rows(running: Stack, redis: aioredis.Redis, count: int, seconds: 
     config = SourceStreamConfig(rate=RATE, retry_ms=None, keepalive=5.0)
     rows: list[Row] = []
     async with SSESource({name: config for name in names}) as source:
-        async with temporal(running, label=f"many{count}") as stack_t:
-            pid = stack_t.worker.pid
+        async with temporal(running, label=f"many{count}", workers=workers) as stack_t:
+            pids = stack_t.pids
             await asyncio.sleep(2.0)
-            idle_rss = rss_bytes(pid)
+            idle_rss = sum(rss_bytes(pid) for pid in pids)
             semaphore = asyncio.Semaphore(START_CONCURRENCY)
 
             async def start(name: str) -> None:
@@ -107,11 +109,12 @@ async def many_rows(running: Stack, redis: aioredis.Redis, count: int, seconds: 
             await asyncio.sleep(2.0)  # let the start-up backlog drain out of the window
 
             persist_before = await stack_t.histogram(PERSIST_HISTOGRAM)
-            lags, probe, cpu, wall = await _sample(stack_t, redis, names, keys, seconds, pid)
+            lags, probe, cpu, wall = await _sample(stack_t, redis, names, keys, seconds, pids)
             persist_after = await stack_t.histogram(PERSIST_HISTOGRAM)
             commit_seconds = persist_after[0] - persist_before[0]
             commits = max(persist_after[1] - persist_before[1], 1)
-            rss = rss_bytes(pid)
+            rss = sum(rss_bytes(pid) for pid in pids)
+            spread = await _streams_per_worker(stack_t, names) if workers > 1 else None
             persisted = len(lags)
             sql = 1000 * probe.get("sql", 0) / max(persisted, 1)
             redis_rt = 1000 * probe.get("redis", 0) / max(persisted, 1)
@@ -121,6 +124,8 @@ async def many_rows(running: Stack, redis: aioredis.Redis, count: int, seconds: 
         GENERATED.pop(stream, None)
     p50, p99 = percentile(lags, 50), percentile(lags, 99)
     label = f"{count} streams @ {RATE:g} ev/s"
+    if workers > 1:
+        label += f", {workers} workers"
     cores = cpu / wall
     rows.append(Row("3", f"{label}: start all + first event persisted (s)", startup))
     rows.append(Row("3", f"{label}: cursor lag p50 (ms)", f"{p50 * 1000:.0f}"))
@@ -136,6 +141,8 @@ async def many_rows(running: Stack, redis: aioredis.Redis, count: int, seconds: 
             f"{1000 * commit_seconds / commits:.0f} / {commit_seconds / (wall + 3.6):.1f}",
         )
     )
+    if spread is not None:
+        rows.append(Row("3", f"{label}: streams per worker (running connections)", spread))
     rows.append(
         Row(
             "3",
@@ -148,6 +155,13 @@ async def many_rows(running: Stack, redis: aioredis.Redis, count: int, seconds: 
             "3",
             f"{label}: worker RSS total / per stream",
             f"{rss / 2**20:.0f} MiB / {(rss - idle_rss) / count / 1024:.0f} KiB",
+        )
+    )
+    rows.append(
+        Row(
+            "3",
+            f"{label}: heartbeats the workers sent per second (to the Temporal server)",
+            f"{probe.get('heartbeats', 0) / max(wall, 1e-9):.0f}",
         )
     )
     rows.append(
@@ -169,13 +183,13 @@ async def _sample(
     names: list[str],
     keys: list[str],
     seconds: float,
-    pid: int,
+    pids: list[int],
 ) -> tuple[list[float], dict[str, float], float, float]:
     """Lags of every event generated in the window, probe deltas, worker CPU s, wall s."""
     window_start = time.time()
     seen = [_cursor_id(v) for v in await redis.mget(keys)]
     arrived: dict[tuple[int, int], float] = {}
-    probe_before, cpu_before = stack_t.probe(), cpu_seconds(pid)
+    probe_before, cpu_before = stack_t.probe(), sum(cpu_seconds(pid) for pid in pids)
     began = time.monotonic()
     cpu = wall = 0.0
     probe: dict[str, float] = {}
@@ -185,7 +199,7 @@ async def _sample(
         now_m = time.monotonic()
         if now_m >= end and not wall:
             wall = now_m - began
-            cpu = cpu_seconds(pid) - cpu_before
+            cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_before
             await asyncio.sleep(0.6)
             after = stack_t.probe()
             probe = {k: after.get(k, 0) - probe_before.get(k, 0) for k in after}
@@ -208,6 +222,28 @@ async def _sample(
             if window_start <= generated <= window_end:
                 lags.append(arrived.get((index, event_id), final) - generated)
     return lags, probe, cpu, wall
+
+
+async def _streams_per_worker(stack_t: Any, names: list[str]) -> str:
+    """How many of the streams' running connections each worker holds (Temporal's
+    pending-activity view; a stream between connections counts for none)."""
+    from collections import Counter
+
+    from durable_sse.contracts import stream_workflow_id
+
+    held: Counter[str] = Counter()
+    semaphore = asyncio.Semaphore(50)
+
+    async def one(name: str) -> None:
+        async with semaphore:
+            handle = stack_t.client.get_workflow_handle(stream_workflow_id(name))
+            description = await handle.describe()
+        for pending in description.raw_description.pending_activities:
+            if pending.activity_type.name == "read_stream" and pending.last_worker_identity:
+                held[pending.last_worker_identity] += 1
+
+    await asyncio.gather(*(one(name) for name in names))
+    return " / ".join(str(n) for _, n in held.most_common()) or "-"
 
 
 async def _history_growth(stack_t: Any, names: list[str], *, seconds: float) -> Figures:

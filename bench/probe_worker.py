@@ -2,7 +2,8 @@
 
 Counts every PostgreSQL statement the worker's driver sends (``psycopg`` cursor
 ``execute``/``executemany``/``copy``: SQLAlchemy and the COPY path both end there) and
-every Redis round trip (``send_packed_command``: one per command or per pipeline), and
+every Redis round trip (``send_packed_command``: one per command or per pipeline), every
+activity heartbeat handed to the SDK's core (which sends it to the server), and
 writes them as JSON to ``$BENCH_PROBE_FILE`` every 0.25 s. The counting is a locked
 integer increment; nothing else about the worker changes.
 
@@ -23,6 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
+import temporalio.bridge.worker  # noqa: E402
 from redis.asyncio.connection import AbstractConnection  # noqa: E402
 
 import worker as worker_module  # noqa: E402
@@ -53,6 +55,10 @@ def install() -> None:
         return await original(self, *args, **kwargs)
 
     AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
+    bridge = temporalio.bridge.worker.Worker
+    bridge.record_activity_heartbeat = _count(  # type: ignore[method-assign]
+        "heartbeats", bridge.record_activity_heartbeat
+    )
 
 
 async def _report(path: Path) -> None:

@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hot-events", type=int)
     parser.add_argument("--streams", help="comma-separated stream counts, e.g. 100,500,1000")
     parser.add_argument("--many-seconds", type=float, help="measured window per stream count")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes on the task queue for the many-streams figures",
+    )
     parser.add_argument("--reconnects", type=int, help="reconnect samples per route")
     parser.add_argument("--replay-window", type=int)
     parser.add_argument("--naive-events", type=int)
@@ -130,7 +136,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                     _progress(rows)
         if "many" in only:
             for count in sizes.streams:
-                rows += await many.many_rows(running, redis, count, sizes.many_seconds)
+                rows += await many.many_rows(
+                    running, redis, count, sizes.many_seconds, workers=args.workers
+                )
                 _progress(rows)
         if "reconnect" in only:
             rows += await reconnect.reconnect_rows(running, samples=sizes.reconnects)

@@ -1,6 +1,7 @@
-"""A throwaway Temporal dev server plus one probe worker subprocess (the production worker).
+"""A throwaway Temporal dev server plus probe worker subprocesses (the production worker):
+one by default, or several polling the same task queue.
 
-The worker runs in its own process so its CPU and RSS can be read from /proc and the
+Each worker runs in its own process so its CPU and RSS can be read from /proc and the
 benchmark driver never competes with it for the GIL.
 """
 
@@ -34,29 +35,45 @@ from durable_sse.spec import StreamSpec
 @dataclass
 class Temporal:
     env: WorkflowEnvironment
-    worker: subprocess.Popen
-    probe_file: Path
+    workers: list[subprocess.Popen]
+    probe_files: list[Path]
     task_queue: str
-    metrics_port: int
+    metrics_ports: list[int]
+
+    @property
+    def worker(self) -> subprocess.Popen:
+        """The first worker (the only one unless several were asked for)."""
+        return self.workers[0]
+
+    @property
+    def pids(self) -> list[int]:
+        return [worker.pid for worker in self.workers]
 
     @property
     def client(self) -> Client:
         return self.env.client
 
     def probe(self) -> dict[str, float]:
-        return read_probe(self.probe_file)
+        """Every worker's counters, added up."""
+        total: dict[str, float] = {}
+        for path in self.probe_files:
+            for key, value in read_probe(path).items():
+                total[key] = total.get(key, 0) + value
+        return total
 
     async def histogram(self, name: str) -> tuple[float, float]:
-        """(sum, count) of one of the worker's Prometheus histograms, over all labels."""
-        async with httpx.AsyncClient(trust_env=False) as client:
-            text = (await client.get(f"http://127.0.0.1:{self.metrics_port}/metrics")).text
+        """(sum, count) of one of the workers' Prometheus histograms, over all labels and
+        workers."""
         total = count = 0.0
-        for line in text.splitlines():
-            metric, _, value = line.rpartition(" ")
-            if metric.startswith(name + "_sum"):
-                total += float(value)
-            elif metric.startswith(name + "_count"):
-                count += float(value)
+        async with httpx.AsyncClient(trust_env=False) as client:
+            for port in self.metrics_ports:
+                text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+                for line in text.splitlines():
+                    metric, _, value = line.rpartition(" ")
+                    if metric.startswith(name + "_sum"):
+                        total += float(value)
+                    elif metric.startswith(name + "_count"):
+                        count += float(value)
         return total, count
 
     async def start_stream(self, spec: StreamSpec) -> WorkflowHandle:
@@ -70,33 +87,46 @@ class Temporal:
 
 
 @contextlib.asynccontextmanager
-async def temporal(running: Stack, *, label: str) -> AsyncIterator[Temporal]:
-    """A dev server (in-memory) and a probe worker polling a fresh task queue."""
+async def temporal(running: Stack, *, label: str, workers: int = 1) -> AsyncIterator[Temporal]:
+    """A dev server (in-memory) and ``workers`` probe workers polling a fresh task queue."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_dev_server(),
         ui=False,
         dev_server_log_level="error",
     )
     task_queue = f"bench-{label}-{uuid.uuid4().hex[:6]}"
-    probe_file = running.workdir / f"probe-{task_queue}.json"
     address = env.client.service_client.config.target_host
-    metrics_port = free_port()
-    worker = spawn(
-        [PYTHON, "bench/probe_worker.py"],
-        env={
-            **running.worker_env(address, task_queue),
-            "BENCH_PROBE_FILE": str(probe_file),
-            "SSE_METRICS_PORT": str(metrics_port),
-        },
-        log=running.workdir / f"worker-{label}.log",
-    )
+    probe_files: list[Path] = []
+    ports: list[int] = []
+    processes: list[subprocess.Popen] = []
     try:
-        await wait_until(
-            lambda: _probing(probe_file, worker), timeout=60, what="the worker to start"
-        )
-        yield Temporal(env, worker, probe_file, task_queue, metrics_port)
+        for index in range(workers):
+            suffix = "" if index == 0 else f"-{index + 1}"
+            probe_file = running.workdir / f"probe-{task_queue}{suffix}.json"
+            metrics_port = free_port()
+            processes.append(
+                spawn(
+                    [PYTHON, "bench/probe_worker.py"],
+                    env={
+                        **running.worker_env(address, task_queue),
+                        "BENCH_PROBE_FILE": str(probe_file),
+                        "SSE_METRICS_PORT": str(metrics_port),
+                    },
+                    log=running.workdir / f"worker-{label}{suffix}.log",
+                )
+            )
+            probe_files.append(probe_file)
+            ports.append(metrics_port)
+        for probe_file, worker in zip(probe_files, processes, strict=True):
+            await wait_until(
+                lambda p=probe_file, w=worker: _probing(p, w),
+                timeout=60,
+                what="the worker to start",
+            )
+        yield Temporal(env, processes, probe_files, task_queue, ports)
     finally:
-        stop_process(worker)
+        for worker in processes:
+            stop_process(worker)
         await env.shutdown()
 
 

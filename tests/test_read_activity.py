@@ -32,6 +32,7 @@ from activities.read import (
     HEARTBEAT_INTERVAL,
     MAX_CONNECTIONS_PER_WORKER,
     MAX_HEARTBEAT_INTERVAL,
+    NUDGED_HEARTBEAT_INTERVAL,
     StreamReader,
     heartbeat_interval,
 )
@@ -50,6 +51,7 @@ from durable_sse.gaps import GapTotals
 from durable_sse.ids import sort_key
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
+from durable_sse.nudge import Nudges
 from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
@@ -964,6 +966,80 @@ def test_the_heartbeat_interval_stretches_but_never_past_half_the_heartbeat_time
     assert heartbeat_interval(1000) == 2.0  # 1000 connections in a budget of 500/s
     # 5000 connections stretched it to the whole 10 s timeout before.
     assert heartbeat_interval(5000) == heartbeat_interval(10**6) == MAX_HEARTBEAT_INTERVAL
+
+
+def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
+    """Nudges bring cancellations (durable_sse/nudge.py): heartbeats only keep the
+    attempt alive, at one interval whatever the count, with room for one late one."""
+    timeout = READ_HEARTBEAT_TIMEOUT.total_seconds()
+    for count in [0, 1, 400, 1000, MAX_CONNECTIONS_PER_WORKER]:
+        assert heartbeat_interval(count, nudged=True) == NUDGED_HEARTBEAT_INTERVAL
+    assert 2 * NUDGED_HEARTBEAT_INTERVAL < timeout
+    assert heartbeat_interval(1000, nudged=True) > heartbeat_interval(1000)  # fewer calls
+
+
+async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
+    source: SSESource, pg_event_log: EventLog, redis_url: str, stream_name: str
+) -> None:
+    """A connection between its (4 s) heartbeats heartbeats as soon as a nudge for its
+    stream arrives through Redis, which is when a requested cancellation reaches it."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.1, paused=True))
+    spec = make_spec(source.url(stream_name), stream_name)
+    l2 = RedisCursors(redis_url)
+    nudges, other_worker = Nudges(redis_url), Nudges(redis_url)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    try:
+        async with httpx.AsyncClient(follow_redirects=False) as http:
+            reader = StreamReader(
+                http=http, event_log=pg_event_log, l1=LocalCursors(), l2=l2, nudges=nudges
+            )
+            task = asyncio.create_task(
+                env.run(
+                    reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
+                )
+            )
+            assert await nudges.listener.wait_live(GUARD)
+            assert reader.heartbeat_interval() == NUDGED_HEARTBEAT_INTERVAL
+            # A connection still starting (no response head yet) keeps the short one.
+            assert reader.heartbeat_interval(streaming=False) == HEARTBEAT_INTERVAL
+            await beats.wait_for(1)  # the start's heartbeat
+            await asyncio.sleep(1.0)
+            quiet = len(beats)
+            assert await other_worker.publish(f"{stream_name}-other") >= 1  # not this stream
+            assert await other_worker.publish(stream_name) >= 1
+            async with asyncio.timeout(NUDGED_HEARTBEAT_INTERVAL / 2):
+                await beats.wait_for(quiet + 1)
+            assert nudges.delivered == 1
+            env.cancel()
+            result = await task
+        assert result.outcome is Outcome.CANCELLED
+    finally:
+        await nudges.close()
+        await other_worker.close()
+        await l2.close()
+
+
+async def test_without_redis_a_worker_hears_no_nudges_and_heartbeats_often() -> None:
+    """Nudges are a shortcut: while they cannot arrive, cancellations come with the
+    short heartbeats, as before nudges existed."""
+    nudges = Nudges("redis://127.0.0.1:1/0", timeout=0.2)
+    nudges.start()
+    try:
+        await asyncio.sleep(0.5)
+        assert not nudges.live
+        l2 = RedisCursors("redis://127.0.0.1:1/0")
+        event_log = EventLog("sqlite://")
+        async with httpx.AsyncClient() as http:
+            reader = StreamReader(
+                http=http, event_log=event_log, l1=LocalCursors(), l2=l2, nudges=nudges
+            )
+            assert reader.heartbeat_interval() == HEARTBEAT_INTERVAL
+        await l2.close()
+        await event_log.close()
+    finally:
+        await nudges.close()
 
 
 def test_a_worker_takes_no_more_connections_than_it_can_heartbeat_in_time() -> None:

@@ -25,6 +25,7 @@ from workflows.routes import (
     HEALTHY_CONNECTION_SECONDS,
     HOLD_PARKED,
     HOLD_STOPPED_BY_SERVER,
+    SCHEDULE_SPREAD,
     ConnectionPlan,
     Decision,
     ReplayRequest,
@@ -35,6 +36,7 @@ from workflows.routes import (
     live_view,
     plan_connection,
     record_result,
+    schedule_delay,
     seconds_until_repair,
     should_interrupt,
 )
@@ -678,3 +680,14 @@ def test_a_report_without_store_reads_keeps_what_the_state_knows() -> None:
     shown = live_view(state, ConnectionProgress(cursor="999"), id_order=ORDER)
     assert (shown.live_cursor, shown.lagging_id, shown.counters.gaps_open) == ("1000", "100", 1)
     assert live_view(state, None, id_order=ORDER) == state
+
+
+def test_schedule_creation_is_spread_within_the_first_replay_window() -> None:
+    window = 600.0
+    delays = [schedule_delay(window, SCHEDULE_SPREAD, j / 100) for j in range(100)]
+    assert delays == sorted(delays) and delays[0] == 0.0
+    assert delays[-1] < SCHEDULE_SPREAD * window < window  # due before the window ends
+    assert schedule_delay(window, 0.0, 0.99) == 0.0  # no spread: before connecting
+    # Out-of-range inputs never push it past the window (or before now).
+    assert schedule_delay(window, 5.0, 0.999) < window
+    assert schedule_delay(window, -1.0, 0.5) == schedule_delay(window, 0.5, -1.0) == 0.0

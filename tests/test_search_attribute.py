@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.attributes import ANSWER_TTL, SearchAttributeActivities, answer_fresh
 from durable_sse.binaries import temporal_dev_server
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
 from durable_sse.settings import Settings
@@ -151,3 +152,23 @@ async def test_streams_run_without_the_attribute_where_it_is_not_registered(
         final = await handle.result()
     assert final.state == "stopped" and final.counters.events_persisted > 0
     assert await upserts(handle) == []
+
+
+def test_a_listing_answers_for_a_while_then_is_asked_again() -> None:
+    listed = (100.0, True)
+    assert not answer_fresh(None, 100.0)
+    assert answer_fresh(listed, 100.0) and answer_fresh(listed, 100.0 + ANSWER_TTL - 0.01)
+    assert not answer_fresh(listed, 100.0 + ANSWER_TTL)
+    assert not answer_fresh(listed, 99.0)  # a clock that went back: ask again
+
+
+async def test_streams_started_at_once_share_one_listing(
+    registered: WorkflowEnvironment,
+) -> None:
+    activities = SearchAttributeActivities(registered.client)
+    env = ActivityEnvironment()
+    answers = await asyncio.gather(
+        *(env.run(activities.stream_state_attribute_registered) for _ in range(50))
+    )
+    assert answers == [True] * 50
+    assert activities.listings == 1

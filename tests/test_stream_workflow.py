@@ -55,7 +55,7 @@ from durable_sse.gaps import Gap, GapChange, GapSummary, GapTotals, GapView
 from durable_sse.metrics import WorkflowMetrics
 from durable_sse.spec import StreamSpec
 from workflows.checkpoint import CheckpointAdvanceWorkflow
-from workflows.stream import StreamState, StreamWorkflow
+from workflows.stream import SCHEDULE_TIMER_SUMMARY, StreamState, StreamWorkflow
 
 POLL_LIMIT = 30.0
 """Safety bound on polling a query (a hang guard, not a timing assertion)."""
@@ -94,6 +94,13 @@ class Script:
     inputs: list[ReadInput] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
     env: WorkflowEnvironment | None = None
+    nudged: list[str] = field(default_factory=list)
+    """Streams the workflow nudged after cancelling their reader (``nudge_reader``)."""
+
+    @activity.defn(name="nudge_reader")
+    async def nudge_reader(self, input: StreamRef) -> int:
+        self.nudged.append(input.name)
+        return 1
 
     @activity.defn(name="read_stream")
     async def read_stream(self, input: ReadInput) -> ReadResult:
@@ -218,6 +225,7 @@ async def run_stream(
     queue = f"tq-{uuid.uuid4().hex}"
     activities = [
         script.read_stream,
+        script.nudge_reader,
         schedules.ensure,
         schedules.delete,
         *CheckpointActivities(event_log).activities(),
@@ -341,14 +349,20 @@ async def activity_types(handle: WorkflowHandle) -> list[str]:
     ]
 
 
-async def timers(handle: WorkflowHandle) -> list[float]:
-    """Every durable timer the run started, in seconds."""
+async def timers(handle: WorkflowHandle, *, schedule: bool = False) -> list[float]:
+    """Every durable timer the run started, in seconds: the reconnect timers, or with
+    ``schedule`` only the timer of the checkpoint schedule's spread creation."""
     history = await handle.fetch_history()
     return [
         event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
         for event in history.events
         if event.HasField("timer_started_event_attributes")
+        and (SCHEDULE_TIMER_SUMMARY.encode() in event.user_metadata.summary.data) == schedule
     ]
+
+
+async def activity_types_but_nudges(handle: WorkflowHandle) -> list[str]:
+    return [name for name in await activity_types(handle) if name != "nudge_reader"]
 
 
 def metric_total(buffer: MetricBuffer, name: str, stream: str) -> float:
@@ -362,23 +376,63 @@ def metric_total(buffer: MetricBuffer, name: str, stream: str) -> float:
 # --- routes: repairs, throttle, replays ---------------------------------------------------
 
 
-async def test_stop_completes_and_deletes_the_schedule(
+async def test_stop_in_the_first_window_creates_no_schedule_and_nudges_the_reader(
     env: WorkflowEnvironment, event_log: EventLog
 ) -> None:
     run = await run_stream(env, event_log, [])
     assert run.status.state == "stopped"
     assert run.status.counters.connections == 1
-    assert run.schedules.ensured == [run.spec.name]
-    assert run.schedules.deleted == [run.spec.name]
+    # The schedule is due later in the first replay window (SCHEDULE_SPREAD): a stream
+    # stopped before then never had one, and deletes none.
+    assert run.schedules.ensured == [] and run.schedules.deleted == []
     assert routes(run) == [(Route.LIVE, None)]
+    assert run.script.nudged == [run.spec.name]
     # A fresh stream reads its gaps from the store before its first connection.
     assert await activity_types(run.handle) == [
         "stream_state_attribute_registered",  # once per run: may it set SseStreamState?
+        "stream_gaps",
+        "read_stream",
+        # The stop cancels the reader, then nudges it to notice now. The stop's CANCELLED
+        # result carried no gaps, but a stopping workflow reads no more: it ends.
+        "nudge_reader",
+    ]
+
+
+async def test_the_schedule_is_created_within_the_first_window_and_deleted_on_stop(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    spec = new_spec()
+    # Back off for an hour: time skips past the schedule's due time meanwhile.
+    steps = [Step(result=ReadResult(Outcome.RETRY_LATER, retry_after=3600.0))]
+    run = await run_stream(env, event_log, steps, spec=spec)
+    assert run.schedules.ensured == [spec.name]
+    assert run.schedules.deleted == [spec.name]
+    assert await activity_types(run.handle) == [
+        "stream_state_attribute_registered",
+        "stream_gaps",
+        "read_stream",
+        "stream_gaps",  # the result carried no gaps
+        "ensure_checkpoint_schedule",  # due while the stream backed off
+        "read_stream",
+        "nudge_reader",
+        "delete_checkpoint_schedule",
+    ]
+    spread = await timers(run.handle, schedule=True)
+    assert len(spread) == 1 and 0 <= spread[0] < spec.replay_window
+
+
+async def test_spread_zero_creates_the_schedule_before_connecting(
+    env: WorkflowEnvironment, event_log: EventLog
+) -> None:
+    run = await run_stream(env, event_log, [], state=StreamState(schedule_spread=0.0))
+    assert run.schedules.ensured == [run.spec.name]
+    assert run.schedules.deleted == [run.spec.name]
+    assert await activity_types(run.handle) == [
+        "stream_state_attribute_registered",
         "ensure_checkpoint_schedule",
         "stream_gaps",
         "read_stream",
-        # The stop's CANCELLED result carried no gaps, but a stopping workflow reads no
-        # more: it ends.
+        "nudge_reader",
         "delete_checkpoint_schedule",
     ]
 
@@ -658,7 +712,7 @@ async def test_a_result_lost_to_a_cancel_is_made_good_from_the_store(
     assert status.last_outcome == "cancelled"
     assert routes(run) == [(Route.LIVE, None), (Route.LAGGED, None), (Route.LIVE, None)]
     assert run.script.inputs[1].known_gaps == ["g1"]
-    types = await activity_types(run.handle)
+    types = await activity_types_but_nudges(run.handle)
     reads = [i for i, name in enumerate(types) if name == "read_stream"]
     assert types[reads[0] + 1] == "stream_gaps"  # read before the next connection is planned
     c = run.status.counters
@@ -1071,8 +1125,7 @@ async def test_retry_later_waits_with_backoff(
         Step(result=ReadResult(Outcome.RETRY_LATER, status_code=503, error="HTTP 503")),
     ]
     run = await run_stream(env, event_log, steps)
-    # (the last timer bounds the schedule's deletion as the stream stops)
-    first, second, _ = await timers(run.handle)
+    first, second = await timers(run.handle)
     assert first == pytest.approx(30.0, abs=0.01)  # the server's Retry-After
     assert 1.0 <= second < 2.0  # two failures in a row: half to all of 2 s
     assert run.status.counters.failures == 2
@@ -1132,15 +1185,20 @@ async def test_stop_ends_the_workflow_in_any_state(
             await wait_for(handle, lambda s: s.state == shown)
         await handle.signal(StreamWorkflow.stop)
 
-    run = await run_stream(env, event_log, steps, schedules=schedules, during=stop_in_state)
+    # The schedule is created before the first connection only without the spread.
+    failing = state == "store-failing"
+    start = StreamState(schedule_spread=0.0) if failing else None
+    run = await run_stream(
+        env, event_log, steps, state=start, schedules=schedules, during=stop_in_state
+    )
     assert run.status.state == "stopped"
     assert (await run.handle.describe()).status == WorkflowExecutionStatus.COMPLETED
-    if state == "store-failing":
+    if failing:
         assert run.script.inputs == []  # it never got as far as reading
-        assert run.schedules.deleted == []  # nothing was ensured, nothing to delete
     else:
         assert len(run.script.inputs) == 1
-        assert run.schedules.deleted == [run.spec.name]
+    # Nothing was ensured (failing, or not due yet in the first window): nothing to delete.
+    assert run.schedules.deleted == []
 
 
 # --- continue-as-new, input, signal payloads --------------------------------------------------
@@ -1190,7 +1248,8 @@ async def test_continue_as_new_keeps_state_and_counters(
         ),
         # --- continue-as-new
     ]
-    run = await run_stream(env, event_log, steps, state=StreamState(max_connections_per_run=2))
+    start = StreamState(max_connections_per_run=2, schedule_spread=0.0)
+    run = await run_stream(env, event_log, steps, state=start)
     assert routes(run) == [
         (Route.LIVE, None),
         (Route.LAGGED, None),

@@ -46,6 +46,15 @@ MAX_HISTORY_EVENTS_PER_RUN = 10_000
 """History events after which a run continues-as-new even when the server does not
 suggest it yet (it suggests at 4,096 by default): progress reports add history while one
 connection lasts, so a long connection is cut short to continue-as-new."""
+SCHEDULE_SPREAD = 0.9
+"""A new stream creates its checkpoint schedule at a random time within this fraction of
+its replay window, not before its first connection: a thousand streams started at once
+no longer create a thousand schedules at once (60-90 s of a saturated Temporal server,
+docs/benchmarks.md section 3). Nothing is lost: the schedule fires on the window's
+epoch-aligned ticks, and no tick in a new stream's first window can move its lagging id
+(nothing was persisted a window before it). A stream started again over rows of an
+earlier life keeps its older lagging id up to this much longer: a lagged replay then
+re-reads more, never less."""
 BACKOFF_INITIAL = 1.0
 BACKOFF_CAP = 60.0
 HEALTHY_CONNECTION_SECONDS = 10.0
@@ -103,6 +112,11 @@ class StreamState:
     counters: StreamCounters = field(default_factory=StreamCounters)
 
     schedule_ensured: bool = False
+    schedule_due_at: str | None = None
+    """ISO time the checkpoint schedule is to be created (kept across continue-as-new)."""
+    schedule_spread: float = SCHEDULE_SPREAD
+    """Fraction of the replay window over which a new stream's schedule creation is
+    spread (0: create it before the first connection, as before the spread existed)."""
     retention: RetentionStatus | None = None
     """The last retention report of the checkpoint runs (display only)."""
     max_connections_per_run: int = MAX_CONNECTIONS_PER_RUN
@@ -142,6 +156,12 @@ class Decision:
     new_unrecoverable_events: int = 0
     new_unrecoverable_gaps: int = 0
     replay_finished: bool = False
+
+
+def schedule_delay(replay_window: float, spread: float, jitter: float) -> float:
+    """Seconds a new stream waits before creating its checkpoint schedule: ``jitter``
+    (0 <= jitter < 1) of ``spread`` of its replay window, never past the window."""
+    return replay_window * min(max(spread, 0.0), 1.0) * min(max(jitter, 0.0), 1.0)
 
 
 def lagged_due_at(state: StreamState, interval: float) -> datetime | None:

@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         live_view,
         plan_connection,
         record_result,
+        schedule_delay,
         seconds_until_repair,
         should_interrupt,
     )
@@ -71,6 +72,14 @@ __all__ = ["StreamState", "StreamWorkflow"]
 STREAM_STATE = SearchAttributeKey.for_keyword(STREAM_STATE_ATTRIBUTE)
 STATE_ATTRIBUTE_PATCH = "sse-stream-state-attribute"
 """Runs started before the search attribute existed replay without its check and upserts."""
+SCHEDULE_SPREAD_PATCH = "sse-schedule-spread"
+"""Runs started before the spread created their checkpoint schedule before connecting."""
+SCHEDULE_TIMER_SUMMARY = "checkpoint schedule due"
+READ_NUDGE_PATCH = "sse-read-nudge"
+"""Runs started before nudges cancelled their reader without one."""
+NUDGE_TIMEOUT = timedelta(seconds=10)
+NUDGE_RETRY = RetryPolicy(maximum_attempts=1)
+"""One try: a nudge only hurries a cancellation the reader's heartbeat also brings."""
 ATTRIBUTE_CHECK_TIMEOUT = timedelta(seconds=10)
 ATTRIBUTE_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2)
 """Two tries, then the run goes without the attribute (a worker of an older version that
@@ -115,6 +124,12 @@ class StreamWorkflow:
         self._attribute = False
         """The namespace has ``SseStreamState`` registered: upsert it on every change."""
         self._attribute_value: str | None = None
+        self._schedule_task: asyncio.Task[None] | None = None
+        """The spread creation of the checkpoint schedule, while it is pending."""
+        self._schedule_timer = False
+        """``_schedule_task`` is still waiting for its time (nothing created yet)."""
+        self._schedule_attempted = False
+        """A creation was started in this run: delete at the end even if it was stopped."""
 
     @workflow.run
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
@@ -137,14 +152,64 @@ class StreamWorkflow:
 
         try:
             if not s.schedule_ensured:
-                await self._store("ensure_checkpoint_schedule", ScheduleInput(spec=spec))
-                s.schedule_ensured = True
+                if workflow.patched(SCHEDULE_SPREAD_PATCH) and s.schedule_spread > 0:
+                    self._spread_schedule(spec)
+                else:
+                    await self._ensure_schedule(spec)
             if self._fresh:
                 s.gaps_stale = True
             await self._loop(spec)
         except _StopRequested:
             pass
         return await self._finish(delete_schedule=True)
+
+    async def _ensure_schedule(self, spec: StreamSpec) -> None:
+        await self._store("ensure_checkpoint_schedule", ScheduleInput(spec=spec))
+        self._state.schedule_ensured = True
+
+    def _spread_schedule(self, spec: StreamSpec) -> None:
+        """Create the checkpoint schedule at its due time (see ``SCHEDULE_SPREAD``), in
+        the background; a due time already set (a run before continue-as-new) stands."""
+        s = self._state
+        if s.schedule_due_at is None:
+            jitter = workflow.random().random()
+            delay = schedule_delay(spec.replay_window, s.schedule_spread, jitter)
+            s.schedule_due_at = (workflow.now() + timedelta(seconds=delay)).isoformat()
+
+        async def ensure_when_due() -> None:
+            assert s.schedule_due_at is not None
+            due = datetime.fromisoformat(s.schedule_due_at)
+            remaining = (due - workflow.now()).total_seconds()
+            self._schedule_timer = True
+            try:
+                if remaining > 0:
+                    await workflow.sleep(remaining, summary=SCHEDULE_TIMER_SUMMARY)
+            finally:
+                self._schedule_timer = False
+            self._schedule_attempted = True
+            try:
+                await self._ensure_schedule(spec)
+            except _StopRequested:
+                pass
+            except ActivityError as error:
+                workflow.logger.warning(
+                    "could not create the checkpoint schedule: %s", error.cause or error
+                )
+
+        self._schedule_task = asyncio.create_task(ensure_when_due())
+
+    async def _settle_schedule(self) -> None:
+        """Before the end: a creation not yet due is dropped, one under way finishes
+        (or is stopped), so the delete that follows sees what was created."""
+        task = self._schedule_task
+        if task is None or task.done():
+            return
+        if self._schedule_timer:
+            task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
 
     async def _loop(self, spec: StreamSpec) -> None:
         s = self._state
@@ -386,6 +451,8 @@ class StreamWorkflow:
                 if interrupt():
                     handle.cancel()
                     cancelled = True
+                    if workflow.patched(READ_NUDGE_PATCH):
+                        self._nudge_reader()
                     break
                 wait = None
                 if not plan.repairs:
@@ -417,6 +484,26 @@ class StreamWorkflow:
                 return None, None
         finally:
             self._connected = False
+
+    def _nudge_reader(self) -> None:
+        """Make the cancellation just requested reach the reader now rather than at its
+        next heartbeat (durable_sse/nudge.py). Scheduled after the cancellation, in the
+        same workflow task, so the server knows of it when the reader heartbeats. Not
+        awaited: a nudge that fails only leaves the cancellation to that heartbeat."""
+
+        async def nudge() -> None:
+            try:
+                await workflow.execute_activity(
+                    "nudge_reader",
+                    self._ref(),
+                    result_type=int,
+                    schedule_to_close_timeout=NUDGE_TIMEOUT,
+                    retry_policy=NUDGE_RETRY,
+                )
+            except ActivityError as error:
+                workflow.logger.debug("nudge not delivered: %s", error.cause or error)
+
+        asyncio.create_task(nudge())
 
     # --- waiting, gaps, checkpoint -----------------------------------------------------
 
@@ -481,7 +568,9 @@ class StreamWorkflow:
         )
 
     async def _finish(self, *, delete_schedule: bool) -> StreamStatus:
-        if delete_schedule and self._state.schedule_ensured:
+        await self._settle_schedule()
+        ensured = self._state.schedule_ensured or self._schedule_attempted
+        if delete_schedule and ensured:
             try:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await asyncio.wait_for(
