@@ -60,6 +60,7 @@ from durable_sse.settings import Settings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
 from tests.chaos.harness import wait_until
+from workflows.routes import StreamState
 
 pytestmark = pytest.mark.slow
 
@@ -553,9 +554,11 @@ async def test_a_workflow_whose_id_names_another_stream_touches_nothing(
     spec = StreamSpec(
         name=victim, url=source.url(victim), id_order="numeric", replay_window=30 * 86400.0
     )
+    # Its schedule at once (no spread over the first window): the takeover must leave
+    # an existing schedule alone.
     handle = await client.start_workflow(
         "StreamWorkflow",
-        spec,
+        args=[spec, StreamState(schedule_spread=0.0)],
         id=stream_workflow_id(victim),
         task_queue=TASK_QUEUE,
         result_type=StreamStatus,

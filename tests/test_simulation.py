@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import random
 import time
@@ -63,7 +64,11 @@ def run_parallel(base: int, count: int) -> Outcome:
     workers = max(1, min(os.cpu_count() or 1, 4))
     share = -(-count // workers)
     ranges = [range(base + i * share, base + min((i + 1) * share, count)) for i in range(workers)]
-    with ProcessPoolExecutor(workers) as pool:
+    # Spawned, not forked: the suite's process holds threads (database pools, Temporal,
+    # Redis listeners) whose locks a forked child inherits held, and a finalizer the
+    # child's garbage collector runs can then wait on one for ever (seen in CI).
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
         parts = list(pool.map(run_seeds, ranges))
     total = Outcome(0, [], Counter())
     for part in parts:
