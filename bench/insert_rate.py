@@ -20,7 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +40,28 @@ ORDER = IdOrder.NATURAL
 Technique = Callable[[EventLog, str, Sequence[EventRecord]], Awaitable[int]]
 
 
-def make_events(count: int) -> list[EventRecord]:
-    """Events shaped like a busy stream: ``<ms>-<seq>`` ids and a small JSON payload."""
-    now = datetime.now(UTC)
+def make_events(
+    count: int,
+    *,
+    start: int = 0,
+    at: datetime | None = None,
+    step: timedelta = timedelta(0),
+) -> list[EventRecord]:
+    """Events shaped like a busy stream: ``<ms>-<seq>`` ids and a small JSON payload.
+
+    Numbered from ``start``; the first received at ``at`` (default now), each next one
+    ``step`` later.
+    """
+    first = at if at is not None else datetime.now(UTC)
     return [
         EventRecord(
             event_id=f"{1_700_000_000_000 + index}-0",
             event_ord=0,
             event_type="message",
             data=f'{{"n": {index}, "payload": "abcdefghijklmnopqrstuvwxyz0123456789"}}',
-            received_at=now,
+            received_at=first + (index - start) * step,
         )
-        for index in range(count)
+        for index in range(start, start + count)
     ]
 
 

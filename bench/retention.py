@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from bench.insert_rate import DEFAULT_PG_URL, make_events, production_insert
 from bench.lean_log import _direct_copy_sync, _scoped
-from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.eventlog import EventLog
 from durable_sse.retention import MAX_BATCHES
 
 WINDOW = 600.0
@@ -53,19 +53,6 @@ class _Job:
 FILL_CHUNK = 50_000
 
 
-def _records(start: int, count: int, at: datetime, *, step: timedelta) -> list[EventRecord]:
-    return [
-        EventRecord(
-            event_id=f"{1_700_000_000_000 + index}-0",
-            event_ord=0,
-            event_type="message",
-            data=f'{{"n": {index}, "payload": "abcdefghijklmnopqrstuvwxyz0123456789"}}',
-            received_at=at + (index - start) * step,
-        )
-        for index in range(start, start + count)
-    ]
-
-
 async def fill(log: EventLog, stream: str, neighbour: str, rows: int, now: datetime) -> None:
     old = now - timedelta(days=2)
     step = timedelta(microseconds=50)
@@ -73,12 +60,15 @@ async def fill(log: EventLog, stream: str, neighbour: str, rows: int, now: datet
         count = min(FILL_CHUNK, rows - start)
         at = old + start * step
         await asyncio.to_thread(
-            _direct_copy_sync, log, stream, _records(start, count, at, step=step)
+            _direct_copy_sync, log, stream, make_events(count, start=start, at=at, step=step)
         )
         await asyncio.to_thread(
-            _direct_copy_sync, log, neighbour, _records(start, count // 10, at, step=step)
+            _direct_copy_sync,
+            log,
+            neighbour,
+            make_events(count // 10, start=start, at=at, step=step),
         )
-    fresh = _records(rows, 10_000, now - timedelta(seconds=WINDOW / 2), step=step)
+    fresh = make_events(10_000, start=rows, at=now - timedelta(seconds=WINDOW / 2), step=step)
     await asyncio.to_thread(_direct_copy_sync, log, stream, fresh)
     with log.engine.begin() as connection:
         connection.exec_driver_sql("ANALYZE sse_events")
@@ -90,7 +80,7 @@ async def live_writer(log: EventLog, stop: asyncio.Event, latencies: list[float]
     stream = "live-" + uuid.uuid4().hex[:8]
     index = 0
     while not stop.is_set():
-        batch = _records(index, 500, datetime.now(UTC), step=timedelta(microseconds=1))
+        batch = make_events(500, start=index, at=datetime.now(UTC), step=timedelta(microseconds=1))
         started = time.perf_counter()
         await log.insert_batch(stream, "natural", batch)
         latencies.append(time.perf_counter() - started)
