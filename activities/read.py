@@ -258,6 +258,9 @@ class _Connection:
         self.last_heartbeat = time.monotonic()
         self.streaming = False
         """The response head arrived and events are being read."""
+        self.body_done = False
+        """Nothing more to take from the body: its end, a read error, or bytes the
+        decoder refused (after which it is not fed again)."""
         self.previous: ReadProgress | None = None
         """Heartbeat details of the attempt before (sent again until this one starts)."""
         self.carried = ReadCounts()
@@ -364,7 +367,8 @@ class _Connection:
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
         await self._flush()
-        return await self._finish(outcome)
+        assert self.intake is not None
+        return await self._finish(self.intake.ending(outcome))
 
     def _begin(self, start: ConnectionStart) -> None:
         self.start_cursor = start.cursor
@@ -506,71 +510,141 @@ class _Connection:
     # -- reading -------------------------------------------------------------------
 
     async def _read(self, response: httpx.Response) -> Outcome:
+        """Read until an outcome; then stop reading new bytes and take what was read.
+
+        However the connection ends (a drop signal, a finished repair, its age, a
+        cancellation), the chunks already read from the socket are decoded and taken
+        before the flush (:meth:`_take_read_ahead`): an event received is stored, or it
+        lies in a recorded gap, never dropped unseen. Only what ends the body itself (its
+        end, a read error, a line or event the decoder refuses) leaves nothing to take.
+        """
         intake = self.intake
         assert intake is not None
         queue: asyncio.Queue[object] = asyncio.Queue(READ_AHEAD_CHUNKS)
-        pump = asyncio.create_task(_pump(response, queue))
+        held: list[bytes] = []
+        pump = asyncio.create_task(_pump(response, queue, held))
         self.streaming = True
-        rotate_at = time.monotonic() + self.spec.max_connection_age
         try:
-            while True:
-                try:
-                    item = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    # Not asyncio.wait_for: on Python 3.11 it returns the item and swallows
-                    # a cancellation that lands as queue.get() completes, so a busy stream
-                    # could ignore replay/pause/stop and worker shutdown (chaos scenarios 4
-                    # and 5). asyncio.timeout re-raises the cancellation.
-                    try:
-                        async with asyncio.timeout(self._wait_budget(rotate_at)):
-                            item = await queue.get()
-                    except TimeoutError:
-                        item = None
-                now = time.monotonic()
-                if item is None:
-                    intake.poll(now)
-                    await self._submit_ready()
-                    self._heartbeat()
-                    if intake.outcome is not None:
-                        return intake.outcome
-                    if now >= rotate_at:
-                        return Outcome.ROTATED
-                    continue
-                if item is _EOF:
-                    intake.take(self.decoder.close(), received_at=datetime.now(UTC), now=now)
-                    self.result.error = "the server ended the stream"
-                    return self._ended()
-                if isinstance(item, BaseException):
-                    self.result.error = _read_error(item, self.spec.idle_timeout)
-                    return self._ended()
-                try:
-                    items = self.decoder.feed(item)  # type: ignore[arg-type]
-                except LineTooLongError as error:
-                    self.result.error = str(error)
-                    activity.logger.warning("stream %s: %s", self.stream, error)
-                    return self._ended()
-                except StreamError as error:
-                    # An event or id over its limit: keep what came before it (the cursor
-                    # stays before the bad event), then park with the setting named.
-                    before = getattr(error, "items", None) or []
-                    intake.take(before, received_at=datetime.now(UTC), now=now)
-                    activity.logger.warning("stream %s: %s", self.stream, error)
-                    raise StreamRefusedError(
-                        f"{error}; the stream is parked until resumed"
-                    ) from None
-                intake.take(items, received_at=datetime.now(UTC), now=now)
-                if intake.stored is not None:
-                    self._fetch_stored()
-                    if intake.stored.fetching:
-                        # Reading chunk after chunk from the queue never yields to the
-                        # event loop: let the page being fetched land before it is needed.
-                        await asyncio.sleep(0)
-                intake.poll(now)
-                await self._submit_ready()
-                if intake.outcome is not None:
-                    return intake.outcome
+            outcome = await self._read_until_an_outcome(queue)
+        except asyncio.CancelledError:
+            pump.cancel()
+            self._take_read_ahead(queue, held)  # no await: a second cancel cannot cut it
+            raise
         finally:
             pump.cancel()
+        self._take_read_ahead(queue, held)
+        return outcome
+
+    async def _read_until_an_outcome(self, queue: asyncio.Queue[object]) -> Outcome:
+        intake = self.intake
+        assert intake is not None
+        rotate_at = time.monotonic() + self.spec.max_connection_age
+        while True:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                # Not asyncio.wait_for: on Python 3.11 it returns the item and swallows
+                # a cancellation that lands as queue.get() completes, so a busy stream
+                # could ignore replay/pause/stop and worker shutdown (chaos scenarios 4
+                # and 5). asyncio.timeout re-raises the cancellation.
+                try:
+                    async with asyncio.timeout(self._wait_budget(rotate_at)):
+                        item = await queue.get()
+                except TimeoutError:
+                    item = None
+            now = time.monotonic()
+            if item is None:
+                intake.poll(now)
+                await self._submit_ready()
+                self._heartbeat()
+                if intake.outcome is not None:
+                    return intake.outcome
+                if now >= rotate_at:
+                    return Outcome.ROTATED
+                continue
+            if item is _EOF:
+                self.body_done = True
+                intake.take(self.decoder.close(), received_at=datetime.now(UTC), now=now)
+                self.result.error = "the server ended the stream"
+                return self._ended()
+            if isinstance(item, BaseException):
+                self.body_done = True
+                self.result.error = _read_error(item, self.spec.idle_timeout)
+                return self._ended()
+            try:
+                items = self.decoder.feed(item)  # type: ignore[arg-type]
+            except LineTooLongError as error:
+                # What the chunk completed before the long line is kept; the cursor stays
+                # before the event that holds it, and the reconnect resumes there.
+                self.body_done = True
+                intake.take(error.items, received_at=datetime.now(UTC), now=now)
+                self.result.error = str(error)
+                activity.logger.warning("stream %s: %s", self.stream, error)
+                return self._ended()
+            except StreamError as error:
+                # An event or id over its limit: keep what came before it (the cursor
+                # stays before the bad event), then park with the setting named.
+                self.body_done = True
+                before = getattr(error, "items", None) or []
+                intake.take(before, received_at=datetime.now(UTC), now=now)
+                activity.logger.warning("stream %s: %s", self.stream, error)
+                raise StreamRefusedError(f"{error}; the stream is parked until resumed") from None
+            intake.take(items, received_at=datetime.now(UTC), now=now)
+            if intake.stored is not None:
+                self._fetch_stored()
+                if intake.stored.fetching:
+                    # Reading chunk after chunk from the queue never yields to the
+                    # event loop: let the page being fetched land before it is needed.
+                    await asyncio.sleep(0)
+            intake.poll(now)
+            await self._submit_ready()
+            if intake.outcome is not None:
+                return intake.outcome
+
+    def _take_read_ahead(self, queue: asyncio.Queue[object], held: list[bytes]) -> None:
+        """The connection is ending and reads no more: take every chunk already read from
+        the socket, those queued and the one the pump held for a full queue.
+
+        Synchronous, so that a cancellation cannot cut it short; bounded by the queue
+        (``READ_AHEAD_CHUNKS``). A chunk the decoder refuses ends it there: what the chunk
+        completed before the refused line or event is kept, and the cursor stays before
+        it (the next connection meets it again).
+        """
+        if self.body_done:
+            return
+        self.body_done = True
+        chunks: list[object] = []
+        while not queue.empty():
+            chunks.append(queue.get_nowait())
+        chunks.extend(held)
+        held.clear()
+        intake = self.intake
+        assert intake is not None
+        now = time.monotonic()
+        received_at = datetime.now(UTC)
+        read_before = intake.counts.events_read
+        for item in chunks:
+            if item is _EOF:
+                intake.take(self.decoder.close(), received_at=received_at, now=now)
+                break
+            if isinstance(item, BaseException):
+                break
+            try:
+                items = self.decoder.feed(item)  # type: ignore[arg-type]
+            except StreamError as error:
+                intake.take(getattr(error, "items", None) or [], received_at=received_at, now=now)
+                activity.logger.warning(
+                    "stream %s: %s (read ahead as the connection ended)", self.stream, error
+                )
+                break
+            intake.take(items, received_at=received_at, now=now)
+        if chunks:
+            activity.logger.debug(
+                "stream %s: %d chunk(s) read ahead taken as the connection ended (%d events)",
+                self.stream,
+                len(chunks),
+                intake.counts.events_read - read_before,
+            )
 
     def _ended(self) -> Outcome:
         """The connection ended by itself: a drop notice seen before still counts."""
@@ -784,11 +858,17 @@ def _added(a: ReadCounts, b: ReadCounts) -> ReadCounts:
     return ReadCounts(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(b)})
 
 
-async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:
-    """Read bytes ahead of the parser; ends the queue with _EOF or the error."""
+async def _pump(response: httpx.Response, queue: asyncio.Queue[object], held: list[bytes]) -> None:
+    """Read bytes ahead of the parser; ends the queue with _EOF or the error.
+
+    ``held`` holds the chunk read from the socket while it waits for room in a full
+    queue: a pump cancelled there leaves it in ``held`` (``Queue.put`` adds nothing once
+    cancelled), and the reader takes it after the queued ones."""
     try:
         async for chunk in response.aiter_bytes():
+            held.append(chunk)
             await queue.put(chunk)
+            held.pop()
         await queue.put(_EOF)
     except asyncio.CancelledError:
         raise

@@ -11,6 +11,12 @@ read before it is clean evidence), and where the set of open gaps an id would fi
 changes (so a batch's new rows are wholly inside or outside each gap). Each batch carries
 the gap changes that must commit with it (:mod:`durable_sse.gaps`). The cursor moves only
 when :meth:`Intake.committed` is told, in commit order.
+
+Ending a connection stops reading new bytes, never taking what was received: once
+:attr:`Intake.outcome` is set, the reader hands over the rest of what it decoded and what
+it had read ahead, and every item is taken as usual (a notice in it opens its own gap,
+and a drop signal in it makes the outcome ``DROP_SIGNAL``). An event received and then
+thrown away would be in no gap and no count.
 """
 
 from __future__ import annotations
@@ -110,7 +116,8 @@ class Intake:
         self.ready: deque[Batch] = deque()
         """Batches cut and waiting to be submitted, in order."""
         self.outcome: Outcome | None = None
-        """Set when the connection must end (a drop signal): stop reading, flush."""
+        """Set when the connection must end (a drop signal, a finished repair): stop
+        reading new bytes, take what was received, flush."""
         self.drop: DropReport | None = None
         self.ids_not_counters = 0
         self.history_short = False
@@ -136,8 +143,9 @@ class Intake:
         self._last_number: int | None = None
         self._drop_deadline: float | None = None
         """When the connection ends for a drop signal whose end bound has not come."""
-        self._noticed = False
-        """A drop notice or drop event came (one per connection is enough)."""
+        self._notice_open = False
+        """A drop notice or drop event came and no id has been read since: a second one
+        before that id speaks of the same hole (one gap is enough)."""
         self._repaired_at: float | None = None
         """When to end a connection that closed every gap it knew of."""
         self._now = 0.0
@@ -175,11 +183,12 @@ class Intake:
             )
 
     def take(self, items: list[Event | Comment], *, received_at: datetime, now: float) -> None:
-        """Decoded items, in order; ``now`` is a monotonic clock reading."""
+        """Decoded items, in order; ``now`` is a monotonic clock reading.
+
+        Every item is taken, also once :attr:`outcome` is set: what was received is
+        stored; the reader only stops reading more."""
         self._now = now
         for item in items:
-            if self.outcome is not None:
-                return
             if isinstance(item, Comment):
                 self._comment(item.text, now)
             else:
@@ -193,7 +202,12 @@ class Intake:
             self._cut()
         if self._drop_deadline is not None and now >= self._drop_deadline:
             self.outcome = Outcome.DROP_SIGNAL
-        elif self._repaired_at is not None and now >= self._repaired_at and self.gaps.clean:
+        elif (
+            self.outcome is None
+            and self._repaired_at is not None
+            and now >= self._repaired_at
+            and self.gaps.clean
+        ):
             self.outcome = Outcome.ROTATED
 
     def next_deadline(self, now: float) -> float | None:
@@ -213,8 +227,16 @@ class Intake:
         leftover = self.gaps.pending_changes()
         if leftover:
             self.ready.append(Batch(records=[], last_id=None, gap_changes=leftover))
-        if self._drop_deadline is not None and self.outcome is None:
+        if self._drop_deadline is not None and self.outcome in (None, Outcome.ROTATED):
             self.outcome = Outcome.DROP_SIGNAL  # a notice with no id after it
+
+    def ending(self, outcome: Outcome) -> Outcome:
+        """What to report for a connection that ended with ``outcome`` (call after
+        :meth:`end`): a drop signal among what it took while ending wins over a rotation
+        or a plain drop, since the workflow must repair the gap it recorded."""
+        if self.outcome is Outcome.DROP_SIGNAL and outcome in (Outcome.ROTATED, Outcome.DROPPED):
+            return Outcome.DROP_SIGNAL
+        return outcome
 
     # -- commits -----------------------------------------------------------------------
 
@@ -251,9 +273,9 @@ class Intake:
     # -- internals ---------------------------------------------------------------------
 
     def _comment(self, text: str, now: float) -> None:
-        if self._noticed or not text or not self.matcher.matches(text):
+        if self._notice_open or not text or not self.matcher.matches(text):
             return
-        self._noticed = True
+        self._notice_open = True
         self._cut()  # what was read before the notice is clean evidence
         self.gaps.drop_signal(
             GapKind.COMMENT,
@@ -279,9 +301,9 @@ class Intake:
             self._ordinal += 1
             ordinal = self._ordinal
             follower = self._followers.follower(event.event, event.data, ordinal)
-        announces_drop = event.event in self.drop_types and not self._noticed
+        announces_drop = event.event in self.drop_types and not self._notice_open
         if announces_drop:
-            self._noticed = True
+            self._notice_open = True
             self._cut()
         segment = self.gaps.segment(event_id) if event_id and self.gaps.gaps else frozenset()
         if self._pending_count and segment != self._pending_segment:
@@ -359,7 +381,8 @@ class Intake:
         self._last_read, self._last_key = event_id, key
         if self._pending_last_key is None or key > self._pending_last_key:
             self._pending_last, self._pending_last_key = event_id, key
-        if self._noticed and not announced_here:
+        if self._notice_open and not announced_here:
+            self._notice_open = False
             self.outcome = Outcome.DROP_SIGNAL  # the first id after the notice bounds it
 
     def _contiguity(self, event_id: str, first: bool) -> None:

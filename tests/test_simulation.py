@@ -187,6 +187,15 @@ def _early_notices_miss_nothing(cursor, first_after, *, floor, stored):  # noqa:
     return (max(cursor, min(floor or cursor, first_after - 1)), 0)
 
 
+_taken_comment = intake.Intake._comment
+
+
+def _notices_ignored_while_ending(self, text, now):  # noqa: ANN001, ANN202
+    """The reader takes what it received as it ends, but looks past the notices in it."""
+    if self.outcome is None:
+        _taken_comment(self, text, now)
+
+
 MUTATIONS = [
     Mutation("gap changes never written", gaps.GapTracker, "batch_changes", _drop_gap_changes),
     Mutation("lagging id ignores gaps", gaps, "lagging_target", _lagging_ignores_gaps),
@@ -200,6 +209,12 @@ MUTATIONS = [
         "attribute_early_notice",
         _early_notices_miss_nothing,
         schedules=1000,
+    ),
+    Mutation(
+        "notices taken as a connection ends are ignored",
+        intake.Intake,
+        "_comment",
+        _notices_ignored_while_ending,
     ),
 ]
 

@@ -693,11 +693,10 @@ class Attempt:
         return intake.outcome
 
     def _take(self, chunk: bytes) -> None:
-        """Decode and hand over, item by item: what the intake ignores once it has decided
-        to end (as the reader drops what it read past that point) was not taken."""
+        """Decode and hand over, item by item: every item of a chunk read is taken, also
+        once the intake has decided to end (as the reader takes what it read ahead); an
+        ending connection only reads no further chunk (``step``)."""
         for item in self.decoder.feed(chunk):
-            if self.intake.outcome is not None:
-                return
             self.intake.take([item], received_at=self.world.now, now=self.world.clock)
             if isinstance(item, Comment) and item.text != "ping":
                 self.connection.notice_taken()
@@ -762,7 +761,7 @@ class Attempt:
         self.finished = True
         log = self.world.log
         return ReadResult(
-            outcome=outcome,
+            outcome=intake.ending(outcome),
             start_cursor=self.start_cursor,
             last_cursor=intake.cursor,
             counts=intake.counts,
