@@ -321,3 +321,6 @@ class StreamStatus:
     """The running connection's last reported commit lag, seconds."""
     retention: RetentionStatus | None = None
     """The last checkpoint run's retention report (None: none yet, or none configured)."""
+    retry_capped_from_ms: int | None = None
+    """The server's last ``retry:`` (ms) when it asked for more than the stream's
+    ``max_retry_delay`` and the wait was cut to that bound (None: honoured, or none)."""

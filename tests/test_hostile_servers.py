@@ -18,6 +18,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -445,6 +446,33 @@ async def test_an_idless_event_after_a_reconnect_is_kept_and_a_resent_one_is_not
         await stop(handle)
     rows = [(e.event_id, e.event_ord, e.data) for e in await log.events(name)]
     assert rows == [("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c")]
+
+
+async def test_a_servers_retry_of_years_is_cut_to_max_retry_delay(
+    temporal: WorkflowEnvironment, queue: str
+) -> None:
+    """Issue 24, item 6: ``retry: 99999999999`` (about three years), then the server
+    closes. The stream waits ``max_retry_delay`` (5 minutes by default) and says so."""
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        yield b"retry: 99999999999\n\n"
+
+    async with HostileServer({"retry": body}) as server:
+        name = "retry-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("retry"), id_order="numeric")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def waiting() -> bool:
+            return (await status_of(handle)).state == "waiting"
+
+        await wait_until(waiting, timeout=30, what="the stream to wait", handle=handle)
+        status = await status_of(handle)
+        assert status.next_reconnect_at is not None
+        wait = datetime.fromisoformat(status.next_reconnect_at) - datetime.now(UTC)
+        assert timedelta(0) < wait <= timedelta(seconds=300)
+        assert status.retry_capped_from_ms == 99_999_999_999
+        assert status.last_outcome == "dropped"
+        await stop(handle)
 
 
 async def test_rows_the_database_refuses_park_only_their_own_stream(

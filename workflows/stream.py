@@ -77,6 +77,8 @@ SCHEDULE_SPREAD_PATCH = "sse-schedule-spread"
 SCHEDULE_TIMER_SUMMARY = "checkpoint schedule due"
 READ_NUDGE_PATCH = "sse-read-nudge"
 """Runs started before nudges cancelled their reader without one."""
+RETRY_BOUND_PATCH = "sse-max-retry-delay"
+"""Runs started before ``max_retry_delay`` honoured any ``retry:`` (a timer that long)."""
 NUDGE_TIMEOUT = timedelta(seconds=10)
 NUDGE_RETRY = RetryPolicy(maximum_attempts=1)
 """One try: a nudge only hurries a cancellation the reader's heartbeat also brings."""
@@ -130,6 +132,8 @@ class StreamWorkflow:
         """``_schedule_task`` is still waiting for its time (nothing created yet)."""
         self._schedule_attempted = False
         """A creation was started in this run: delete at the end even if it was stopped."""
+        self._retry_cap_logged = False
+        """A ``retry:`` over ``max_retry_delay`` was logged in this run (once is enough)."""
 
     @workflow.run
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
@@ -340,6 +344,7 @@ class StreamWorkflow:
             progress_at=progress.at if progress is not None else None,
             commit_lag=progress.commit_lag if progress is not None else None,
             retention=s.retention,
+            retry_capped_from_ms=s.retry_capped_from_ms,
         )
 
     # --- one connection ----------------------------------------------------------------
@@ -370,6 +375,7 @@ class StreamWorkflow:
             self._running = None
             self._progress = None
         duration = (workflow.now() - started).total_seconds()
+        bounded = workflow.patched(RETRY_BOUND_PATCH)
         decision = record_result(
             s,
             plan,
@@ -378,7 +384,16 @@ class StreamWorkflow:
             jitter=workflow.random().random(),
             duration=duration,
             refused=refused,
+            max_retry_delay=spec.max_retry_delay if bounded else None,
         )
+        if decision.retry_capped_from_ms is not None and not self._retry_cap_logged:
+            self._retry_cap_logged = True
+            workflow.logger.warning(
+                "the server asks to wait retry: %d ms before reconnecting; the stream "
+                "waits max_retry_delay (%s) at most (logged once per run)",
+                decision.retry_capped_from_ms,
+                format_duration(spec.max_retry_delay),
+            )
         if refused is not None:
             workflow.logger.warning("stream refused, parked until resumed: %s", refused)
         elif result is not None and result.outcome == Outcome.NO_CONTENT:
@@ -677,6 +692,11 @@ class StreamWorkflow:
             )
         if status.next_reconnect_at:
             lines.append(f"next reconnect: {status.next_reconnect_at}")
+        if status.retry_capped_from_ms is not None:
+            lines.append(
+                f"server's retry: {status.retry_capped_from_ms} ms, cut to "
+                f"max_retry_delay ({format_duration(self._spec.max_retry_delay)})"
+            )
         if status.last_error:
             lines.append(f"last error: {status.last_error}")
         workflow.set_current_details("\n\n".join(lines))
