@@ -384,6 +384,7 @@ class _Connection:
                 new_gap_id=_gap_id,
                 now_iso=_now_iso,
                 retried=activity.info().attempt > 1,
+                read_before=self.input.events_read_before > 0 or self.carried.events_read > 0,
             )
         except ConfigError as error:  # a drop_notice pattern RE2 refuses
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
@@ -764,7 +765,11 @@ class _Connection:
             self.metrics.cursor_lag.set(lag)
             self.commit_lag = round(lag, 2)
         first = self.first_id is None and self.start_cursor is None
-        if self.intake.committed(batch, new_rows=inserted.new_rows):
+        blind = self.intake.counts.reconnects_without_cursor
+        moved = self.intake.committed(batch, new_rows=inserted.new_rows)
+        if self.intake.counts.reconnects_without_cursor > blind:
+            self.metrics.reconnects_without_cursor.add(1)
+        if moved:
             cursor = self.intake.cursor
             assert cursor is not None
             self.reader.l1.advance(self.stream, cursor, self.order)

@@ -75,6 +75,10 @@ class ReadInput:
     none of them ends at once (``RECORDED_GAP``)."""
     connection: int = 0
     """Connection number within the workflow, for logs."""
+    events_read_before: int = 0
+    """Events the stream's earlier connections read (the workflow's counter): a connection
+    with no id to send on a stream that has read events is a reconnect that cannot
+    resume, a loss window (``GapKind.NO_RESUME``)."""
 
 
 @dataclass
@@ -87,6 +91,9 @@ class ReadCounts:
     ids_out_of_order: int = 0
     """Ids not newer than the id read before them under the stream's ``id_order`` (a
     wrong ``id_order``: the cursors would not follow such ids)."""
+    reconnects_without_cursor: int = 0
+    """Reconnects that could not resume (no id to send), each recorded as a gap of kind
+    ``no_resume``; counted once its gap is committed."""
 
 
 @dataclass
@@ -295,6 +302,10 @@ class StreamCounters:
     gaps_unknown_size: int = 0
     """Unrecoverable gaps whose size nobody can know: not in ``events_unrecoverable``."""
     failures: int = 0
+    reconnects_without_cursor: int = 0
+    """Reconnects that could not resume (no id to send, on a stream that had read
+    events): each lost what the server sent meanwhile, recorded as a ``no_resume`` gap
+    of unknown size (so also in ``gaps_unknown_size``)."""
 
 
 @dataclass

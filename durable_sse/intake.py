@@ -30,7 +30,7 @@ from datetime import datetime
 from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
 from durable_sse.eventlog import EventRecord
 from durable_sse.followers import FollowerKeys
-from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
+from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext, no_resume
 from durable_sse.ids import contiguous_number, is_newer, key_function
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, Event
@@ -81,6 +81,9 @@ class Intake:
         new_gap_id: makes a fresh gap id (random in the activity, seeded in simulations).
         now_iso: the wall-clock time as ISO text (gap records are stamped with it).
         retried: this attempt replaces one that died (see ``GapTracker.suspect``).
+        read_before: the stream read events before this connection (the workflow's
+            counters, or an attempt that died): with no cursor, the connection is a
+            reconnect that cannot resume (:func:`~durable_sse.gaps.no_resume`).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class Intake:
         new_gap_id: Callable[[], str],
         now_iso: Callable[[], str],
         retried: bool = False,
+        read_before: bool = False,
     ) -> None:
         self.spec = spec
         self.order = spec.id_order
@@ -152,6 +156,10 @@ class Intake:
         self.stored: StoredAhead | None = None
         """Keys stored ahead of a replay (set by the reader): such events are counted as
         duplicates and become no record (see :mod:`durable_sse.stored`)."""
+        self.cannot_resume = no_resume(cursor, context, read_before=read_before)
+        """A reconnect that cannot resume: its loss window is recorded once the stream
+        opens (:meth:`head`)."""
+        self._no_resume_gap: str | None = None
 
         if retried:
             self.gaps.suspect("an attempt that read here died; what it read is read again")
@@ -169,7 +177,18 @@ class Intake:
 
     def head(self, *, truncation_header: str | None) -> None:
         """The response head: a truncation header unlike the cursor means the server's
-        history does not reach it (what lies between is lost); equal to it, that it does."""
+        history does not reach it (what lies between is lost); equal to it, that it does.
+
+        A reconnect that cannot resume records its loss window here, when the stream
+        opens (a refused or failed attempt ends no window: the next one that opens
+        does), with the connection's first batch (or alone, if it reads nothing)."""
+        if self.cannot_resume and self._no_resume_gap is None:
+            self._no_resume_gap = self.gaps.no_resume().gap_id
+            logger.info(
+                "stream %s: reconnected with no id to resume from: what the server sent "
+                "meanwhile is lost (a gap of kind no_resume, of unknown size)",
+                self.spec.name,
+            )
         if not self.spec.mercure_last_event_id or truncation_header is None or self.cursor is None:
             return
         if truncation_header == self.cursor:
@@ -244,6 +263,11 @@ class Intake:
         """``batch`` committed (call in submission order); True when the cursor moved."""
         self.counts.new_rows += new_rows
         self.counts.duplicates += len(batch.records) - new_rows + batch.skipped
+        if self._no_resume_gap is not None and any(
+            change.opened is not None and change.gap_id == self._no_resume_gap
+            for change in batch.gap_changes
+        ):
+            self.counts.reconnects_without_cursor += 1
         if batch.recovered:
             self.counts.recovered += new_rows
         if batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order):
@@ -436,7 +460,10 @@ class Intake:
             while len(marks) > 2 and marks[1][0] <= cutoff:
                 marks.popleft()  # keep one mark older than the window, no more
         changes = self.gaps.batch_changes(last_id=last_id, segment=self._pending_segment)
-        if self._repaired_at is None and not self.gaps.gaps and any(c.close for c in changes):
+        # A reconnect's own loss window closes as it opens: no repair finished, and a
+        # stream that cannot resume must not end (each reconnect loses more).
+        closed = any(c.close and c.gap_id != self._no_resume_gap for c in changes)
+        if self._repaired_at is None and not self.gaps.gaps and closed:
             # Every gap this connection knew of is closed: end soon, so the workflow
             # (status, metrics, logs) learns now, not at the next rotation; after a grace,
             # since a late notice may still say the repair itself skipped something.

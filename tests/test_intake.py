@@ -63,6 +63,8 @@ def intake(
     gaps: Iterable[Gap] = (),
     known: Iterable[str] | None = None,
     retried: bool = False,
+    has_rows: bool = False,
+    read_before: bool = False,
     **options: object,
 ) -> Intake:
     open_gaps = list(gaps)
@@ -72,8 +74,13 @@ def intake(
         route=route,
         cursor=cursor,
         context=StreamContext(
-            lagging_id=lagging, floor=floor, witness=witness, open_gaps=open_gaps
+            lagging_id=lagging,
+            floor=floor,
+            witness=witness,
+            open_gaps=open_gaps,
+            has_rows=has_rows or floor is not None,
         ),
+        read_before=read_before,
         known_gaps=[g.gap_id for g in open_gaps] if known is None else known,
         new_gap_id=lambda: f"new{next(numbers)}",
         now_iso=lambda: "2026-01-01T00:00:00+00:00",
@@ -660,3 +667,86 @@ def test_the_outcome_reported_for_an_ending_with_a_drop_signal_in_it() -> None:
     take(quiet, ev(1))
     quiet.end()
     assert quiet.ending(Outcome.ROTATED) is Outcome.ROTATED
+
+
+# -- a reconnect that cannot resume (issue 24, item 8) ---------------------------------------
+
+
+def idless(*data: str) -> list[Event]:
+    return [Event(data=d) for d in data]
+
+
+def test_a_reconnect_with_no_id_records_its_loss_window_with_its_first_batch() -> None:
+    i = intake(None, has_rows=True, batch_max_events=2)
+    assert i.cannot_resume
+    i.head(truncation_header=None)
+    take(i, *idless("a", "b", "c"))
+    i.end()
+    batches = cut(i)
+    assert [len(b.records) for b in batches] == [2, 1]
+    [opened] = batches[0].gap_changes
+    assert opened.opened is not None and opened.opened.kind == GapKind.NO_RESUME
+    assert (opened.close, opened.truncated, opened.opened.start_id) == (True, True, None)
+    assert batches[1].gap_changes == []
+    assert i.counts.reconnects_without_cursor == 0  # counted once its gap is committed
+    for batch in batches:
+        i.committed(batch, new_rows=len(batch.records))
+    assert i.counts.reconnects_without_cursor == 1
+    assert i.outcome is None and i.drop is None  # nothing to repair: it reads on
+
+
+def test_a_reconnect_with_no_id_reads_on_after_its_window_is_recorded() -> None:
+    """Its gap closes as it opens: that is no finished repair, and ending the connection
+    would only lose more (each reconnect of such a stream is a loss window)."""
+    i = intake(None, has_rows=True, batch_max_events=1)
+    i.head(truncation_header=None)
+    for n in range(5):
+        take(i, *idless(f"e{n}"), now=float(n))
+        i.poll(n + DROP_GRACE)
+        cut(i)
+    assert i.outcome is None and i.next_deadline(10.0) is None
+
+
+def test_a_reconnect_with_no_id_that_reads_nothing_records_its_window_alone() -> None:
+    i = intake(None, read_before=True)
+    i.head(truncation_header=None)
+    i.end()
+    [batch] = cut(i)
+    assert batch.records == [] and [c.opened.kind for c in batch.gap_changes if c.opened] == [
+        GapKind.NO_RESUME
+    ]
+    i.committed(batch, new_rows=0)
+    assert i.counts.reconnects_without_cursor == 1
+
+
+def test_only_an_opened_stream_ends_a_loss_window() -> None:
+    """No head, no window closed: a refused or failed attempt records nothing; the next
+    one that opens the stream does."""
+    i = intake(None, has_rows=True)
+    i.end()
+    assert cut(i) == []
+
+
+def test_the_first_connection_and_a_resuming_one_are_no_loss_window() -> None:
+    for i in (intake(None), intake("5", floor="5", read_before=True)):
+        assert not i.cannot_resume
+        i.head(truncation_header=None)
+        take(i, *idless("a"))
+        i.end()
+        assert [c for b in cut(i) for c in b.gap_changes] == []
+
+
+def test_a_loss_window_ends_before_the_first_id_read() -> None:
+    i = intake(None, read_before=True, batch_max_events=10)
+    i.head(truncation_header=None)
+    take(i, ev(41), ev(42))
+    i.end()
+    records = apply_all(cut(i))
+    [record] = records.values()
+    assert (record.kind, record.state, record.start_id, record.end_id, record.missing) == (
+        GapKind.NO_RESUME.value,
+        GapState.UNRECOVERABLE,
+        None,
+        "41",
+        None,
+    )

@@ -960,6 +960,58 @@ async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
     assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "3"]
 
 
+# -- reconnects that cannot resume (issue 24, item 8) ----------------------------------------
+
+
+async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    stream_name: str,
+    metrics: tuple[Runtime, MetricBuffer],
+) -> None:
+    """A server that sends id-less events and closes each connection: every reconnect is
+    live only, and what it sent meanwhile is lost. Each reconnect that opens the stream
+    records that as a gap of kind ``no_resume`` (unrecoverable, unknown size); the first
+    connection, and an attempt the server turns away, do not."""
+    runtime, buffer = metrics
+    buffer.retrieve_updates()
+    busy = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    body = b"data: a\n\ndata: b\n\n"
+    env = ActivityEnvironment()
+    env.metric_meter = runtime.metric_meter
+    async with CannedServer(body, then=[busy, ok + body]) as server:
+        spec = make_spec(server.url, stream_name)
+        first, _ = await read(reader, spec, env=env)
+        turned_away, _ = await read(reader, spec, env=env, events_read_before=2)
+        second, _ = await read(reader, spec, env=env, events_read_before=2)
+        # A workflow started again (counters at zero) over the rows of its earlier life.
+        restarted, _ = await read(reader, spec, env=env)
+    assert first.counts == ReadCounts(events_read=2, new_rows=2)
+    assert first.gaps is not None and first.gaps.totals == GapTotals()
+    assert turned_away.outcome is Outcome.RETRY_LATER
+    assert turned_away.counts.reconnects_without_cursor == 0
+    for result in (second, restarted):
+        assert result.start_cursor is None and result.counts.new_rows == 2
+        assert result.counts.reconnects_without_cursor == 1
+        assert result.outcome is Outcome.DROPPED and result.drop is None
+    assert second.gaps is not None and second.gaps.totals == GapTotals(
+        unrecoverable=1, unknown_size=1
+    )
+    rows = await gap_rows(pg_event_log, stream_name)
+    assert [(g["kind"], g["state"], g["start_id"], g["missing"]) for g in rows] == [
+        ("no_resume", "unrecoverable", None, None)
+    ] * 2
+    assert len(await stored(pg_event_log, stream_name)) == 6
+    exported = [
+        update.value
+        for update in buffer.retrieve_updates()
+        if update.metric.name == "durable_sse_reconnects_without_cursor"
+        and update.attributes.get("stream") == stream_name
+    ]
+    assert sum(exported) == 2
+
+
 async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
     reader: StreamReader,
     pg_event_log: EventLog,

@@ -727,3 +727,22 @@ def test_schedule_creation_is_spread_within_the_first_replay_window() -> None:
     # Out-of-range inputs never push it past the window (or before now).
     assert schedule_delay(window, 5.0, 0.999) < window
     assert schedule_delay(window, -1.0, 0.5) == schedule_delay(window, 0.5, -1.0) == 0.0
+
+
+# --- reconnects that cannot resume (issue 24, item 8) ---------------------------------------
+
+
+def test_reconnects_without_a_cursor_are_counted_and_warned_of_once_per_stream() -> None:
+    s = state(None)
+    blind = result(Outcome.DROPPED, read=10, gaps=summary(unrecoverable=1, unknown_size=1))
+    blind.counts.reconnects_without_cursor = 1
+    first = record(s, LIVE, result(Outcome.DROPPED, read=10))
+    assert (first.reconnects_without_cursor, first.first_without_cursor) == (0, False)
+    second = record(s, LIVE, blind)
+    assert (second.reconnects_without_cursor, second.first_without_cursor) == (1, True)
+    assert second.new_unrecoverable_gaps == 1
+    blind.gaps = summary(unrecoverable=2, unknown_size=2)
+    third = record(s, LIVE, blind)
+    assert (third.reconnects_without_cursor, third.first_without_cursor) == (1, False)
+    c = s.counters
+    assert (c.reconnects_without_cursor, c.gaps_unknown_size, c.gaps_unrecoverable) == (2, 2, 2)

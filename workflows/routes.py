@@ -162,6 +162,10 @@ class Decision:
     replay_finished: bool = False
     retry_capped_from_ms: int | None = None
     """The server's ``retry:`` (ms) asked for more than ``max_retry_delay`` (log it)."""
+    reconnects_without_cursor: int = 0
+    """Reconnects of this connection that could not resume (``no_resume`` gaps)."""
+    first_without_cursor: bool = False
+    """The stream's first reconnect that could not resume: warn, once per stream."""
 
 
 def schedule_delay(replay_window: float, spread: float, jitter: float) -> float:
@@ -336,7 +340,10 @@ def record_result(
         result = ReadResult(outcome=Outcome.CANCELLED)
     outcome = Outcome(result.outcome)
     counters = state.counters
+    blind_before = counters.reconnects_without_cursor
     _add_reading(state, result.counts, result.last_cursor, result.lagging_id, id_order)
+    decision.reconnects_without_cursor = counters.reconnects_without_cursor - blind_before
+    decision.first_without_cursor = blind_before == 0 and decision.reconnects_without_cursor > 0
     state.last_outcome = outcome.value
     if result.error is not None:
         state.last_error = result.error  # the last error seen stays visible until a new one
@@ -473,6 +480,7 @@ def _add_reading(
     counters.events_persisted += counts.new_rows
     counters.duplicates += counts.duplicates
     counters.ids_out_of_order += counts.ids_out_of_order
+    counters.reconnects_without_cursor += counts.reconnects_without_cursor
     state.live_cursor = newest([state.live_cursor, cursor], id_order)
     if lagging_id is not None:
         state.lagging_id = lagging_id

@@ -364,6 +364,7 @@ class StreamWorkflow:
             start_id=plan.start_id,
             known_gaps=plan.known_gaps,
             connection=s.counters.connections,
+            events_read_before=s.counters.events_read,
         )
         started = workflow.now()
         self._repairing = plan.repairs
@@ -398,17 +399,31 @@ class StreamWorkflow:
             workflow.logger.warning("stream refused, parked until resumed: %s", refused)
         elif result is not None and result.outcome == Outcome.NO_CONTENT:
             workflow.logger.info("server answered 204: stopped until resumed")
+        if decision.first_without_cursor:
+            workflow.logger.warning(
+                "stream %s has no ids to resume from: each reconnect loses what the server "
+                "sent while no connection was open (recorded as gaps of kind no_resume, of "
+                "unknown size; counted in reconnects_without_cursor). Nothing on our side "
+                "can resume such a stream: the server must send ids (the SSE id: field). "
+                "Warned once per stream.",
+                spec.name,
+            )
         if decision.refresh_gaps:
             await self._refresh_gaps(decision)
         self._report_unrecoverable(
-            decision.new_unrecoverable_events, decision.new_unrecoverable_gaps
+            decision.new_unrecoverable_events,
+            decision.new_unrecoverable_gaps,
+            no_resume=decision.reconnects_without_cursor,
         )
         if decision.replay_finished:
             workflow.logger.info("requested replay finished")
         if decision.delay > 0:
             s.next_reconnect_at = (workflow.now() + timedelta(seconds=decision.delay)).isoformat()
 
-    def _report_unrecoverable(self, events: int, gaps: int) -> None:
+    def _report_unrecoverable(self, events: int, gaps: int, *, no_resume: int = 0) -> None:
+        """Export what became unrecoverable and warn; gaps of a reconnect that could not
+        resume (``no_resume``, at most that many of ``gaps``) were warned of once per
+        stream, so they alone log no warning."""
         if gaps <= 0 and events <= 0:
             return
         metrics = WorkflowMetrics(workflow.metric_meter(), self._spec.name)
@@ -416,6 +431,8 @@ class StreamWorkflow:
             metrics.events_unrecoverable.add(events)
         if gaps > 0:
             metrics.gaps_unrecoverable.add(gaps)
+        if events <= 0 and gaps <= no_resume:
+            return
         c = self._state.counters
         workflow.logger.warning(
             "UNRECOVERABLE GAP on stream %s: %d more events lost for good beyond the "
@@ -677,6 +694,11 @@ class StreamWorkflow:
                 f"open gap after `{_shown(gap.start_id)}` before `{_shown(gap.end_id)}` "
                 f"({gap.kind}, seen {gap.seen_at}, repair resumes after "
                 f"`{_shown(gap.resume_from)}`)"
+            )
+        if c.reconnects_without_cursor:
+            lines.append(
+                f"reconnects without a cursor {c.reconnects_without_cursor} (the server sends "
+                "no ids: each lost what was sent meanwhile)"
             )
         if status.repair_pending:
             lines.append("repair pending (lagged reconnects are throttled)")

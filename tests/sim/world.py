@@ -332,7 +332,11 @@ class World:
         state = self.state
         state.counters.connections += 1
         read_input = ReadInput(
-            spec=self.spec, route=plan.route, start_id=plan.start_id, known_gaps=plan.known_gaps
+            spec=self.spec,
+            route=plan.route,
+            start_id=plan.start_id,
+            known_gaps=plan.known_gaps,
+            events_read_before=state.counters.events_read,
         )
         attempt = await Attempt.start(self, read_input, retried=False, progress=None)
         self.note(
@@ -630,6 +634,8 @@ class Attempt:
             new_gap_id=world.new_gap_id,
             now_iso=lambda: world.now.isoformat(),
             retried=retried,
+            read_before=read_input.events_read_before > 0
+            or (progress is not None and progress.counts.events_read > 0),
         )
         floor = start.context.floor
         if start.cursor and is_newer(floor, start.cursor, world.spec.id_order):
