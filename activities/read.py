@@ -525,82 +525,89 @@ class _Connection:
         held: list[bytes] = []
         pump = asyncio.create_task(_pump(response, queue, held))
         self.streaming = True
+        rotate_at = time.monotonic() + self.spec.max_connection_age
         try:
-            outcome = await self._read_until_an_outcome(queue)
+            while True:
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    # Not asyncio.wait_for: on Python 3.11 it returns the item and swallows
+                    # a cancellation that lands as queue.get() completes, so a busy stream
+                    # could ignore replay/pause/stop and worker shutdown (chaos scenarios 4
+                    # and 5). asyncio.timeout re-raises the cancellation.
+                    try:
+                        async with asyncio.timeout(self._wait_budget(rotate_at)):
+                            item = await queue.get()
+                    except TimeoutError:
+                        item = None
+                now = time.monotonic()
+                if item is None:
+                    intake.poll(now)
+                    await self._submit_ready()
+                    self._heartbeat()
+                    if intake.outcome is not None:
+                        return self._stop_reading(pump, queue, held, intake.outcome)
+                    if now >= rotate_at:
+                        return self._stop_reading(pump, queue, held, Outcome.ROTATED)
+                    continue
+                if item is _EOF:
+                    self.body_done = True
+                    intake.take(self.decoder.close(), received_at=datetime.now(UTC), now=now)
+                    self.result.error = "the server ended the stream"
+                    return self._ended()
+                if isinstance(item, BaseException):
+                    self.body_done = True
+                    self.result.error = _read_error(item, self.spec.idle_timeout)
+                    return self._ended()
+                try:
+                    items = self.decoder.feed(item)  # type: ignore[arg-type]
+                except LineTooLongError as error:
+                    # What the chunk completed before the long line is kept; the cursor
+                    # stays before the event that holds it, and the reconnect resumes there.
+                    self.body_done = True
+                    intake.take(error.items, received_at=datetime.now(UTC), now=now)
+                    self.result.error = str(error)
+                    activity.logger.warning("stream %s: %s", self.stream, error)
+                    return self._ended()
+                except StreamError as error:
+                    # An event or id over its limit: keep what came before it (the cursor
+                    # stays before the bad event), then park with the setting named.
+                    self.body_done = True
+                    before = getattr(error, "items", None) or []
+                    intake.take(before, received_at=datetime.now(UTC), now=now)
+                    activity.logger.warning("stream %s: %s", self.stream, error)
+                    raise StreamRefusedError(
+                        f"{error}; the stream is parked until resumed"
+                    ) from None
+                intake.take(items, received_at=datetime.now(UTC), now=now)
+                if intake.stored is not None:
+                    self._fetch_stored()
+                    if intake.stored.fetching:
+                        # Reading chunk after chunk from the queue never yields to the
+                        # event loop: let the page being fetched land before it is needed.
+                        await asyncio.sleep(0)
+                intake.poll(now)
+                await self._submit_ready()
+                if intake.outcome is not None:
+                    return self._stop_reading(pump, queue, held, intake.outcome)
         except asyncio.CancelledError:
-            pump.cancel()
-            self._take_read_ahead(queue, held)  # no await: a second cancel cannot cut it
+            # A signal or the worker's shutdown: what was read is taken, then flushed.
+            self._stop_reading(pump, queue, held, Outcome.CANCELLED)
             raise
         finally:
             pump.cancel()
+
+    def _stop_reading(
+        self,
+        pump: asyncio.Task[None],
+        queue: asyncio.Queue[object],
+        held: list[bytes],
+        outcome: Outcome,
+    ) -> Outcome:
+        """Read no more bytes, take what was read (:meth:`_take_read_ahead`); ``outcome``."""
+        pump.cancel()
         self._take_read_ahead(queue, held)
         return outcome
-
-    async def _read_until_an_outcome(self, queue: asyncio.Queue[object]) -> Outcome:
-        intake = self.intake
-        assert intake is not None
-        rotate_at = time.monotonic() + self.spec.max_connection_age
-        while True:
-            try:
-                item = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                # Not asyncio.wait_for: on Python 3.11 it returns the item and swallows
-                # a cancellation that lands as queue.get() completes, so a busy stream
-                # could ignore replay/pause/stop and worker shutdown (chaos scenarios 4
-                # and 5). asyncio.timeout re-raises the cancellation.
-                try:
-                    async with asyncio.timeout(self._wait_budget(rotate_at)):
-                        item = await queue.get()
-                except TimeoutError:
-                    item = None
-            now = time.monotonic()
-            if item is None:
-                intake.poll(now)
-                await self._submit_ready()
-                self._heartbeat()
-                if intake.outcome is not None:
-                    return intake.outcome
-                if now >= rotate_at:
-                    return Outcome.ROTATED
-                continue
-            if item is _EOF:
-                self.body_done = True
-                intake.take(self.decoder.close(), received_at=datetime.now(UTC), now=now)
-                self.result.error = "the server ended the stream"
-                return self._ended()
-            if isinstance(item, BaseException):
-                self.body_done = True
-                self.result.error = _read_error(item, self.spec.idle_timeout)
-                return self._ended()
-            try:
-                items = self.decoder.feed(item)  # type: ignore[arg-type]
-            except LineTooLongError as error:
-                # What the chunk completed before the long line is kept; the cursor stays
-                # before the event that holds it, and the reconnect resumes there.
-                self.body_done = True
-                intake.take(error.items, received_at=datetime.now(UTC), now=now)
-                self.result.error = str(error)
-                activity.logger.warning("stream %s: %s", self.stream, error)
-                return self._ended()
-            except StreamError as error:
-                # An event or id over its limit: keep what came before it (the cursor
-                # stays before the bad event), then park with the setting named.
-                self.body_done = True
-                before = getattr(error, "items", None) or []
-                intake.take(before, received_at=datetime.now(UTC), now=now)
-                activity.logger.warning("stream %s: %s", self.stream, error)
-                raise StreamRefusedError(f"{error}; the stream is parked until resumed") from None
-            intake.take(items, received_at=datetime.now(UTC), now=now)
-            if intake.stored is not None:
-                self._fetch_stored()
-                if intake.stored.fetching:
-                    # Reading chunk after chunk from the queue never yields to the
-                    # event loop: let the page being fetched land before it is needed.
-                    await asyncio.sleep(0)
-            intake.poll(now)
-            await self._submit_ready()
-            if intake.outcome is not None:
-                return intake.outcome
 
     def _take_read_ahead(self, queue: asyncio.Queue[object], held: list[bytes]) -> None:
         """The connection is ending and reads no more: take every chunk already read from

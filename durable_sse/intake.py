@@ -12,9 +12,9 @@ changes (so a batch's new rows are wholly inside or outside each gap). Each batc
 the gap changes that must commit with it (:mod:`durable_sse.gaps`). The cursor moves only
 when :meth:`Intake.committed` is told, in commit order.
 
-Ending a connection stops reading new bytes, never taking what was received: once
-:attr:`Intake.outcome` is set, the reader hands over the rest of what it decoded and what
-it had read ahead, and every item is taken as usual (a notice in it opens its own gap,
+Ending a connection stops only the reading of new bytes: once :attr:`Intake.outcome` is
+set, the reader hands over the rest of what it decoded and what it had read ahead, and
+every item is taken as usual (a notice in it opens its own gap,
 and a drop signal in it makes the outcome ``DROP_SIGNAL``). An event received and then
 thrown away would be in no gap and no count.
 """
