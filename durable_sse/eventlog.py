@@ -4,7 +4,9 @@ records (``sse_gaps``).
 The log is the system of record: a batch is committed before any cursor moves past
 it (invariant 1), and every event is keyed ``(stream, event_id, follower_key)`` (see
 :mod:`durable_sse.followers`) so that replays are absorbed by ``ON CONFLICT DO NOTHING``
-(invariant 2). A batch carries the
+(invariant 2); an event whose key is stored with another type or data (a server
+that restarted its id counter) is no re-send, and is kept under an extended key
+(:meth:`EventLog._keep_reused`). A batch carries the
 gap changes the reader derived from it (:mod:`durable_sse.gaps`); they are applied in
 the batch's own transaction, so no cursor passes a drop signal before its gap record is
 durable (invariant 5).
@@ -635,7 +637,8 @@ class EventLog:
                 group.rows_written.set()
         for index, (job, count) in enumerate(zip(jobs, counts, strict=True)):
             job.new_rows = count
-            job.reused = reused[index] if reused is not None else []
+            if reused is not None:
+                job.reused = reused[index]
         for stream, key in newest.items():
             # Only streams whose newest id was looked up (and not forgotten since, by a
             # fallback): a hint built from this process's commits alone would miss what

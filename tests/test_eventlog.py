@@ -328,6 +328,7 @@ async def test_reused_ids_are_counted_per_batch_in_a_group_of_streams(
     await log.insert_batch(stream_name, order, generation("a", 1, 5))
     await log.insert_batch(other, order, generation("a", 1, 3))
     filler = generation("f", 1, SMALL_BATCH + 1) if large else generation("f", 1, 1)
+    before = log.commits.transactions
     fillers = hold_the_lanes(log)
     jobs = [
         log.submit_batch(stream_name, order, generation("b", 1, 2)),
@@ -339,6 +340,7 @@ async def test_reused_ids_are_counted_per_batch_in_a_group_of_streams(
     ]
     results = [await log.committed(job) for job in jobs]
     await asyncio.gather(*(log.committed(job) for job in fillers))
+    assert log.commits.transactions - before == len(fillers) + 1  # the six: one group
     assert results == [
         InsertResult(2, 0, ("1", "2")),
         InsertResult(1, 3),
@@ -401,6 +403,14 @@ async def test_a_reused_id_at_or_below_the_retention_horizon_is_left_to_the_hori
     result = await log.insert_batch(stream_name, order, generation("b", 1, 5))
     assert (result.new_rows, result.reused) == (2, ("4", "5"))
     assert data_of(await stored(log, stream_name)) == ["a1", "a2", "a3", "a4", "a5", "b4", "b5"]
+
+
+def test_the_digest_is_the_one_stored_follower_keys_were_made_with() -> None:
+    """``data_digest`` builds each type's prefix once; the bytes it hashes (and so every
+    follower key stored by schema 3) are unchanged."""
+    assert data_digest("message", "a1").hex() == "9ab1627d7c1410871453ce8d131c006c"
+    for _ in range(2):  # the type's prefix built, then reused
+        assert data_digest("ü", "x\x00y").hex() == "f19fe5afb77ee0a36ead75c4282a1f86"
 
 
 def test_follower_counts_restart_each_window() -> None:
