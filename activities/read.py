@@ -683,6 +683,8 @@ class _Connection:
             self.metrics.batch_persist.record(time.monotonic() - started)
         self.metrics.events_persisted.add(inserted.new_rows)
         self.metrics.duplicates.add(inserted.duplicates + batch.skipped)
+        if inserted.reused:
+            self.metrics.ids_reused.add(len(inserted.reused))
         if batch.recovered:
             self.metrics.events_recovered.add(inserted.new_rows)
         if batch.records:
@@ -690,7 +692,7 @@ class _Connection:
             self.metrics.cursor_lag.set(lag)
             self.commit_lag = round(lag, 2)
         first = self.first_id is None and self.start_cursor is None
-        if self.intake.committed(batch, new_rows=inserted.new_rows):
+        if self.intake.committed(batch, new_rows=inserted.new_rows, reused=inserted.reused):
             cursor = self.intake.cursor
             assert cursor is not None
             self.reader.l1.advance(self.stream, cursor, self.order)
