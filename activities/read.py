@@ -765,6 +765,8 @@ class _Connection:
             self.metrics.batch_persist.record(time.monotonic() - started)
         self.metrics.events_persisted.add(inserted.new_rows)
         self.metrics.duplicates.add(inserted.duplicates + batch.skipped)
+        if inserted.reused:
+            self.metrics.ids_reused.add(len(inserted.reused))
         if batch.recovered:
             self.metrics.events_recovered.add(inserted.new_rows)
         if batch.records:
@@ -773,7 +775,7 @@ class _Connection:
             self.commit_lag = round(lag, 2)
         first = self.first_id is None and self.start_cursor is None
         blind = self.intake.counts.reconnects_without_cursor
-        moved = self.intake.committed(batch, new_rows=inserted.new_rows)
+        moved = self.intake.committed(batch, new_rows=inserted.new_rows, reused=inserted.reused)
         if self.intake.counts.reconnects_without_cursor > blind:
             self.metrics.reconnects_without_cursor.add(1)
         if moved:

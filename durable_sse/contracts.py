@@ -91,6 +91,9 @@ class ReadCounts:
     ids_out_of_order: int = 0
     """Ids not newer than the id read before them under the stream's ``id_order`` (a
     wrong ``id_order``: the cursors would not follow such ids)."""
+    ids_reused: int = 0
+    """Events carrying an id stored already with another type or data (a server that
+    restarted its id counter): kept as new rows, not duplicates."""
     reconnects_without_cursor: int = 0
     """Reconnects that could not resume (no id to send), each recorded as a gap of kind
     ``no_resume``; counted once its gap is committed."""
@@ -302,6 +305,10 @@ class StreamCounters:
     gaps_unknown_size: int = 0
     """Unrecoverable gaps whose size nobody can know: not in ``events_unrecoverable``."""
     failures: int = 0
+    ids_reused: int = 0
+    """Events whose id was stored already with another type or data (a server that
+    restarted its id counter, or reuses ids): kept beside the earlier event, never
+    counted as duplicates (README, "Storage")."""
     reconnects_without_cursor: int = 0
     """Reconnects that could not resume (no id to send, on a stream that had read
     events): each lost what the server sent meanwhile, recorded as a ``no_resume`` gap

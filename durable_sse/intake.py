@@ -14,22 +14,22 @@ when :meth:`Intake.committed` is told, in commit order.
 
 Ending a connection stops only the reading of new bytes: once :attr:`Intake.outcome` is
 set, the reader hands over the rest of what it decoded and what it had read ahead, and
-every item is taken as usual (a notice in it opens its own gap,
-and a drop signal in it makes the outcome ``DROP_SIGNAL``). An event received and then
-thrown away would be in no gap and no count.
+every item is taken as usual (a notice in it opens its own gap, and a drop signal in it
+makes the outcome ``DROP_SIGNAL``). An event received and then thrown away would be in
+no gap and no count.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
 from durable_sse.eventlog import EventRecord
-from durable_sse.followers import FollowerKeys
+from durable_sse.followers import FollowerKeys, data_digest
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext, no_resume
 from durable_sse.ids import contiguous_number, is_newer, key_function
 from durable_sse.spec import StreamSpec
@@ -138,6 +138,10 @@ class Intake:
         self._pending_since = 0.0
         self._ordinal = 0
         self._followers = FollowerKeys()
+        self._carrier_digest: bytes | None = None
+        """Digest of the event that carried the id in force on this connection (None: the
+        connection began inside an id's run): stored with the event and its followers."""
+        self._reuse_warned = False
         self._read_marks: deque[tuple[float, str]] = deque()
         """``(time, newest id read)`` at each batch cut: what was read when."""
         self._last_read: str | None = None
@@ -259,8 +263,13 @@ class Intake:
 
     # -- commits -----------------------------------------------------------------------
 
-    def committed(self, batch: Batch, *, new_rows: int) -> bool:
-        """``batch`` committed (call in submission order); True when the cursor moved."""
+    def committed(self, batch: Batch, *, new_rows: int, reused: Sequence[str] = ()) -> bool:
+        """``batch`` committed (call in submission order); True when the cursor moved.
+
+        ``reused``: ids of the batch that the store holds with other data and kept anyway
+        (their rows are in ``new_rows``): counted as ``ids_reused``, never as duplicates,
+        and warned of once per connection.
+        """
         self.counts.new_rows += new_rows
         self.counts.duplicates += len(batch.records) - new_rows + batch.skipped
         if self._no_resume_gap is not None and any(
@@ -270,10 +279,24 @@ class Intake:
             self.counts.reconnects_without_cursor += 1
         if batch.recovered:
             self.counts.recovered += new_rows
-        if batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order):
+        moved = batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order)
+        if moved:
             self.cursor = batch.last_id
-            return True
-        return False
+        if reused:
+            self.counts.ids_reused += len(reused)
+            if not self._reuse_warned:
+                self._reuse_warned = True
+                logger.warning(
+                    "stream %s: id %r is stored already with other data or type: the server "
+                    "seems to have restarted its id counter (or reuses ids). The new event is "
+                    "kept beside the old one (counted as ids_reused); the cursor stays at the "
+                    "newest id, %r (it never moves back under id_order %r)",
+                    self.spec.name,
+                    reused[0][:64],
+                    self.cursor[:64] if self.cursor else None,
+                    self.order,
+                )
+        return moved
 
     @property
     def ids_out_of_order(self) -> int:
@@ -316,15 +339,18 @@ class Intake:
         key = None
         if event_id:
             key = self._last_key if event_id == self._last_read else self._key(event_id)
+        digest: bytes | None = None
         if not event_id:
             ordinal = None
         elif event.id_field:
             ordinal = self._ordinal = 0
             follower = self._followers.carrier()
+            digest = self._carrier_digest = data_digest(event.event, event.data)
         else:
             self._ordinal += 1
             ordinal = self._ordinal
             follower = self._followers.follower(event.event, event.data, ordinal)
+            digest = self._carrier_digest
         announces_drop = event.event in self.drop_types and not self._notice_open
         if announces_drop:
             self._notice_open = True
@@ -337,7 +363,7 @@ class Intake:
             self._pending_segment = segment
         self._pending_count += 1
         stored = self.stored
-        if stored is not None and follower is not None and stored.has(event_id, follower):
+        if stored is not None and follower is not None and stored.has(event_id, follower, digest):
             self._pending_skipped += 1  # stored already: ON CONFLICT would discard it
         else:
             record = EventRecord(
@@ -348,6 +374,7 @@ class Intake:
                 received_at=received_at,
                 follower_key=follower,
                 id_key=key,
+                digest=digest,
             )
             self._pending.append(record)
             self._pending_bytes += len(event.data)

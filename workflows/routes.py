@@ -480,6 +480,7 @@ def _add_reading(
     counters.events_persisted += counts.new_rows
     counters.duplicates += counts.duplicates
     counters.ids_out_of_order += counts.ids_out_of_order
+    counters.ids_reused += counts.ids_reused
     counters.reconnects_without_cursor += counts.reconnects_without_cursor
     state.live_cursor = newest([state.live_cursor, cursor], id_order)
     if lagging_id is not None:

@@ -695,6 +695,11 @@ class StreamWorkflow:
                 f"({gap.kind}, seen {gap.seen_at}, repair resumes after "
                 f"`{_shown(gap.resume_from)}`)"
             )
+        if c.ids_reused:
+            lines.append(
+                f"ids reused {c.ids_reused}: stored ids sent again with other data (the "
+                "server restarted its id counter?), kept beside the earlier events"
+            )
         if c.reconnects_without_cursor:
             lines.append(
                 f"reconnects without a cursor {c.reconnects_without_cursor} (the server sends "

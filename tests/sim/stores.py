@@ -1,7 +1,8 @@
 """In-memory stand-ins for the event log and Redis, with the same semantics.
 
 The memory event log applies batches exactly as :class:`~durable_sse.eventlog.EventLog`
-does: rows deduplicated on ``(event_id, follower_key)``, the batch's gap changes applied in
+does: rows deduplicated on ``(event_id, follower_key)``, an event whose key is stored under
+another digest (a reused id) kept under its extended key, the batch's gap changes applied in
 the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
 chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
 :func:`durable_sse.gaps.lagging_target`. Only the storage is different.
@@ -15,7 +16,7 @@ from datetime import datetime, timedelta
 
 from durable_sse.contracts import CheckpointState
 from durable_sse.eventlog import ConnectionStart, EventRecord
-from durable_sse.followers import CARRIER_KEY
+from durable_sse.followers import CARRIER_KEY, reused_key
 from durable_sse.gaps import (
     Gap,
     GapChange,
@@ -35,6 +36,7 @@ from durable_sse.stored import StoredPage
 class Row:
     seq: int
     received_at: datetime
+    digest: bytes | None = None
 
 
 class MemoryEventLog:
@@ -55,21 +57,33 @@ class MemoryEventLog:
 
     # -- the write path ------------------------------------------------------------
 
-    def commit(self, records: list[EventRecord], changes: list[GapChange], *, now: datetime) -> int:
-        """One transaction: insert the rows (dedupe), apply the gap changes."""
+    def commit(
+        self, records: list[EventRecord], changes: list[GapChange], *, now: datetime
+    ) -> tuple[int, list[str]]:
+        """One transaction: insert the rows (dedupe, reused ids kept under their extended
+        keys), apply the gap changes. Returns the new rows and the reused ids kept."""
         new_rows = 0
+        reused: list[str] = []
         for record in records:
             # Carriers as (id, 0); followers by their content key, as the real log does.
             follower = 0 if record.event_ord == 0 else record.follower_key
-            key = (record.event_id, follower)
+            key: tuple[str, int | bytes | None] = (record.event_id, follower)
             if record.event_id and key in self.rows:
-                continue
+                stored = self.rows[key].digest
+                if stored is None or record.digest is None or stored == record.digest:
+                    continue
+                plain = record.follower_key if record.event_ord else CARRIER_KEY
+                key = (record.event_id, reused_key(record.digest, plain or CARRIER_KEY))
+                if key in self.rows:
+                    continue
+                if record.event_ord == 0:
+                    reused.append(record.event_id)
             self.seq += 1
             self.rows[key if record.event_id else ("", -self.seq)] = Row(
-                self.seq, record.received_at
+                self.seq, record.received_at, record.digest
             )
             new_rows += 1
-            if record.event_id and record.event_ord == 0:
+            if record.event_id and key == (record.event_id, 0):
                 bisect.insort(self._keys, (sort_key(record.event_id, self.order), record.event_id))
         for change in changes:
             updated = apply_change(
@@ -87,7 +101,7 @@ class MemoryEventLog:
                 if updated.state == "unrecoverable" and (before is None or before.is_open):
                     self._note_counted(updated)
         self.commits += 1
-        return new_rows
+        return new_rows, reused
 
     def _note_counted(self, gap: Gap) -> None:
         span = numeric_span(gap)
@@ -142,12 +156,14 @@ class MemoryEventLog:
                 sort_key(event_id, self.order),
                 event_id,
                 key if isinstance(key, bytes) else CARRIER_KEY,
+                row.digest,
             )
-            for (event_id, key) in self.rows
+            for (event_id, key), row in self.rows.items()
             if event_id and (low is None or sort_key(event_id, self.order) > low)
         )[:limit]
-        keys = [(event_id, key) for _, event_id, key in ahead]
-        return StoredPage(keys=keys, full=len(keys) >= limit)
+        keys = [(event_id, key) for _, event_id, key, _ in ahead]
+        digests = [digest for *_, digest in ahead]
+        return StoredPage(keys=keys, full=len(keys) >= limit, digests=digests)
 
     def open_gaps(self) -> list[Gap]:
         return [gap for gap in self.gaps.values() if gap.is_open]

@@ -728,7 +728,7 @@ class Attempt:
     def _commit_one(self) -> None:
         batch = self.inflight.pop(0)
         world = self.world
-        new_rows = world.log.commit(batch.records, batch.gap_changes, now=world.now)
+        new_rows, reused = world.log.commit(batch.records, batch.gap_changes, now=world.now)
         self.committed_any = True
         if batch.skipped:
             world.tally.add("events skipped as stored")
@@ -740,7 +740,7 @@ class Attempt:
                 f"commit {[r.event_id for r in batch.records]} changes "
                 f"{[_described(change) for change in batch.gap_changes]}"
             )
-        if self.intake.committed(batch, new_rows=new_rows):
+        if self.intake.committed(batch, new_rows=new_rows, reused=reused):
             cursor = self.intake.cursor
             assert cursor is not None
             if not self.zombie:
