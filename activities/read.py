@@ -258,6 +258,9 @@ class _Connection:
         self.last_heartbeat = time.monotonic()
         self.streaming = False
         """The response head arrived and events are being read."""
+        self.body_done = False
+        """Nothing more to take from the body: its end, a read error, or bytes the
+        decoder refused (after which it is not fed again)."""
         self.previous: ReadProgress | None = None
         """Heartbeat details of the attempt before (sent again until this one starts)."""
         self.carried = ReadCounts()
@@ -364,7 +367,8 @@ class _Connection:
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
         await self._flush()
-        return await self._finish(outcome)
+        assert self.intake is not None
+        return await self._finish(self.intake.ending(outcome))
 
     def _begin(self, start: ConnectionStart) -> None:
         self.start_cursor = start.cursor
@@ -380,6 +384,7 @@ class _Connection:
                 new_gap_id=_gap_id,
                 now_iso=_now_iso,
                 retried=activity.info().attempt > 1,
+                read_before=self.input.events_read_before > 0 or self.carried.events_read > 0,
             )
         except ConfigError as error:  # a drop_notice pattern RE2 refuses
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
@@ -506,10 +511,19 @@ class _Connection:
     # -- reading -------------------------------------------------------------------
 
     async def _read(self, response: httpx.Response) -> Outcome:
+        """Read until an outcome; then stop reading new bytes and take what was read.
+
+        However the connection ends (a drop signal, a finished repair, its age, a
+        cancellation), the chunks already read from the socket are decoded and taken
+        before the flush (:meth:`_take_read_ahead`): an event received is stored, or it
+        lies in a recorded gap, never dropped unseen. Only what ends the body itself (its
+        end, a read error, a line or event the decoder refuses) leaves nothing to take.
+        """
         intake = self.intake
         assert intake is not None
         queue: asyncio.Queue[object] = asyncio.Queue(READ_AHEAD_CHUNKS)
-        pump = asyncio.create_task(_pump(response, queue))
+        held: list[bytes] = []
+        pump = asyncio.create_task(_pump(response, queue, held))
         self.streaming = True
         rotate_at = time.monotonic() + self.spec.max_connection_age
         try:
@@ -532,26 +546,33 @@ class _Connection:
                     await self._submit_ready()
                     self._heartbeat()
                     if intake.outcome is not None:
-                        return intake.outcome
+                        return self._stop_reading(pump, queue, held, intake.outcome)
                     if now >= rotate_at:
-                        return Outcome.ROTATED
+                        return self._stop_reading(pump, queue, held, Outcome.ROTATED)
                     continue
                 if item is _EOF:
+                    self.body_done = True
                     intake.take(self.decoder.close(), received_at=datetime.now(UTC), now=now)
                     self.result.error = "the server ended the stream"
                     return self._ended()
                 if isinstance(item, BaseException):
+                    self.body_done = True
                     self.result.error = _read_error(item, self.spec.idle_timeout)
                     return self._ended()
                 try:
                     items = self.decoder.feed(item)  # type: ignore[arg-type]
                 except LineTooLongError as error:
+                    # What the chunk completed before the long line is kept; the cursor
+                    # stays before the event that holds it, and the reconnect resumes there.
+                    self.body_done = True
+                    intake.take(error.items, received_at=datetime.now(UTC), now=now)
                     self.result.error = str(error)
                     activity.logger.warning("stream %s: %s", self.stream, error)
                     return self._ended()
                 except StreamError as error:
                     # An event or id over its limit: keep what came before it (the cursor
                     # stays before the bad event), then park with the setting named.
+                    self.body_done = True
                     before = getattr(error, "items", None) or []
                     intake.take(before, received_at=datetime.now(UTC), now=now)
                     activity.logger.warning("stream %s: %s", self.stream, error)
@@ -568,9 +589,70 @@ class _Connection:
                 intake.poll(now)
                 await self._submit_ready()
                 if intake.outcome is not None:
-                    return intake.outcome
+                    return self._stop_reading(pump, queue, held, intake.outcome)
+        except asyncio.CancelledError:
+            # A signal or the worker's shutdown: what was read is taken, then flushed.
+            self._stop_reading(pump, queue, held, Outcome.CANCELLED)
+            raise
         finally:
             pump.cancel()
+
+    def _stop_reading(
+        self,
+        pump: asyncio.Task[None],
+        queue: asyncio.Queue[object],
+        held: list[bytes],
+        outcome: Outcome,
+    ) -> Outcome:
+        """Read no more bytes, take what was read (:meth:`_take_read_ahead`); ``outcome``."""
+        pump.cancel()
+        self._take_read_ahead(queue, held)
+        return outcome
+
+    def _take_read_ahead(self, queue: asyncio.Queue[object], held: list[bytes]) -> None:
+        """The connection is ending and reads no more: take every chunk already read from
+        the socket, those queued and the one the pump held for a full queue.
+
+        Synchronous, so that a cancellation cannot cut it short; bounded by the queue
+        (``READ_AHEAD_CHUNKS``). A chunk the decoder refuses ends it there: what the chunk
+        completed before the refused line or event is kept, and the cursor stays before
+        it (the next connection meets it again).
+        """
+        if self.body_done:
+            return
+        self.body_done = True
+        chunks: list[object] = []
+        while not queue.empty():
+            chunks.append(queue.get_nowait())
+        chunks.extend(held)
+        held.clear()
+        intake = self.intake
+        assert intake is not None
+        now = time.monotonic()
+        received_at = datetime.now(UTC)
+        read_before = intake.counts.events_read
+        for item in chunks:
+            if item is _EOF:
+                intake.take(self.decoder.close(), received_at=received_at, now=now)
+                break
+            if isinstance(item, BaseException):
+                break
+            try:
+                items = self.decoder.feed(item)  # type: ignore[arg-type]
+            except StreamError as error:
+                intake.take(getattr(error, "items", None) or [], received_at=received_at, now=now)
+                activity.logger.warning(
+                    "stream %s: %s (read ahead as the connection ended)", self.stream, error
+                )
+                break
+            intake.take(items, received_at=received_at, now=now)
+        if chunks:
+            activity.logger.debug(
+                "stream %s: %d chunk(s) read ahead taken as the connection ended (%d events)",
+                self.stream,
+                len(chunks),
+                intake.counts.events_read - read_before,
+            )
 
     def _ended(self) -> Outcome:
         """The connection ended by itself: a drop notice seen before still counts."""
@@ -692,7 +774,11 @@ class _Connection:
             self.metrics.cursor_lag.set(lag)
             self.commit_lag = round(lag, 2)
         first = self.first_id is None and self.start_cursor is None
-        if self.intake.committed(batch, new_rows=inserted.new_rows, reused=inserted.reused):
+        blind = self.intake.counts.reconnects_without_cursor
+        moved = self.intake.committed(batch, new_rows=inserted.new_rows, reused=inserted.reused)
+        if self.intake.counts.reconnects_without_cursor > blind:
+            self.metrics.reconnects_without_cursor.add(1)
+        if moved:
             cursor = self.intake.cursor
             assert cursor is not None
             self.reader.l1.advance(self.stream, cursor, self.order)
@@ -786,11 +872,17 @@ def _added(a: ReadCounts, b: ReadCounts) -> ReadCounts:
     return ReadCounts(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(b)})
 
 
-async def _pump(response: httpx.Response, queue: asyncio.Queue[object]) -> None:
-    """Read bytes ahead of the parser; ends the queue with _EOF or the error."""
+async def _pump(response: httpx.Response, queue: asyncio.Queue[object], held: list[bytes]) -> None:
+    """Read bytes ahead of the parser; ends the queue with _EOF or the error.
+
+    ``held`` holds the chunk read from the socket while it waits for room in a full
+    queue: a pump cancelled there leaves it in ``held`` (``Queue.put`` adds nothing once
+    cancelled), and the reader takes it after the queued ones."""
     try:
         async for chunk in response.aiter_bytes():
+            held.append(chunk)
             await queue.put(chunk)
+            held.pop()
         await queue.put(_EOF)
     except asyncio.CancelledError:
         raise

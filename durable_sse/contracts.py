@@ -75,6 +75,10 @@ class ReadInput:
     none of them ends at once (``RECORDED_GAP``)."""
     connection: int = 0
     """Connection number within the workflow, for logs."""
+    events_read_before: int = 0
+    """Events the stream's earlier connections read (the workflow's counter): a connection
+    with no id to send on a stream that has read events is a reconnect that cannot
+    resume, a loss window (``GapKind.NO_RESUME``)."""
 
 
 @dataclass
@@ -90,6 +94,9 @@ class ReadCounts:
     ids_reused: int = 0
     """Events carrying an id stored already with another type or data (a server that
     restarted its id counter): kept as new rows, not duplicates."""
+    reconnects_without_cursor: int = 0
+    """Reconnects that could not resume (no id to send), each recorded as a gap of kind
+    ``no_resume``; counted once its gap is committed."""
 
 
 @dataclass
@@ -302,6 +309,10 @@ class StreamCounters:
     """Events whose id was stored already with another type or data (a server that
     restarted its id counter, or reuses ids): kept beside the earlier event, never
     counted as duplicates (README, "Storage")."""
+    reconnects_without_cursor: int = 0
+    """Reconnects that could not resume (no id to send, on a stream that had read
+    events): each lost what the server sent meanwhile, recorded as a ``no_resume`` gap
+    of unknown size (so also in ``gaps_unknown_size``)."""
 
 
 @dataclass
@@ -328,3 +339,6 @@ class StreamStatus:
     """The running connection's last reported commit lag, seconds."""
     retention: RetentionStatus | None = None
     """The last checkpoint run's retention report (None: none yet, or none configured)."""
+    retry_capped_from_ms: int | None = None
+    """The server's last ``retry:`` (ms) when it asked for more than the stream's
+    ``max_retry_delay`` and the wait was cut to that bound (None: honoured, or none)."""

@@ -54,7 +54,15 @@ class StreamError(DurableSSEError):
 
 
 class LineTooLongError(StreamError):
-    """A line grew past ``max_line_bytes``; the connection is ended to bound memory."""
+    """A line grew past ``max_line_bytes``; the connection is ended to bound memory.
+
+    Attributes:
+        items: what the decoder completed in the same chunk before the long line.
+    """
+
+    def __init__(self, message: str, *, items: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.items: list[Any] = items or []
 
 
 class EventTooLargeError(StreamError):

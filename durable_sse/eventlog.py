@@ -72,6 +72,7 @@ from durable_sse.followers import (
 from durable_sse.gaps import (
     Gap,
     GapChange,
+    GapKind,
     GapState,
     GapSummary,
     GapTotals,
@@ -1143,8 +1144,9 @@ class EventLog:
                 continue
             records[change.gap_id] = record
             if record.state != GapState.OPEN:
+                loud = record.state == GapState.UNRECOVERABLE and record.kind != GapKind.NO_RESUME
                 logger.log(
-                    logging.WARNING if record.state == GapState.UNRECOVERABLE else logging.INFO,
+                    logging.WARNING if loud else logging.INFO,  # no_resume: warned once
                     "stream %s: gap %s after %r before %r is %s (missing %s, recovered %d)",
                     stream,
                     record.gap_id,
@@ -1199,8 +1201,21 @@ class EventLog:
                 ),
                 oldest=(lambda: self._oldest(connection, stream)) if from_oldest else None,
             )
+            # Rows without ids only matter to a connection with no cursor: a reconnect
+            # of a stream that has read events cannot resume (gaps.no_resume).
+            has_rows = floor is not None or (
+                cursor is None
+                and connection.execute(
+                    sa.select(events.c.seq).where(events.c.stream == stream).limit(1)
+                ).first()
+                is not None
+            )
         context = StreamContext(
-            lagging_id=lagging, floor=floor, witness=witness, open_gaps=open_gaps
+            lagging_id=lagging,
+            floor=floor,
+            witness=witness,
+            open_gaps=open_gaps,
+            has_rows=has_rows,
         )
         return ConnectionStart(cursor=cursor, source=source, context=context)
 

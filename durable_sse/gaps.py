@@ -83,6 +83,11 @@ class GapKind(StrEnum):
     recorded, so the span is re-read like a gap. If the history no longer holds it, it is
     reported as unrecoverable of unknown size (exact with contiguous ids): a notice may
     have died with the worker, and loud beats silent."""
+    NO_RESUME = "no_resume"
+    """A reconnect that could not resume: no id to send, on a stream that had read
+    events (a server that sends no ids). What the server sent while no connection was
+    open is lost, and nobody can say how much: recorded unrecoverable of unknown size,
+    ending before the first id the reconnect reads, if any (:func:`no_resume`)."""
 
 
 @dataclass
@@ -534,6 +539,16 @@ class StreamContext:
     witness: str | None = None
     """First stored id after the cursor sent (None: nothing stored after it)."""
     open_gaps: list[Gap] = field(default_factory=list)
+    has_rows: bool = False
+    """The stream has stored rows, with ids or without (the floor says which carry one)."""
+
+
+def no_resume(cursor: str | None, context: StreamContext, *, read_before: bool) -> bool:
+    """Whether a connection is a reconnect that cannot resume, a loss window: it has no
+    id to send, and the stream has read events before (rows are stored, or earlier
+    connections or a dead attempt read some: ``read_before``). A stream's very first
+    connection is not one: nothing was sent to it before."""
+    return cursor is None and (context.has_rows or read_before)
 
 
 class GapTracker:
@@ -676,6 +691,23 @@ class GapTracker:
             GapKind.RETRY, start=start, end=None, notice=bound, announced=None, detail=detail
         )
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
+        return gap
+
+    def no_resume(self) -> Gap:
+        """This connection reconnects with no id to resume from (see :func:`no_resume`):
+        record the loss window as lost, of unknown size; the first id it reads, if any,
+        is the window's end."""
+        gap = self._open(
+            GapKind.NO_RESUME,
+            start=None,
+            end=None,
+            notice=None,
+            announced=None,
+            detail="reconnected with no id to resume from: what the server sent meanwhile is lost",
+            lost=True,
+        )
+        if self._awaiting_end is None and not self._first_seen:
+            self._awaiting_end = gap
         return gap
 
     def jump(self, last_id: str, event_id: str) -> bool:

@@ -11,6 +11,12 @@ read before it is clean evidence), and where the set of open gaps an id would fi
 changes (so a batch's new rows are wholly inside or outside each gap). Each batch carries
 the gap changes that must commit with it (:mod:`durable_sse.gaps`). The cursor moves only
 when :meth:`Intake.committed` is told, in commit order.
+
+Ending a connection stops only the reading of new bytes: once :attr:`Intake.outcome` is
+set, the reader hands over the rest of what it decoded and what it had read ahead, and
+every item is taken as usual (a notice in it opens its own gap, and a drop signal in it
+makes the outcome ``DROP_SIGNAL``). An event received and then thrown away would be in
+no gap and no count.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from datetime import datetime
 from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
 from durable_sse.eventlog import EventRecord
 from durable_sse.followers import FollowerKeys, data_digest
-from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
+from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext, no_resume
 from durable_sse.ids import contiguous_number, is_newer, key_function
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, Event
@@ -75,6 +81,9 @@ class Intake:
         new_gap_id: makes a fresh gap id (random in the activity, seeded in simulations).
         now_iso: the wall-clock time as ISO text (gap records are stamped with it).
         retried: this attempt replaces one that died (see ``GapTracker.suspect``).
+        read_before: the stream read events before this connection (the workflow's
+            counters, or an attempt that died): with no cursor, the connection is a
+            reconnect that cannot resume (:func:`~durable_sse.gaps.no_resume`).
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class Intake:
         new_gap_id: Callable[[], str],
         now_iso: Callable[[], str],
         retried: bool = False,
+        read_before: bool = False,
     ) -> None:
         self.spec = spec
         self.order = spec.id_order
@@ -110,7 +120,8 @@ class Intake:
         self.ready: deque[Batch] = deque()
         """Batches cut and waiting to be submitted, in order."""
         self.outcome: Outcome | None = None
-        """Set when the connection must end (a drop signal): stop reading, flush."""
+        """Set when the connection must end (a drop signal, a finished repair): stop
+        reading new bytes, take what was received, flush."""
         self.drop: DropReport | None = None
         self.ids_not_counters = 0
         self.history_short = False
@@ -140,14 +151,19 @@ class Intake:
         self._last_number: int | None = None
         self._drop_deadline: float | None = None
         """When the connection ends for a drop signal whose end bound has not come."""
-        self._noticed = False
-        """A drop notice or drop event came (one per connection is enough)."""
+        self._notice_open = False
+        """A drop notice or drop event came and no id has been read since: a second one
+        before that id speaks of the same hole (one gap is enough)."""
         self._repaired_at: float | None = None
         """When to end a connection that closed every gap it knew of."""
         self._now = 0.0
         self.stored: StoredAhead | None = None
         """Keys stored ahead of a replay (set by the reader): such events are counted as
         duplicates and become no record (see :mod:`durable_sse.stored`)."""
+        self.cannot_resume = no_resume(cursor, context, read_before=read_before)
+        """A reconnect that cannot resume: its loss window is recorded once the stream
+        opens (:meth:`head`)."""
+        self._no_resume_gap: str | None = None
 
         if retried:
             self.gaps.suspect("an attempt that read here died; what it read is read again")
@@ -165,7 +181,18 @@ class Intake:
 
     def head(self, *, truncation_header: str | None) -> None:
         """The response head: a truncation header unlike the cursor means the server's
-        history does not reach it (what lies between is lost); equal to it, that it does."""
+        history does not reach it (what lies between is lost); equal to it, that it does.
+
+        A reconnect that cannot resume records its loss window here, when the stream
+        opens (a refused or failed attempt ends no window: the next one that opens
+        does), with the connection's first batch (or alone, if it reads nothing)."""
+        if self.cannot_resume and self._no_resume_gap is None:
+            self._no_resume_gap = self.gaps.no_resume().gap_id
+            logger.info(
+                "stream %s: reconnected with no id to resume from: what the server sent "
+                "meanwhile is lost (a gap of kind no_resume, of unknown size)",
+                self.spec.name,
+            )
         if not self.spec.mercure_last_event_id or truncation_header is None or self.cursor is None:
             return
         if truncation_header == self.cursor:
@@ -179,11 +206,12 @@ class Intake:
             )
 
     def take(self, items: list[Event | Comment], *, received_at: datetime, now: float) -> None:
-        """Decoded items, in order; ``now`` is a monotonic clock reading."""
+        """Decoded items, in order; ``now`` is a monotonic clock reading.
+
+        Every item is taken, also once :attr:`outcome` is set: what was received is
+        stored; the reader only stops reading more."""
         self._now = now
         for item in items:
-            if self.outcome is not None:
-                return
             if isinstance(item, Comment):
                 self._comment(item.text, now)
             else:
@@ -197,7 +225,12 @@ class Intake:
             self._cut()
         if self._drop_deadline is not None and now >= self._drop_deadline:
             self.outcome = Outcome.DROP_SIGNAL
-        elif self._repaired_at is not None and now >= self._repaired_at and self.gaps.clean:
+        elif (
+            self.outcome is None
+            and self._repaired_at is not None
+            and now >= self._repaired_at
+            and self.gaps.clean
+        ):
             self.outcome = Outcome.ROTATED
 
     def next_deadline(self, now: float) -> float | None:
@@ -217,8 +250,16 @@ class Intake:
         leftover = self.gaps.pending_changes()
         if leftover:
             self.ready.append(Batch(records=[], last_id=None, gap_changes=leftover))
-        if self._drop_deadline is not None and self.outcome is None:
+        if self._drop_deadline is not None and self.outcome in (None, Outcome.ROTATED):
             self.outcome = Outcome.DROP_SIGNAL  # a notice with no id after it
+
+    def ending(self, outcome: Outcome) -> Outcome:
+        """What to report for a connection that ended with ``outcome`` (call after
+        :meth:`end`): a drop signal among what it took while ending wins over a rotation
+        or a plain drop, since the workflow must repair the gap it recorded."""
+        if self.outcome is Outcome.DROP_SIGNAL and outcome in (Outcome.ROTATED, Outcome.DROPPED):
+            return Outcome.DROP_SIGNAL
+        return outcome
 
     # -- commits -----------------------------------------------------------------------
 
@@ -231,6 +272,11 @@ class Intake:
         """
         self.counts.new_rows += new_rows
         self.counts.duplicates += len(batch.records) - new_rows + batch.skipped
+        if self._no_resume_gap is not None and any(
+            change.opened is not None and change.gap_id == self._no_resume_gap
+            for change in batch.gap_changes
+        ):
+            self.counts.reconnects_without_cursor += 1
         if batch.recovered:
             self.counts.recovered += new_rows
         moved = batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order)
@@ -274,9 +320,9 @@ class Intake:
     # -- internals ---------------------------------------------------------------------
 
     def _comment(self, text: str, now: float) -> None:
-        if self._noticed or not text or not self.matcher.matches(text):
+        if self._notice_open or not text or not self.matcher.matches(text):
             return
-        self._noticed = True
+        self._notice_open = True
         self._cut()  # what was read before the notice is clean evidence
         self.gaps.drop_signal(
             GapKind.COMMENT,
@@ -305,9 +351,9 @@ class Intake:
             ordinal = self._ordinal
             follower = self._followers.follower(event.event, event.data, ordinal)
             digest = self._carrier_digest
-        announces_drop = event.event in self.drop_types and not self._noticed
+        announces_drop = event.event in self.drop_types and not self._notice_open
         if announces_drop:
-            self._noticed = True
+            self._notice_open = True
             self._cut()
         segment = self.gaps.segment(event_id) if event_id and self.gaps.gaps else frozenset()
         if self._pending_count and segment != self._pending_segment:
@@ -386,7 +432,8 @@ class Intake:
         self._last_read, self._last_key = event_id, key
         if self._pending_last_key is None or key > self._pending_last_key:
             self._pending_last, self._pending_last_key = event_id, key
-        if self._noticed and not announced_here:
+        if self._notice_open and not announced_here:
+            self._notice_open = False
             self.outcome = Outcome.DROP_SIGNAL  # the first id after the notice bounds it
 
     def _contiguity(self, event_id: str, first: bool) -> None:
@@ -440,7 +487,10 @@ class Intake:
             while len(marks) > 2 and marks[1][0] <= cutoff:
                 marks.popleft()  # keep one mark older than the window, no more
         changes = self.gaps.batch_changes(last_id=last_id, segment=self._pending_segment)
-        if self._repaired_at is None and not self.gaps.gaps and any(c.close for c in changes):
+        # A reconnect's own loss window closes as it opens: no repair finished, and a
+        # stream that cannot resume must not end (each reconnect loses more).
+        closed = any(c.close and c.gap_id != self._no_resume_gap for c in changes)
+        if self._repaired_at is None and not self.gaps.gaps and closed:
             # Every gap this connection knew of is closed: end soon, so the workflow
             # (status, metrics, logs) learns now, not at the next rotation; after a grace,
             # since a late notice may still say the repair itself skipped something.

@@ -7,6 +7,7 @@ serves both the SDK's metrics and these. Labels are the stream name and small en
 Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
 ``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
 ``events_unrecoverable``, ``gaps_unrecoverable``, ``ids_out_of_order``, ``ids_reused``,
+``reconnects_without_cursor`` (reconnects that could not resume: a ``no_resume`` gap each),
 ``redis_write_failures``, ``batch_persist_seconds`` (histogram), ``cursor_lag_seconds``
 (gauge: now - receive time of the newest persisted event), ``retention_deleted_rows``
 (rows retention deleted), ``retention_oldest_kept_timestamp_seconds`` (gauge: receive time
@@ -54,6 +55,10 @@ class ReaderMetrics:
         self.ids_reused = meter.create_counter(
             PREFIX + "ids_reused",
             "Events whose id was stored already with other data (kept, not duplicates)",
+        )
+        self.reconnects_without_cursor = meter.create_counter(
+            PREFIX + "reconnects_without_cursor",
+            "Reconnects with no id to resume from: what the server sent meanwhile is lost",
         )
         self.batch_persist = meter.create_histogram_float(
             PREFIX + "batch_persist_seconds", "Time to commit one batch", "s"

@@ -11,7 +11,8 @@
 A *retried* attempt (Temporal re-ran the activity after a crash or a heartbeat timeout)
 starts where the attempt that died started, not where it got to: that attempt may have
 read a drop notice and died before recording it, and only re-reading what it read brings
-such a hole back. The lagging id bounds how far back that goes. When the dead attempt
+such a hole back. The lagging id bounds how far back that goes (for a repair, its gap's
+own start does: one stored id before the gap, whatever the lagging id). When the dead attempt
 left no heartbeat, a repair starts at its gap again, and anything else at the lagging id,
 or at the oldest stored id of a stream younger than one window.
 
@@ -109,6 +110,18 @@ class CursorResolver:
         start = await self._context(stream, order, begun, "retry")
         lagging = start.context.lagging_id
         if is_newer(lagging, begun, order):
+            if route is Route.LAGGED:
+                # A repair starts one stored id before its gap, so that its first event
+                # shows whether the history still reaches the gap. The lagging id may be
+                # the gap's start itself: from there the first stored id after the cursor
+                # is the gap's end, and a history that starts inside the gap would look
+                # continuous (the gap closed as repaired with ids lost). The repair's own
+                # start bounds a retried repair instead.
+                repair = await self._event_log.connection_context(
+                    stream, order, cursor=None, source="none", repair=True
+                )
+                if repair.source == "gap" and repair.cursor is not None:
+                    return repair if is_newer(repair.cursor, begun, order) else start
             return await self._context(stream, order, lagging, "lagging")
         return start
 

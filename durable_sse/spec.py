@@ -49,6 +49,8 @@ MiB = 1024 * KiB
 MINUTE = 60.0
 HOUR = 3600.0
 DAY = 86400.0
+DEFAULT_MAX_RETRY_DELAY = 300.0
+"""``max_retry_delay``'s default: 5 minutes, the bound ``Retry-After`` has too."""
 
 DEFAULT_MAX_LINE_BYTES = 1 * MiB
 DEFAULT_MAX_EVENT_BYTES = 8 * MiB
@@ -341,6 +343,10 @@ class StreamSpec:
     """Longest event id (UTF-8 bytes) the event log takes (see MAX_ID_BYTES_LIMIT)."""
     retention: Annotated[float, seconds(MINUTE, 36_500 * DAY)] | None = None
     """Seconds events are kept (None = forever); at least ``replay_window``."""
+    max_retry_delay: Annotated[float, seconds(0.0, DAY)] = DEFAULT_MAX_RETRY_DELAY
+    """Longest wait the server's ``retry:`` field buys (as ``Retry-After`` is capped):
+    a server that sends ``retry: 99999999999`` cannot put the stream to sleep for years.
+    0 ignores the field (backoff only)."""
 
 
 _CheckedSpec = pydantic.dataclasses.dataclass(config=ConfigDict(strict=True, extra="forbid"))(
@@ -667,6 +673,7 @@ __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "DEFAULT_MAX_ID_BYTES",
     "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_MAX_RETRY_DELAY",
     "SettingChange",
     "StreamSpec",
     "check_drop_pattern",

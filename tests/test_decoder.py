@@ -291,6 +291,24 @@ def test_a_long_line_complete_in_one_chunk_raises_too() -> None:
         decoder.feed(b"data: 12345\n\n")
 
 
+def test_a_long_line_hands_over_what_its_chunk_completed_before_it() -> None:
+    """Events before the long line in the same chunk were received: the error carries
+    them, and the id in force is the last of them (the cursor stays before the event that
+    holds the long line)."""
+    decoder = SSEDecoder(max_line_bytes=16)
+    with pytest.raises(LineTooLongError) as raised:
+        decoder.feed(b"id: 1\ndata: a\n\n: ping\nid: 2\ndata: b\n\nid: 3\ndata: " + b"c" * 40)
+    assert raised.value.items == [
+        Event("a", id="1", id_field=True),
+        Comment("ping"),
+        Event("b", id="2", id_field=True),
+    ]
+    assert decoder.last_event_id == "2"
+    with pytest.raises(LineTooLongError) as raised:
+        SSEDecoder(max_line_bytes=16).feed(b"data: " + b"x" * 40 + b"\n\nid: 5\ndata: y\n\n")
+    assert raised.value.items == []  # the long line came first: nothing before it
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     cap=st.integers(4, 64),
@@ -307,14 +325,20 @@ def test_line_limit_is_independent_of_chunking(
     expect_raise = any(n > cap for n in lengths)
     decoder = SSEDecoder(max_line_bytes=cap)
     raised = False
+    items: list[Item] = []
     try:
         for start in range(0, len(body), chunk_size):
-            decoder.feed(body[start : start + chunk_size])
+            items += decoder.feed(body[start : start + chunk_size])
             assert decoder.pending_bytes <= cap
         decoder.close()
-    except LineTooLongError:
+    except LineTooLongError as error:
         raised = True
+        items += error.items
     assert raised == expect_raise
+    if raised:
+        # Every line before the long one came out, however the body was chunked.
+        before = lengths[: next(i for i, n in enumerate(lengths) if n > cap)]
+        assert items == [Comment("x" * (n - 1)) for n in before if n]
 
 
 # --- max_event_bytes and max_id_bytes (issue #13, case 5) ----------------------------

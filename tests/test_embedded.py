@@ -134,10 +134,18 @@ def test_immediate_restart_keeps_committed_rows_and_the_url() -> None:
             assert connection.execute("SELECT n FROM t").fetchone() == (1,)
 
 
+DEFAULT_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+"""First lines of every child: Ctrl-C raises KeyboardInterrupt, as in a terminal. A suite
+started in the background by a non-interactive shell (``pytest … &`` in a script) runs
+with SIGINT ignored, its children inherit that, and Python then leaves it ignored: the
+test would measure the caller's shell, not the code. (Set in the child, not with
+``preexec_fn``, which is unsafe in a parent with threads.)"""
+
+
 def _child(script: str, tmpdir: Path) -> tuple[subprocess.Popen[str], Path]:
     """A Python process that starts services and prints their folder; and that folder."""
     process = subprocess.Popen(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", DEFAULT_SIGINT + script],
         cwd=ROOT,
         env={**os.environ, "TMPDIR": str(tmpdir)},
         stdout=subprocess.PIPE,

@@ -1034,6 +1034,21 @@ async def test_connection_context_starts_a_repair_before_the_oldest_gap(
     assert (fallback.cursor, fallback.source) == ("30", "floor")
 
 
+async def test_connection_context_says_whether_a_stream_without_ids_has_rows(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """A connection with no cursor learns whether the stream has stored anything: rows
+    without ids make it a reconnect that cannot resume (gaps.no_resume)."""
+    fresh = await event_log.connection_context(stream_name, "numeric", cursor=None, source="none")
+    assert (fresh.cursor, fresh.context.has_rows) == (None, False)
+    await commit(event_log, stream_name, [record("", None, data="a"), record("", None, data="b")])
+    idless = await event_log.connection_context(stream_name, "numeric", cursor=None, source="none")
+    assert (idless.cursor, idless.context.floor, idless.context.has_rows) == (None, None, True)
+    await commit(event_log, stream_name, [record("4")])
+    ids = await event_log.connection_context(stream_name, "numeric", cursor=None, source="none")
+    assert (ids.cursor, ids.source, ids.context.has_rows) == ("4", "floor", True)
+
+
 SCHEMA_1 = (
     "CREATE TABLE sse_events (seq INTEGER PRIMARY KEY {autoincrement}, stream VARCHAR NOT NULL, "
     "event_id VARCHAR NOT NULL, event_ord INTEGER, id_key {blob}, event_type VARCHAR NOT NULL, "

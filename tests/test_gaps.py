@@ -30,6 +30,7 @@ from durable_sse.gaps import (
     count_missing,
     lagging_cap,
     lagging_target,
+    no_resume,
     numeric_span,
     oldest_open,
     summarize,
@@ -1198,3 +1199,46 @@ def test_a_retried_attempt_that_re_reads_continuously_clears_the_suspicion() -> 
         (suspicion.gap_id, True, False),
         (suspicion.gap_id, False, True),
     ]
+
+
+# -- a reconnect that cannot resume (issue 24, item 8) ---------------------------------------
+
+
+def test_a_reconnect_with_no_id_to_send_on_a_stream_that_read_events_cannot_resume() -> None:
+    nothing = StreamContext()
+    idless_rows = StreamContext(has_rows=True)
+    with_ids = StreamContext(floor="7", has_rows=True)
+    assert not no_resume(None, nothing, read_before=False)  # the stream's first connection
+    assert no_resume(None, idless_rows, read_before=False)  # rows of an earlier connection
+    assert no_resume(None, nothing, read_before=True)  # read, then nothing stored (yet)
+    assert not no_resume("7", with_ids, read_before=True)  # a cursor: it resumes
+    assert not no_resume("7", nothing, read_before=True)
+
+
+def test_a_no_resume_gap_is_lost_of_unknown_size_and_ends_at_the_first_id() -> None:
+    tracker = GapTracker(
+        stream="s",
+        order="numeric",
+        cursor=None,
+        context=StreamContext(has_rows=True),
+        contiguous=True,
+        new_gap_id=lambda: "blind",
+        now=lambda: "2026-01-01T00:00:00+00:00",
+    )
+    tracker.no_resume()
+    tracker.id_read("40")
+    opened, ended = tracker.batch_changes(last_id="40", segment=frozenset())
+    assert opened.opened is not None and opened.opened.kind == GapKind.NO_RESUME
+    assert (opened.close, opened.truncated) == (True, True)
+    assert tracker.gaps == {} and tracker.clean  # nothing to repair, no evidence lost
+    record = None
+    for change in (opened, ended):
+        record = apply_change(record, change, order="numeric", lagging_id=None, new_rows=1, now="t")
+    assert record is not None
+    assert (record.state, record.start_id, record.end_id, record.missing) == (
+        GapState.UNRECOVERABLE,
+        None,
+        "40",
+        None,
+    )
+    assert summarize([record], "numeric").totals.unknown_size == 1

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -48,6 +51,8 @@ class HostileServer:
     """Extra response headers per path."""
     requests: list[tuple[str, bytes | None]] = field(default_factory=list)
     """``(path, raw Last-Event-ID)`` of every request, in order."""
+    stop_after: dict[str, int] = field(default_factory=dict)
+    """Per path, how many requests get a body; later ones get ``204`` (stop)."""
     port: int = 0
     _server: asyncio.Server | None = None
 
@@ -76,6 +81,10 @@ class HostileServer:
                 if name.strip().lower() == b"last-event-id":
                     last_id = value.strip()
             self.requests.append((path, last_id))
+            served = sum(1 for seen, _ in self.requests if seen == path)
+            if served > self.stop_after.get(path, served):
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                return
             extra = b"".join(k + b": " + v + b"\r\n" for k, v in self.headers.get(path, []))
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -502,6 +511,69 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
         ("2", "b2"),
         ("3", "b3"),
     ]
+
+
+async def test_a_servers_retry_of_years_is_cut_to_max_retry_delay(
+    temporal: WorkflowEnvironment, queue: str
+) -> None:
+    """Issue 24, item 6: ``retry: 99999999999`` (about three years), then the server
+    closes. The stream waits ``max_retry_delay`` (5 minutes by default) and says so."""
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        yield b"retry: 99999999999\n\n"
+
+    async with HostileServer({"retry": body}) as server:
+        name = "retry-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("retry"), id_order="numeric")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def waiting() -> bool:
+            return (await status_of(handle)).state == "waiting"
+
+        await wait_until(waiting, timeout=30, what="the stream to wait", handle=handle)
+        status = await status_of(handle)
+        assert status.next_reconnect_at is not None
+        wait = datetime.fromisoformat(status.next_reconnect_at) - datetime.now(UTC)
+        assert timedelta(0) < wait <= timedelta(seconds=300)
+        assert status.retry_capped_from_ms == 99_999_999_999
+        assert status.last_outcome == "dropped"
+        await stop(handle)
+
+
+async def test_each_reconnect_of_a_stream_without_ids_is_a_counted_loss_window(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24, item 8: id-less events, and the server closes each connection after a
+    short while; no reconnect can resume. Each one after the first records a gap of kind
+    ``no_resume`` (unknown size), counted in status; the stream warns once."""
+    caplog.set_level(logging.WARNING)
+    sent = itertools.count(1)
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        assert last is None  # nothing to resume from: it never sends one
+        for _ in range(5):
+            yield f"data: event {next(sent)}\n\n".encode()
+            await asyncio.sleep(0.1)
+
+    async with HostileServer({"idless": body}, stop_after={"idless": 5}) as server:
+        name = "noids-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("idless"), id_order="numeric")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def stopped() -> bool:
+            return (await status_of(handle)).state == "stopped-by-server"
+
+        await wait_until(stopped, timeout=60, what="five connections, then 204", handle=handle)
+        status = await status_of(handle)
+        await stop(handle)
+    c = status.counters
+    assert (c.connections, c.events_persisted) == (6, 25)  # five with events, then 204
+    assert c.reconnects_without_cursor == 4  # the first connection is no loss window
+    assert (c.gaps_unrecoverable, c.gaps_unknown_size, c.events_unrecoverable) == (4, 4, 0)
+    kinds = [(g.kind, g.state, g.missing) for g in await log.gaps(name)]
+    assert kinds == [("no_resume", "unrecoverable", None)] * 4
+    warned = [r.getMessage() for r in caplog.records if "no ids to resume from" in r.getMessage()]
+    assert len(warned) == 1 and "the server must send ids" in warned[0]
 
 
 async def test_rows_the_database_refuses_park_only_their_own_stream(

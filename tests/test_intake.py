@@ -64,6 +64,8 @@ def intake(
     gaps: Iterable[Gap] = (),
     known: Iterable[str] | None = None,
     retried: bool = False,
+    has_rows: bool = False,
+    read_before: bool = False,
     **options: object,
 ) -> Intake:
     open_gaps = list(gaps)
@@ -73,8 +75,13 @@ def intake(
         route=route,
         cursor=cursor,
         context=StreamContext(
-            lagging_id=lagging, floor=floor, witness=witness, open_gaps=open_gaps
+            lagging_id=lagging,
+            floor=floor,
+            witness=witness,
+            open_gaps=open_gaps,
+            has_rows=has_rows or floor is not None,
         ),
+        read_before=read_before,
         known_gaps=[g.gap_id for g in open_gaps] if known is None else known,
         new_gap_id=lambda: f"new{next(numbers)}",
         now_iso=lambda: "2026-01-01T00:00:00+00:00",
@@ -202,11 +209,12 @@ def test_a_notice_cuts_what_came_before_and_the_next_id_ends_the_connection() ->
     assert ids(before) == ["1", "2"] and before.gap_changes == []  # clean evidence
     assert i.outcome is None and i.drop is not None
     assert (i.drop.kind, i.drop.detail) == ("comment", NOTICE.text)
-    take(i, ev(9), ev(10), now=1.1)  # 10 is not read: the connection ends at 9
-    assert i.outcome is Outcome.DROP_SIGNAL and i.counts.events_read == 3
+    # The connection ends at 9; 10, received with it, is taken all the same.
+    take(i, ev(9), ev(10), now=1.1)
+    assert i.outcome is Outcome.DROP_SIGNAL and i.counts.events_read == 4
     i.end()
     [after] = cut(i)
-    assert ids(after) == ["9"]
+    assert ids(after) == ["9", "10"]
     opened, ended = after.gap_changes
     assert opened.opened is not None
     assert (opened.opened.start_id, opened.opened.notice_id, opened.opened.announced) == (
@@ -300,9 +308,7 @@ def test_a_live_connection_ends_at_once_on_gaps_the_workflow_did_not_know_of() -
     i = intake("50", gaps=[gap("a", "20", "30"), gap("b", "30", "40")], known=[])
     assert i.outcome is Outcome.DROP_SIGNAL
     assert i.drop is not None and i.drop.kind == RECORDED_GAP
-    assert i.drop.detail == "2 open gap(s) recorded earlier"
-    take(i, ev(51))
-    assert i.counts.events_read == 0
+    assert i.drop.detail == "2 open gap(s) recorded earlier"  # the reader never connects
 
 
 def test_known_gaps_or_another_route_read_on() -> None:
@@ -384,9 +390,10 @@ def test_a_hole_in_contiguous_ids_over_new_ids_ends_the_connection() -> None:
     take(i, ev(1), ev(2), ev(6), ev(7))
     assert i.outcome is Outcome.DROP_SIGNAL
     assert i.drop is not None and (i.drop.kind, i.drop.detail) == ("id_gap", "3 ids missing")
-    assert i.counts.events_read == 3
+    assert i.counts.events_read == 4  # 7 came with 6: received, so taken
     i.end()
     [batch] = cut(i)
+    assert ids(batch) == ["1", "2", "6", "7"]
     [opened] = batch.gap_changes
     assert opened.opened is not None
     assert (opened.opened.start_id, opened.opened.end_id, opened.opened.announced) == (
@@ -568,3 +575,212 @@ def test_a_retried_attempt_records_what_the_dead_one_read_with_its_first_batch()
     assert (gap.start_id, gap.end_id, gap.notice_id) == ("40", None, "90")
     # it re-reads the suspected span itself: the same batch moves its resume point
     assert (reread.gap_id, reread.reread_to, reread.close) == (opened.gap_id, "70", False)
+
+
+# -- what a connection received as it ends (issue 24, item 5) -------------------------------
+
+
+def apply_all(batches: list[Batch], *, lagging: str | None = None) -> dict[str, Gap]:
+    """The gap records the batches' changes leave in a store, applied in commit order."""
+    records: dict[str, Gap] = {}
+    for batch in batches:
+        for change in batch.gap_changes:
+            record = apply_change(
+                records.get(change.gap_id),
+                change,
+                order="numeric",
+                lagging_id=lagging,
+                new_rows=len(batch.records),
+                now="2026-01-01T00:01:00+00:00",
+            )
+            if record is not None:
+                records[change.gap_id] = record
+    return records
+
+
+def test_events_that_came_with_a_notice_are_all_taken_though_the_connection_ends() -> None:
+    """The issue's sequence: a fresh stream reads, in one write, a notice and events
+    1..20. The first id ends the connection; the 19 after it were received and are
+    stored, not dropped unseen."""
+    i = intake(None, batch_max_events=8)
+    take(i, Comment("dropping events (slow consumer)"), *events(*range(1, 21)), now=1.0)
+    assert i.outcome is Outcome.DROP_SIGNAL
+    i.end()
+    batches = cut(i)
+    assert [eid for b in batches for eid in ids(b)] == [str(n) for n in range(1, 21)]
+    assert i.counts.events_read == 20
+    # Nothing stored before the notice and no cursor: a gap no repair can reach, of a
+    # size nobody knows, committed with the batch that holds 1 (the first past it).
+    first = next(b for b in batches if b.records)
+    assert any(c.opened is not None for c in first.gap_changes)
+    [record] = apply_all(batches).values()
+    assert (record.state, record.start_id, record.end_id, record.missing) == (
+        GapState.UNRECOVERABLE,
+        None,
+        "1",
+        None,
+    )
+
+
+def test_a_notice_taken_while_the_connection_ends_opens_a_gap_of_its_own() -> None:
+    """Taking what came after the id that ended the connection, a second notice speaks of
+    another hole: it gets its own gap, committed with the batch that first passes it."""
+    i = intake("0", floor="0", batch_max_events=10)
+    take(
+        i,
+        ev(1),
+        NOTICE,
+        ev(7),
+        ev(8),
+        Comment("dropped 2 events (slow consumer)"),
+        ev(11),
+        ev(12),
+        now=1.0,
+    )
+    assert i.outcome is Outcome.DROP_SIGNAL
+    i.end()
+    batches = [b for b in cut(i) if b.records or b.gap_changes]
+    assert [ids(b) for b in batches] == [["1"], ["7", "8"], ["11", "12"]]
+    assert batches[0].gap_changes == []
+    first = [c.opened for c in batches[1].gap_changes if c.opened is not None]
+    second = [c.opened for c in batches[2].gap_changes if c.opened is not None]
+    assert [(g.notice_id, g.announced) for g in first] == [("1", 5)]
+    assert [(g.notice_id, g.announced) for g in second] == [("8", 2)]
+    records = apply_all(batches)
+    assert sorted((g.end_id, g.state) for g in records.values()) == [
+        ("11", GapState.OPEN),
+        ("7", GapState.OPEN),
+    ]
+    assert len(i.open_gaps_opened) == 2
+
+
+def test_two_notices_before_the_next_id_are_one_hole() -> None:
+    i = intake("0", floor="0", batch_max_events=10)
+    take(i, ev(1), NOTICE, Comment("dropped 9 events"), ev(20), ev(21))
+    i.end()
+    opened = [c.opened for b in cut(i) for c in b.gap_changes if c.opened is not None]
+    assert [(g.notice_id, g.announced) for g in opened] == [("1", 5)]
+
+
+def test_a_notice_taken_as_a_finished_repair_ends_makes_it_a_drop_signal() -> None:
+    i = intake(
+        "19",
+        route=Route.LAGGED,
+        floor="40",
+        witness="20",
+        gaps=[gap("a", "20", "30")],
+        batch_max_events=10,
+        batch_max_delay=0.5,
+    )
+    take(i, *events(20, 21, 30, 31), now=2.0)
+    i.poll(2.5)
+    i.poll(2.5 + DROP_GRACE)
+    assert i.outcome is Outcome.ROTATED  # every gap it knew is closed
+    cut(i)
+    # What the reader had read ahead by then: a notice, and the id that bounds it.
+    take(i, ev(32), NOTICE, ev(40), now=2.6)
+    i.end()
+    assert i.outcome is Outcome.DROP_SIGNAL
+    batches = cut(i)
+    assert [eid for b in batches for eid in ids(b)] == ["32", "40"]
+    opened = [c.opened for b in batches for c in b.gap_changes if c.opened is not None]
+    assert [(g.notice_id, g.end_id) for g in opened] == [("32", "40")]
+
+
+def test_the_outcome_reported_for_an_ending_with_a_drop_signal_in_it() -> None:
+    """A notice whose grace had not passed when the connection rotated (or the server
+    closed it): the gap is recorded, so the workflow must hear of a drop signal."""
+    i = intake("0", floor="0")
+    take(i, ev(1), NOTICE)
+    assert i.outcome is None
+    i.end()
+    assert i.ending(Outcome.ROTATED) is Outcome.DROP_SIGNAL
+    assert i.ending(Outcome.DROPPED) is Outcome.DROP_SIGNAL
+    assert i.ending(Outcome.CANCELLED) is Outcome.CANCELLED
+    quiet = intake("0", floor="0")
+    take(quiet, ev(1))
+    quiet.end()
+    assert quiet.ending(Outcome.ROTATED) is Outcome.ROTATED
+
+
+# -- a reconnect that cannot resume (issue 24, item 8) ---------------------------------------
+
+
+def idless(*data: str) -> list[Event]:
+    return [Event(data=d) for d in data]
+
+
+def test_a_reconnect_with_no_id_records_its_loss_window_with_its_first_batch() -> None:
+    i = intake(None, has_rows=True, batch_max_events=2)
+    assert i.cannot_resume
+    i.head(truncation_header=None)
+    take(i, *idless("a", "b", "c"))
+    i.end()
+    batches = cut(i)
+    assert [len(b.records) for b in batches] == [2, 1]
+    [opened] = batches[0].gap_changes
+    assert opened.opened is not None and opened.opened.kind == GapKind.NO_RESUME
+    assert (opened.close, opened.truncated, opened.opened.start_id) == (True, True, None)
+    assert batches[1].gap_changes == []
+    assert i.counts.reconnects_without_cursor == 0  # counted once its gap is committed
+    for batch in batches:
+        i.committed(batch, new_rows=len(batch.records))
+    assert i.counts.reconnects_without_cursor == 1
+    assert i.outcome is None and i.drop is None  # nothing to repair: it reads on
+
+
+def test_a_reconnect_with_no_id_reads_on_after_its_window_is_recorded() -> None:
+    """Its gap closes as it opens: that is no finished repair, and ending the connection
+    would only lose more (each reconnect of such a stream is a loss window)."""
+    i = intake(None, has_rows=True, batch_max_events=1)
+    i.head(truncation_header=None)
+    for n in range(5):
+        take(i, *idless(f"e{n}"), now=float(n))
+        i.poll(n + DROP_GRACE)
+        cut(i)
+    assert i.outcome is None and i.next_deadline(10.0) is None
+
+
+def test_a_reconnect_with_no_id_that_reads_nothing_records_its_window_alone() -> None:
+    i = intake(None, read_before=True)
+    i.head(truncation_header=None)
+    i.end()
+    [batch] = cut(i)
+    assert batch.records == [] and [c.opened.kind for c in batch.gap_changes if c.opened] == [
+        GapKind.NO_RESUME
+    ]
+    i.committed(batch, new_rows=0)
+    assert i.counts.reconnects_without_cursor == 1
+
+
+def test_only_an_opened_stream_ends_a_loss_window() -> None:
+    """No head, no window closed: a refused or failed attempt records nothing; the next
+    one that opens the stream does."""
+    i = intake(None, has_rows=True)
+    i.end()
+    assert cut(i) == []
+
+
+def test_the_first_connection_and_a_resuming_one_are_no_loss_window() -> None:
+    for i in (intake(None), intake("5", floor="5", read_before=True)):
+        assert not i.cannot_resume
+        i.head(truncation_header=None)
+        take(i, *idless("a"))
+        i.end()
+        assert [c for b in cut(i) for c in b.gap_changes] == []
+
+
+def test_a_loss_window_ends_before_the_first_id_read() -> None:
+    i = intake(None, read_before=True, batch_max_events=10)
+    i.head(truncation_header=None)
+    take(i, ev(41), ev(42))
+    i.end()
+    records = apply_all(cut(i))
+    [record] = records.values()
+    assert (record.kind, record.state, record.start_id, record.end_id, record.missing) == (
+        GapKind.NO_RESUME.value,
+        GapState.UNRECOVERABLE,
+        None,
+        "41",
+        None,
+    )

@@ -11,6 +11,7 @@ a comment built to make a backtracking regex explode) come from a small canned s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
@@ -184,14 +185,20 @@ def assert_progress(beats: list[dict[str, Any]], *, start: str | None, last: str
     assert rows == sorted(rows)
 
 
+NO_CONTENT = b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+
+
 class CannedServer:
     """An HTTP server that answers every request with 200, ``text/event-stream`` and one
-    fixed body, then closes: for bytes the demo source never sends."""
+    fixed body, in one write, then closes: for bytes the demo source never sends.
+    ``then``: whole responses (head and body) for the requests after the first, in
+    order; the last one repeats."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, *, then: list[bytes] | None = None) -> None:
         self.body = body
+        self.then = then or []
         self.delay = 0.0
-        """Seconds between the response head and the body."""
+        """Seconds between the response head and the body (of the first response)."""
         self.requests: list[bytes] = []
         self._server: asyncio.Server | None = None
 
@@ -212,13 +219,17 @@ class CannedServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             self.requests.append(await reader.readuntil(b"\r\n\r\n"))
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-            )
-            if self.delay:
-                await writer.drain()
-                await asyncio.sleep(self.delay)
-            writer.write(self.body)
+            if len(self.requests) > 1 and self.then:
+                writer.write(self.then[min(len(self.requests) - 1, len(self.then)) - 1])
+            else:
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
+                if self.delay:
+                    await writer.drain()
+                    await asyncio.sleep(self.delay)
+                writer.write(self.body)
             await writer.drain()
         finally:
             writer.close()
@@ -297,9 +308,12 @@ async def test_replayed_events_are_stored_once(
 async def read_past_a_drop_notice(
     source: SSESource, reader: StreamReader, stream_name: str
 ) -> tuple[StreamSpec, ReadResult]:
-    """A live connection: 1..100, then the source skips 101..107 and says so, then 108."""
+    """A live connection: 1..100, then the source skips 101..107 and says so, then 108,
+    and closes (what a connection read ahead as it ended is stored too: an endless
+    source would make the rows stored a matter of timing)."""
     source.add_stream(
-        stream_name, SourceStreamConfig(rate=0, drop_every=100, drop_count=7, keepalive=0)
+        stream_name,
+        SourceStreamConfig(rate=0, drop_every=100, drop_count=7, disconnect_after=101, keepalive=0),
     )
     spec = make_spec(source.url(stream_name), stream_name)
     result, _ = await read(reader, spec)
@@ -872,7 +886,8 @@ async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
         result, _ = await read(reader, make_spec(server.url, stream_name))
     assert result.outcome is Outcome.DROP_SIGNAL
     assert result.drop == DropReport(kind="comment", detail=text)
-    assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "3", "4"]
+    # 4 ends the connection; 5 came in the same write and is stored too.
+    assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "3", "4", "5"]
     [gap] = await gap_rows(pg_event_log, stream_name)
     assert (gap["kind"], gap["state"], gap["start_id"], gap["end_id"], gap["notice_id"]) == (
         "comment",
@@ -882,6 +897,127 @@ async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
         "3",
     )
     assert gap["announced"] is None  # the notice lists ids, it gives no count
+
+
+# -- what a connection received as it ends (issue 24, item 5) -------------------------------
+
+
+async def test_events_that_came_with_a_notice_are_stored_though_the_server_cannot_resend(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    """The issue's sequence: in one write a drop notice, then events 1..20; the next
+    connection gets 204. The first id after the notice ends the connection; the 19 after
+    it were received with it: stored, not dropped (the server could never send them again)."""
+    body = b": dropping events (slow consumer)\n" + events(*numbers(1, 20))
+    async with CannedServer(body, then=[NO_CONTENT]) as server:
+        spec = make_spec(server.url, stream_name)
+        first, _ = await read(reader, spec)
+        second, _ = await read(reader, spec, route=Route.LAGGED)
+    assert first.outcome is Outcome.DROP_SIGNAL
+    assert first.drop is not None and first.drop.kind == "comment"
+    assert first.counts == ReadCounts(events_read=20, new_rows=20)
+    assert first.last_cursor == "20" == reader.l1.get(stream_name)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 20)
+    # Nothing stored before the notice and no cursor sent: what it announced lies before
+    # event 1, where no repair can reach, and how much nobody knows. Loud, not silent.
+    [gap] = await gap_rows(pg_event_log, stream_name)
+    assert (gap["kind"], gap["state"], gap["start_id"], gap["end_id"], gap["missing"]) == (
+        "comment",
+        "unrecoverable",
+        None,
+        "1",
+        None,
+    )
+    assert (second.outcome, second.status_code) == (Outcome.NO_CONTENT, 204)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 20)
+
+
+async def test_a_notice_among_what_is_taken_as_the_connection_ends_records_its_own_gap(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    """A second notice after the id that ended the connection is another hole: the
+    cursor passes it only once its gap is recorded."""
+    body = (
+        events("1", "2")
+        + b": dropped 3 events (slow consumer)\n"
+        + events("6", "7")
+        + b": dropped 2 events (slow consumer)\n"
+        + events("10", "11")
+    )
+    async with CannedServer(body) as server:
+        result, _ = await read(reader, make_spec(server.url, stream_name))
+    assert result.outcome is Outcome.DROP_SIGNAL
+    assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "6", "7", "10", "11"]
+    rows = await gap_rows(pg_event_log, stream_name)
+    assert sorted((g["notice_id"], g["end_id"], g["announced"], g["state"]) for g in rows) == [
+        ("2", "6", 3, "open"),
+        ("7", "10", 2, "open"),
+    ]
+
+
+async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    body = events("1", "2", "3") + b"id: 4\ndata: " + b"x" * 2000 + b"\n\n" + events("5")
+    async with CannedServer(body) as server:
+        result, _ = await read(reader, make_spec(server.url, stream_name, max_line_bytes=1024))
+    assert result.outcome is Outcome.DROPPED
+    assert result.error is not None and "max_line_bytes=1024" in result.error
+    # The cursor stays before the event that holds the long line: a reconnect resumes there.
+    assert (result.last_cursor, reader.l1.get(stream_name)) == ("3", "3")
+    assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "3"]
+
+
+# -- reconnects that cannot resume (issue 24, item 8) ----------------------------------------
+
+
+async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    stream_name: str,
+    metrics: tuple[Runtime, MetricBuffer],
+) -> None:
+    """A server that sends id-less events and closes each connection: every reconnect is
+    live only, and what it sent meanwhile is lost. Each reconnect that opens the stream
+    records that as a gap of kind ``no_resume`` (unrecoverable, unknown size); the first
+    connection, and an attempt the server turns away, do not."""
+    runtime, buffer = metrics
+    buffer.retrieve_updates()
+    busy = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    body = b"data: a\n\ndata: b\n\n"
+    env = ActivityEnvironment()
+    env.metric_meter = runtime.metric_meter
+    async with CannedServer(body, then=[busy, ok + body]) as server:
+        spec = make_spec(server.url, stream_name)
+        first, _ = await read(reader, spec, env=env)
+        turned_away, _ = await read(reader, spec, env=env, events_read_before=2)
+        second, _ = await read(reader, spec, env=env, events_read_before=2)
+        # A workflow started again (counters at zero) over the rows of its earlier life.
+        restarted, _ = await read(reader, spec, env=env)
+    assert first.counts == ReadCounts(events_read=2, new_rows=2)
+    assert first.gaps is not None and first.gaps.totals == GapTotals()
+    assert turned_away.outcome is Outcome.RETRY_LATER
+    assert turned_away.counts.reconnects_without_cursor == 0
+    for result in (second, restarted):
+        assert result.start_cursor is None and result.counts.new_rows == 2
+        assert result.counts.reconnects_without_cursor == 1
+        assert result.outcome is Outcome.DROPPED and result.drop is None
+    assert second.gaps is not None and second.gaps.totals == GapTotals(
+        unrecoverable=1, unknown_size=1
+    )
+    rows = await gap_rows(pg_event_log, stream_name)
+    assert [(g["kind"], g["state"], g["start_id"], g["missing"]) for g in rows] == [
+        ("no_resume", "unrecoverable", None, None)
+    ] * 2
+    assert len(await stored(pg_event_log, stream_name)) == 6
+    exported = [
+        update.value
+        for update in buffer.retrieve_updates()
+        if update.metric.name == "durable_sse_reconnects_without_cursor"
+        and update.attributes.get("stream") == stream_name
+    ]
+    assert sum(exported) == 2
 
 
 async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
@@ -1281,3 +1417,67 @@ async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
     assert (result.cursor_source, result.start_cursor, result.last_cursor) == ("retry", "10", "30")
     assert result.counts == ReadCounts(events_read=35, new_rows=35)
     assert await stored_ids(pg_event_log, stream_name) == numbers(11, 30)
+
+
+async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    pg_url: str,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 5: while a commit waits on the database the reader reads ahead, up
+    to ``READ_AHEAD_CHUNKS``. A cancellation (a signal, the worker shutting down) stops
+    reading; what was read from the socket by then is received, and is stored."""
+    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    sent = asyncio.Event()
+
+    async def serve(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        for first in range(1, 201, 20):
+            writer.write(events(*numbers(first, first + 19)))
+            await writer.drain()
+            await asyncio.sleep(0.05)  # one chunk per write
+        sent.set()
+        with contextlib.suppress(Exception):
+            await asyncio.sleep(GUARD)  # and stays open: nothing more
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/events"
+    spec = make_spec(url, stream_name, batch_max_events=10)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    task: asyncio.Task[ReadResult] | None = None
+    try:
+        async with Blocker(pg_url) as blocker:
+            # Id 25 inserted and not committed: the batch holding 25 waits, and with it
+            # the reader once MAX_BATCHES_IN_FLIGHT batches wait; the rest is read ahead.
+            await blocker.hold(
+                "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, "
+                "event_type, data, received_at) "
+                "VALUES (%s, '25', 0, '', %s, 'tick', 'held', now())",
+                (stream_name, sort_key("25", "numeric")),
+            )
+            task = asyncio.create_task(
+                env.run(reader.read_stream, ReadInput(spec=spec, route=Route.LIVE))
+            )
+            await blocker.until_waited_on()
+            async with asyncio.timeout(GUARD):
+                await sent.wait()
+            await asyncio.sleep(0.5)  # the pump reads the last writes into its queue
+            await beats.wait_for(len(beats) + 2)
+            taken = beats[-1]["counts"]["events_read"]
+            assert taken < 200, "nothing was left in the read-ahead queue: no test"
+            env.cancel()
+            await asyncio.sleep(0.3)
+        result = await task  # the transaction rolled back: the reader stores 25 itself
+    finally:
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=GUARD)
+        server.close()
+    assert result.outcome is Outcome.CANCELLED
+    assert result.counts == ReadCounts(events_read=200, new_rows=200)
+    assert result.last_cursor == "200"
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 200)

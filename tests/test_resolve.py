@@ -327,6 +327,26 @@ async def test_a_retry_never_starts_behind_the_lagging_id(
     assert where(start) == ("40", "retry", "50")
 
 
+async def test_a_retried_repair_keeps_its_witness_when_the_lagging_id_is_the_gaps_start(
+    resolver: CursorResolver, event_log: EventLog, stream_name: str
+) -> None:
+    """The lagging id (40) may be an open gap's start. The repair began one stored id
+    before it (30), so that its first event, at or before 40, shows the history reaches
+    the gap. A retry moved to the lagging id would compare with the gap's end (50): a
+    history that starts inside the gap would look continuous and close it as repaired
+    (simulation seeds 257946024 and 7938971: ids lost, no gap counting them)."""
+    await timeline(event_log, stream_name)
+    await open_gap(event_log, stream_name, "g1", "40", "50")
+    began = ReadProgress(cursor="40", start_cursor="30")
+    start = await resolve(resolver, stream_name, Route.LAGGED, retry_of=began, retried=True)
+    assert where(start) == ("30", "retry", "40")
+    earlier = ReadProgress(cursor="40", start_cursor="10")  # bounded by the repair's start
+    start = await resolve(resolver, stream_name, Route.LAGGED, retry_of=earlier, retried=True)
+    assert where(start) == ("30", "gap", "40")
+    live = await resolve(resolver, stream_name, Route.LIVE, retry_of=began, retried=True)
+    assert where(live) == ("40", "lagging", "50")  # not a repair: the lagging id bounds it
+
+
 async def test_a_retry_without_details_takes_the_lagging_id_or_the_oldest_stored_id(
     resolver: CursorResolver, l1: LocalCursors, event_log: EventLog, stream_name: str
 ) -> None:

@@ -38,6 +38,7 @@ from workflows.routes import (
     record_result,
     schedule_delay,
     seconds_until_repair,
+    server_retry_delay,
     should_interrupt,
 )
 
@@ -196,6 +197,41 @@ def test_unhealthy_drop_backs_off_and_counts_a_failure() -> None:
     assert third.delay == 9.0 and s.failures == 3
     assert record(s, LIVE, result(Outcome.DROPPED, "12", read=3)).delay == 0.0
     assert s.failures == 0
+
+
+def test_the_servers_retry_is_honoured_up_to_the_bound() -> None:
+    assert server_retry_delay(None, 300.0) == (0.0, None)
+    assert server_retry_delay(2500, 300.0) == (2.5, None)
+    assert server_retry_delay(300_000, 300.0) == (300.0, None)  # the bound itself is honoured
+    assert server_retry_delay(300_001, 300.0) == (300.0, 300_001)
+    assert server_retry_delay(99_999_999_999, 300.0) == (300.0, 99_999_999_999)
+    assert server_retry_delay(2500, 0.0) == (0.0, 2500)  # 0: backoff only
+    # No bound: a run from before it existed replays as it ran.
+    assert server_retry_delay(99_999_999_999, None) == (99_999_999.999, None)
+
+
+def test_a_retry_of_years_waits_the_bound_and_says_so() -> None:
+    """Issue 24, item 6: a server sends ``retry: 99999999999`` and closes."""
+    s = state()
+    huge = result(Outcome.DROPPED, retry_ms=99_999_999_999)
+    decision = record_result(
+        s, LIVE, huge, id_order=ORDER, jitter=0.5, duration=0.2, max_retry_delay=300.0
+    )
+    assert decision.delay == 300.0  # not 99,999,999 s
+    assert decision.retry_capped_from_ms == s.retry_capped_from_ms == 99_999_999_999
+    # Unhealthy (it read nothing): still at least the backoff, never past the bound.
+    assert s.failures == 1
+    # A later retry within the bound is honoured, and the status no longer says capped.
+    honoured = record(s, LIVE, result(Outcome.DROPPED, "3", read=3, retry_ms=2500))
+    assert honoured.delay == 2.5 and honoured.retry_capped_from_ms is None
+    assert s.retry_capped_from_ms is None
+
+
+def test_the_bound_applies_only_where_the_retry_is_waited_for() -> None:
+    s = state()
+    rotated = record(s, LIVE, result(Outcome.ROTATED, "3", read=3, retry_ms=99_999_999_999))
+    assert rotated.delay == 0.0 and rotated.retry_capped_from_ms is None
+    assert s.retry_capped_from_ms is None
 
 
 def test_a_long_connection_that_read_nothing_is_healthy() -> None:
@@ -707,3 +743,22 @@ def test_schedule_creation_is_spread_within_the_first_replay_window() -> None:
     # Out-of-range inputs never push it past the window (or before now).
     assert schedule_delay(window, 5.0, 0.999) < window
     assert schedule_delay(window, -1.0, 0.5) == schedule_delay(window, 0.5, -1.0) == 0.0
+
+
+# --- reconnects that cannot resume (issue 24, item 8) ---------------------------------------
+
+
+def test_reconnects_without_a_cursor_are_counted_and_warned_of_once_per_stream() -> None:
+    s = state(None)
+    blind = result(Outcome.DROPPED, read=10, gaps=summary(unrecoverable=1, unknown_size=1))
+    blind.counts.reconnects_without_cursor = 1
+    first = record(s, LIVE, result(Outcome.DROPPED, read=10))
+    assert (first.reconnects_without_cursor, first.first_without_cursor) == (0, False)
+    second = record(s, LIVE, blind)
+    assert (second.reconnects_without_cursor, second.first_without_cursor) == (1, True)
+    assert second.new_unrecoverable_gaps == 1
+    blind.gaps = summary(unrecoverable=2, unknown_size=2)
+    third = record(s, LIVE, blind)
+    assert (third.reconnects_without_cursor, third.first_without_cursor) == (1, False)
+    c = s.counters
+    assert (c.reconnects_without_cursor, c.gaps_unknown_size, c.gaps_unrecoverable) == (2, 2, 2)

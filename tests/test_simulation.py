@@ -152,6 +152,19 @@ async def test_a_one_shot_drop_still_skipping_when_the_faults_stop_ends_with_the
     assert world.state.live_cursor == str(world.server.newest)
 
 
+async def test_a_retried_repair_whose_gap_starts_at_the_lagging_id_keeps_its_witness() -> None:
+    """Seeds 257946024 and 7938971: a repair's attempt crashed; its retry started at the
+    lagging id, which was the gap's start, so the first stored id after its cursor was
+    the gap's end. The history had moved past the gap's first ids; the first event read
+    was still before that end, the gap closed as repaired, and the ids were lost with no
+    gap counting them. A retried repair now keeps its start before the gap."""
+    for seed in (257946024, 7938971):
+        world = World(seed)
+        await world.run()
+        world.verdict()
+        assert world.tally.counts["attempt crashed"] >= 1
+
+
 # -- the checker is trusted only after it has been seen failing ----------------------
 
 
@@ -187,6 +200,15 @@ def _early_notices_miss_nothing(cursor, first_after, *, floor, stored):  # noqa:
     return (max(cursor, min(floor or cursor, first_after - 1)), 0)
 
 
+_taken_comment = intake.Intake._comment
+
+
+def _notices_ignored_while_ending(self, text, now):  # noqa: ANN001, ANN202
+    """The reader takes what it received as it ends, but looks past the notices in it."""
+    if self.outcome is None:
+        _taken_comment(self, text, now)
+
+
 MUTATIONS = [
     Mutation("gap changes never written", gaps.GapTracker, "batch_changes", _drop_gap_changes),
     Mutation("lagging id ignores gaps", gaps, "lagging_target", _lagging_ignores_gaps),
@@ -200,6 +222,12 @@ MUTATIONS = [
         "attribute_early_notice",
         _early_notices_miss_nothing,
         schedules=1000,
+    ),
+    Mutation(
+        "notices taken as a connection ends are ignored",
+        intake.Intake,
+        "_comment",
+        _notices_ignored_while_ending,
     ),
 ]
 

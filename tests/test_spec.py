@@ -17,6 +17,7 @@ from durable_sse.errors import ConfigError
 from durable_sse.spec import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_ID_BYTES,
+    DEFAULT_MAX_RETRY_DELAY,
     DURATION_BOUNDS,
     SETTINGS,
     StreamSpec,
@@ -52,6 +53,7 @@ def test_defaults_are_valid_and_new_settings_have_defaults() -> None:
     assert DEFAULT_MAX_EVENT_BYTES == 8 * 1024 * 1024 and DEFAULT_MAX_ID_BYTES == 1024
     assert validate_spec(spec) == spec
     assert type(spec) is StreamSpec  # the plain dataclass, not pydantic's twin
+    assert spec.max_retry_delay == DEFAULT_MAX_RETRY_DELAY == 300.0  # as Retry-After's cap
 
 
 def test_a_spec_built_in_python_is_checked_by_the_same_rules() -> None:
@@ -122,6 +124,8 @@ def test_missing_name_is_refused() -> None:
         ({"connect_timeout": "1h"}, "between 10ms and 10m"),
         ({"batch_max_delay": 61}, "between 1ms and 1m"),
         ({"max_connection_age": "31d"}, "between 1s and 30d"),
+        ({"max_retry_delay": "2d"}, "'max_retry_delay' = '2d': expected a duration between 0s"),
+        ({"max_retry_delay": -1}, "'max_retry_delay' = -1: expected a duration"),
         ({"retention": "30s"}, "'retention' = '30s': expected a duration between 1m and 36500d"),
         ({"retention": "5m"}, "'retention' = 5m: expected at least replay_window (10m)"),
         ({"batch_max_events": 0}, "'batch_max_events' = 0: expected an integer between 1 and"),
@@ -464,6 +468,7 @@ id_order = "numeric"
 replay_window = "10m"
 retention = "90d"
 max_event_bytes = 1_048_576
+max_retry_delay = "5m"
 
 [[stream]]
 name = "prices"
@@ -475,6 +480,7 @@ mercure_last_event_id = true
     orders, prices = load_streams(path)
     assert (orders.name, orders.id_order, orders.replay_window) == ("orders", "numeric", 600.0)
     assert (orders.retention, orders.max_event_bytes) == (90 * 86400.0, 1_048_576)
+    assert (orders.max_retry_delay, prices.max_retry_delay) == (300.0, DEFAULT_MAX_RETRY_DELAY)
     assert (prices.name, prices.drop_notice, prices.mercure_last_event_id) == ("prices", [], True)
 
 

@@ -18,6 +18,8 @@ the wall.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -1130,6 +1132,28 @@ async def test_retry_later_waits_with_backoff(
     assert 1.0 <= second < 2.0  # two failures in a row: half to all of 2 s
     assert run.status.counters.failures == 2
     assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LIVE, Route.LIVE]
+
+
+async def test_a_servers_retry_of_years_waits_max_retry_delay_at_most(
+    env: WorkflowEnvironment, event_log: EventLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24, item 6: the server sends ``retry: 99999999999`` and closes, twice."""
+    caplog.set_level(logging.WARNING)
+    huge = ReadResult(Outcome.DROPPED, retry_ms=99_999_999_999, error="the server ended the stream")
+    shorter = dataclasses.replace(huge, retry_ms=50_000_000)
+    default = await run_stream(env, event_log, [Step(result=huge), Step(result=shorter)])
+    # Not 99,999,999 s: 5 minutes (a third timer bounds the schedule's deletion at stop).
+    assert (await timers(default.handle))[:2] == [300.0, 300.0]
+    assert default.status.retry_capped_from_ms == 50_000_000
+    warned = [r.getMessage() for r in caplog.records if "retry:" in r.getMessage()]
+    assert len(warned) == 1 and "99999999999 ms" in warned[0]  # once per run
+    # The bound is the stream's setting; a retry within it is honoured as sent.
+    spec = new_spec(max_retry_delay=20.0)
+    healthy = dataclasses.replace(huge, retry_ms=1500, last_cursor="3", counts=counts(3))
+    steps = [Step(result=huge), Step(result=healthy)]
+    bounded = await run_stream(env, event_log, steps, spec=spec)
+    assert (await timers(bounded.handle))[:2] == [20.0, 1.5]
+    assert bounded.status.retry_capped_from_ms is None
 
 
 async def test_pause_then_resume_resumes_live(

@@ -39,6 +39,7 @@ from durable_sse.contracts import (
 )
 from durable_sse.gaps import GapSummary
 from durable_sse.ids import compare_ids, newest
+from durable_sse.spec import DEFAULT_MAX_RETRY_DELAY
 
 MAX_CONNECTIONS_PER_RUN = 200
 """Connections before the workflow continues-as-new (history stays small)."""
@@ -121,6 +122,9 @@ class StreamState:
     """The last retention report of the checkpoint runs (display only)."""
     max_connections_per_run: int = MAX_CONNECTIONS_PER_RUN
     max_history_events: int = MAX_HISTORY_EVENTS_PER_RUN
+    retry_capped_from_ms: int | None = None
+    """The server's last ``retry:`` (ms) when it asked for more than ``max_retry_delay``
+    and the wait was cut to that bound (None: the last one was honoured, or none came)."""
 
     @property
     def repair_wanted(self) -> bool:
@@ -156,6 +160,12 @@ class Decision:
     new_unrecoverable_events: int = 0
     new_unrecoverable_gaps: int = 0
     replay_finished: bool = False
+    retry_capped_from_ms: int | None = None
+    """The server's ``retry:`` (ms) asked for more than ``max_retry_delay`` (log it)."""
+    reconnects_without_cursor: int = 0
+    """Reconnects of this connection that could not resume (``no_resume`` gaps)."""
+    first_without_cursor: bool = False
+    """The stream's first reconnect that could not resume: warn, once per stream."""
 
 
 def schedule_delay(replay_window: float, spread: float, jitter: float) -> float:
@@ -200,6 +210,21 @@ def backoff_delay(failures: int, *, jitter: float, retry_after: float | None = N
     if retry_after is not None and retry_after > delay:
         delay = retry_after
     return delay
+
+
+def server_retry_delay(retry_ms: int | None, max_delay: float | None) -> tuple[float, int | None]:
+    """Seconds to wait for the server's ``retry:`` field, and the field (ms) when it asked
+    for more than ``max_delay`` and was cut to it (None: honoured as sent, or none sent).
+
+    ``max_delay`` is the stream's ``max_retry_delay``; None honours any value (runs from
+    before the bound replay as they ran).
+    """
+    if retry_ms is None:
+        return 0.0, None
+    asked = retry_ms / 1000.0
+    if max_delay is None or asked <= max_delay:
+        return asked, None
+    return max_delay, retry_ms
 
 
 def plan_connection(
@@ -288,6 +313,7 @@ def record_result(
     jitter: float,
     duration: float,
     refused: str | None = None,
+    max_retry_delay: float | None = DEFAULT_MAX_RETRY_DELAY,
 ) -> Decision:
     """Fold one finished connection into ``state`` and say what to do next.
 
@@ -298,6 +324,8 @@ def record_result(
         jitter: a number in [0, 1) for backoff jitter.
         duration: how long the connection ran (seconds, workflow time).
         refused: the message of a non-retryable refusal (StreamRefusedError/ConfigError).
+        max_retry_delay: the stream's bound on the server's ``retry:`` (None: none, see
+            :func:`server_retry_delay`).
     """
     decision = Decision()
     if refused is not None:
@@ -312,7 +340,10 @@ def record_result(
         result = ReadResult(outcome=Outcome.CANCELLED)
     outcome = Outcome(result.outcome)
     counters = state.counters
+    blind_before = counters.reconnects_without_cursor
     _add_reading(state, result.counts, result.last_cursor, result.lagging_id, id_order)
+    decision.reconnects_without_cursor = counters.reconnects_without_cursor - blind_before
+    decision.first_without_cursor = blind_before == 0 and decision.reconnects_without_cursor > 0
     state.last_outcome = outcome.value
     if result.error is not None:
         state.last_error = result.error  # the last error seen stays visible until a new one
@@ -349,7 +380,10 @@ def record_result(
         )
         return decision
     healthy = result.counts.events_read > 0 or duration >= HEALTHY_CONNECTION_SECONDS
-    retry = result.retry_ms / 1000.0 if result.retry_ms is not None else 0.0
+    retry, capped = server_retry_delay(result.retry_ms, max_retry_delay)
+    if outcome is Outcome.DROPPED and result.retry_ms is not None:
+        # The only outcome that waits for the server's retry: say whether it was cut.
+        state.retry_capped_from_ms = decision.retry_capped_from_ms = capped
     if outcome is Outcome.DROPPED and not healthy:
         state.failures += 1
         counters.failures += 1
@@ -447,6 +481,7 @@ def _add_reading(
     counters.duplicates += counts.duplicates
     counters.ids_out_of_order += counts.ids_out_of_order
     counters.ids_reused += counts.ids_reused
+    counters.reconnects_without_cursor += counts.reconnects_without_cursor
     state.live_cursor = newest([state.live_cursor, cursor], id_order)
     if lagging_id is not None:
         state.lagging_id = lagging_id

@@ -77,6 +77,8 @@ SCHEDULE_SPREAD_PATCH = "sse-schedule-spread"
 SCHEDULE_TIMER_SUMMARY = "checkpoint schedule due"
 READ_NUDGE_PATCH = "sse-read-nudge"
 """Runs started before nudges cancelled their reader without one."""
+RETRY_BOUND_PATCH = "sse-max-retry-delay"
+"""Runs started before ``max_retry_delay`` honoured any ``retry:`` (a timer that long)."""
 NUDGE_TIMEOUT = timedelta(seconds=10)
 NUDGE_RETRY = RetryPolicy(maximum_attempts=1)
 """One try: a nudge only hurries a cancellation the reader's heartbeat also brings."""
@@ -130,6 +132,8 @@ class StreamWorkflow:
         """``_schedule_task`` is still waiting for its time (nothing created yet)."""
         self._schedule_attempted = False
         """A creation was started in this run: delete at the end even if it was stopped."""
+        self._retry_cap_logged = False
+        """A ``retry:`` over ``max_retry_delay`` was logged in this run (once is enough)."""
 
     @workflow.run
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
@@ -340,6 +344,7 @@ class StreamWorkflow:
             progress_at=progress.at if progress is not None else None,
             commit_lag=progress.commit_lag if progress is not None else None,
             retention=s.retention,
+            retry_capped_from_ms=s.retry_capped_from_ms,
         )
 
     # --- one connection ----------------------------------------------------------------
@@ -359,6 +364,7 @@ class StreamWorkflow:
             start_id=plan.start_id,
             known_gaps=plan.known_gaps,
             connection=s.counters.connections,
+            events_read_before=s.counters.events_read,
         )
         started = workflow.now()
         self._repairing = plan.repairs
@@ -370,6 +376,7 @@ class StreamWorkflow:
             self._running = None
             self._progress = None
         duration = (workflow.now() - started).total_seconds()
+        bounded = workflow.patched(RETRY_BOUND_PATCH)
         decision = record_result(
             s,
             plan,
@@ -378,22 +385,45 @@ class StreamWorkflow:
             jitter=workflow.random().random(),
             duration=duration,
             refused=refused,
+            max_retry_delay=spec.max_retry_delay if bounded else None,
         )
+        if decision.retry_capped_from_ms is not None and not self._retry_cap_logged:
+            self._retry_cap_logged = True
+            workflow.logger.warning(
+                "the server asks to wait retry: %d ms before reconnecting; the stream "
+                "waits max_retry_delay (%s) at most (logged once per run)",
+                decision.retry_capped_from_ms,
+                format_duration(spec.max_retry_delay),
+            )
         if refused is not None:
             workflow.logger.warning("stream refused, parked until resumed: %s", refused)
         elif result is not None and result.outcome == Outcome.NO_CONTENT:
             workflow.logger.info("server answered 204: stopped until resumed")
+        if decision.first_without_cursor:
+            workflow.logger.warning(
+                "stream %s has no ids to resume from: each reconnect loses what the server "
+                "sent while no connection was open (recorded as gaps of kind no_resume, of "
+                "unknown size; counted in reconnects_without_cursor). Nothing on our side "
+                "can resume such a stream: the server must send ids (the SSE id: field). "
+                "Warned once per stream.",
+                spec.name,
+            )
         if decision.refresh_gaps:
             await self._refresh_gaps(decision)
         self._report_unrecoverable(
-            decision.new_unrecoverable_events, decision.new_unrecoverable_gaps
+            decision.new_unrecoverable_events,
+            decision.new_unrecoverable_gaps,
+            no_resume=decision.reconnects_without_cursor,
         )
         if decision.replay_finished:
             workflow.logger.info("requested replay finished")
         if decision.delay > 0:
             s.next_reconnect_at = (workflow.now() + timedelta(seconds=decision.delay)).isoformat()
 
-    def _report_unrecoverable(self, events: int, gaps: int) -> None:
+    def _report_unrecoverable(self, events: int, gaps: int, *, no_resume: int = 0) -> None:
+        """Export what became unrecoverable and warn; gaps of a reconnect that could not
+        resume (``no_resume``, at most that many of ``gaps``) were warned of once per
+        stream, so they alone log no warning."""
         if gaps <= 0 and events <= 0:
             return
         metrics = WorkflowMetrics(workflow.metric_meter(), self._spec.name)
@@ -401,6 +431,8 @@ class StreamWorkflow:
             metrics.events_unrecoverable.add(events)
         if gaps > 0:
             metrics.gaps_unrecoverable.add(gaps)
+        if events <= 0 and gaps <= no_resume:
+            return
         c = self._state.counters
         workflow.logger.warning(
             "UNRECOVERABLE GAP on stream %s: %d more events lost for good beyond the "
@@ -668,6 +700,11 @@ class StreamWorkflow:
                 f"ids reused {c.ids_reused}: stored ids sent again with other data (the "
                 "server restarted its id counter?), kept beside the earlier events"
             )
+        if c.reconnects_without_cursor:
+            lines.append(
+                f"reconnects without a cursor {c.reconnects_without_cursor} (the server sends "
+                "no ids: each lost what was sent meanwhile)"
+            )
         if status.repair_pending:
             lines.append("repair pending (lagged reconnects are throttled)")
         if status.progress_at is not None:
@@ -682,6 +719,11 @@ class StreamWorkflow:
             )
         if status.next_reconnect_at:
             lines.append(f"next reconnect: {status.next_reconnect_at}")
+        if status.retry_capped_from_ms is not None:
+            lines.append(
+                f"server's retry: {status.retry_capped_from_ms} ms, cut to "
+                f"max_retry_delay ({format_duration(self._spec.max_retry_delay)})"
+            )
         if status.last_error:
             lines.append(f"last error: {status.last_error}")
         workflow.set_current_details("\n\n".join(lines))

@@ -145,14 +145,13 @@ class SSEDecoder:
         """Consume one chunk; return the events and comments it completed, in stream order.
 
         Raises:
-            LineTooLongError: a line grew past ``max_line_bytes``. The decoder drops what it
-                held; items of this chunk before the long line are not returned (the
-                caller ends the connection and resumes from its last committed cursor).
+            LineTooLongError: a line grew past ``max_line_bytes``.
             EventTooLargeError: an event's data grew past ``max_event_bytes``.
             IdTooLongError: an event being dispatched has an id over ``max_id_bytes``.
-                For these two the decoder drops what it held, ``last_event_id`` is the id
-                in force before that event, and the error's ``items`` are what this chunk
-                completed before it. After any of these errors, end the connection: the
+                For each the decoder drops what it held, ``last_event_id`` is the id in
+                force before the event that held the bad line, data or id, and the
+                error's ``items`` are what this chunk completed before it (received: the
+                caller stores them). After any of these errors, end the connection: the
                 decoder is not fed again.
         """
         if (
@@ -188,7 +187,7 @@ class SSEDecoder:
             self._pending.append(chunk)
             self._pending_len += len(chunk)
             if self._pending_len > self.max_line_bytes:
-                self._too_long()
+                self._too_long([])
             return []
         if self._pending:
             self._pending.append(chunk)
@@ -206,10 +205,13 @@ class SSEDecoder:
         if rest:
             self._pending.append(rest)
         if len(data) > self.max_line_bytes:
-            if self._pending_len > self.max_line_bytes or any(
-                len(line) > self.max_line_bytes for line in data[:end].split(b"\n")
-            ):
-                self._too_long()
+            lines = data[:end].split(b"\n")
+            limit = self.max_line_bytes
+            long_at = next((i for i, line in enumerate(lines) if len(line) > limit), None)
+            if long_at is not None or self._pending_len > limit:
+                # The lines before the long one are whole: what they complete is kept.
+                before = lines if long_at is None else lines[:long_at]
+                self._too_long(self._process([line.decode("utf-8", "replace") for line in before]))
         return self._process(data[:end].decode("utf-8", "replace").split("\n"))
 
     def close(self) -> list[Event | Comment]:
@@ -245,13 +247,17 @@ class SSEDecoder:
         self._at_start = False
         return head[len(BOM) :] if head.startswith(BOM) else head
 
-    def _too_long(self) -> None:
+    def _too_long(self, items: list[Event | Comment]) -> None:
         self._pending.clear()
         self._pending_len = 0
         self._carry = None
+        self._event_type = ""
+        self._id_buffer = self._last_event_id
+        self._id_field = False
         raise LineTooLongError(
             f"an SSE line exceeded max_line_bytes={self.max_line_bytes} bytes; "
-            "ending the connection to bound memory"
+            "ending the connection to bound memory",
+            items=items,
         )
 
     def _process(self, lines: list[str]) -> list[Event | Comment]:

@@ -195,6 +195,7 @@ class MemoryEventLog:
             floor=self.floor,
             witness=witness,
             open_gaps=[Gap(**vars(gap)) for gap in open_gaps],
+            has_rows=bool(self.rows),
         )
         return ConnectionStart(cursor=cursor, source=source, context=context)
 

@@ -332,7 +332,11 @@ class World:
         state = self.state
         state.counters.connections += 1
         read_input = ReadInput(
-            spec=self.spec, route=plan.route, start_id=plan.start_id, known_gaps=plan.known_gaps
+            spec=self.spec,
+            route=plan.route,
+            start_id=plan.start_id,
+            known_gaps=plan.known_gaps,
+            events_read_before=state.counters.events_read,
         )
         attempt = await Attempt.start(self, read_input, retried=False, progress=None)
         self.note(
@@ -630,6 +634,8 @@ class Attempt:
             new_gap_id=world.new_gap_id,
             now_iso=lambda: world.now.isoformat(),
             retried=retried,
+            read_before=read_input.events_read_before > 0
+            or (progress is not None and progress.counts.events_read > 0),
         )
         floor = start.context.floor
         if start.cursor and is_newer(floor, start.cursor, world.spec.id_order):
@@ -693,11 +699,10 @@ class Attempt:
         return intake.outcome
 
     def _take(self, chunk: bytes) -> None:
-        """Decode and hand over, item by item: what the intake ignores once it has decided
-        to end (as the reader drops what it read past that point) was not taken."""
+        """Decode and hand over, item by item: every item of a chunk read is taken, also
+        once the intake has decided to end (as the reader takes what it read ahead); an
+        ending connection only reads no further chunk (``step``)."""
         for item in self.decoder.feed(chunk):
-            if self.intake.outcome is not None:
-                return
             self.intake.take([item], received_at=self.world.now, now=self.world.clock)
             if isinstance(item, Comment) and item.text != "ping":
                 self.connection.notice_taken()
@@ -762,7 +767,7 @@ class Attempt:
         self.finished = True
         log = self.world.log
         return ReadResult(
-            outcome=outcome,
+            outcome=intake.ending(outcome),
             start_cursor=self.start_cursor,
             last_cursor=intake.cursor,
             counts=intake.counts,
