@@ -43,6 +43,8 @@ class CommitJob:
     """Why this job alone failed while the rest of its group committed (None: it did
     not, or the whole group failed)."""
     new_rows: int = 0
+    dropped: Any = None
+    """What the writer left out of the batch on purpose, and why (opaque here)."""
 
 
 @dataclass(eq=False)

@@ -87,6 +87,10 @@ class ReadCounts:
     ids_out_of_order: int = 0
     """Ids not newer than the id read before them under the stream's ``id_order`` (a
     wrong ``id_order``: the cursors would not follow such ids)."""
+    dropped_by_horizon: int = 0
+    """Events whose id sorts at or before the stream's retention horizon (the newest id
+    retention deleted): not stored, and not counted in ``duplicates`` either, since they
+    may never have been stored (see durable_sse/retention.py)."""
 
 
 @dataclass
@@ -295,6 +299,9 @@ class StreamCounters:
     gaps_unknown_size: int = 0
     """Unrecoverable gaps whose size nobody can know: not in ``events_unrecoverable``."""
     failures: int = 0
+    dropped_by_horizon: int = 0
+    """Events not stored because their id sorts at or before the retention horizon
+    (``ReadCounts.dropped_by_horizon``); never in ``duplicates``."""
 
 
 @dataclass

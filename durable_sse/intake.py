@@ -218,10 +218,14 @@ class Intake:
 
     # -- commits -----------------------------------------------------------------------
 
-    def committed(self, batch: Batch, *, new_rows: int) -> bool:
-        """``batch`` committed (call in submission order); True when the cursor moved."""
+    def committed(self, batch: Batch, *, new_rows: int, dropped_by_horizon: int = 0) -> bool:
+        """``batch`` committed (call in submission order); True when the cursor moved.
+
+        ``dropped_by_horizon``: records the store left out at the retention horizon
+        (counted apart, never as duplicates)."""
         self.counts.new_rows += new_rows
-        self.counts.duplicates += len(batch.records) - new_rows + batch.skipped
+        self.counts.duplicates += len(batch.records) - new_rows - dropped_by_horizon + batch.skipped
+        self.counts.dropped_by_horizon += dropped_by_horizon
         if batch.recovered:
             self.counts.recovered += new_rows
         if batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order):
