@@ -283,6 +283,8 @@ class _Connection:
         """This attempt's registration in ``sse_readers`` (retention keeps its start)."""
         self.horizon_logged = False
         """An id dropped at the retention horizon was logged (once per connection)."""
+        self.hold: str | None = None
+        """What the registration holds now (moved forward with the reports)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -388,7 +390,7 @@ class _Connection:
         return await self._finish(outcome)
 
     def _begin(self, start: ConnectionStart) -> None:
-        self.start_cursor = start.cursor
+        self.start_cursor = self.hold = start.cursor
         self.result.start_cursor = start.cursor
         self.result.cursor_source = start.source
         try:
@@ -827,6 +829,7 @@ class _Connection:
         )
         try:
             async with asyncio.timeout(PROGRESS_TIMEOUT):
+                await self._move_hold()
                 try:
                     report.gaps = await self.reader.event_log.gap_summary(self.stream, self.order)
                     checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
@@ -849,6 +852,24 @@ class _Connection:
             activity.logger.info("stream %s: progress not reported: %s", self.stream, error)
         finally:
             self.reporting = None
+
+    async def _move_hold(self) -> None:
+        """Let retention have what this connection no longer needs (``Intake.
+        retention_hold``): it read past it a replay window ago. Skipped on a store error
+        (the hold stays older: retention keeps more, a while longer)."""
+        intake, lease = self.intake, self.lease
+        assert intake is not None
+        if lease is None:
+            return
+        hold = intake.retention_hold(time.monotonic())
+        if hold is None or hold == self.hold:
+            return
+        try:
+            await self.reader.event_log.move_reader(self.stream, lease.reader_id, hold)
+        except StoreError as error:
+            activity.logger.debug("stream %s: retention hold not moved: %s", self.stream, error)
+            return
+        self.hold = hold
 
     async def stop_reports(self) -> None:
         """The connection ended: its result says it all, a late report would be ignored."""

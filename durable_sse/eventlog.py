@@ -438,6 +438,13 @@ class EventLog:
             reader,
         )
 
+    async def move_reader(self, stream: str, reader_id: str, hold: str | None) -> None:
+        """A running connection needs less kept: from ``hold`` on (see
+        ``Intake.retention_hold``; it only moves forward). A released reader stays gone."""
+        await self._run(
+            f"move a reader of stream {stream!r}", self._move_sync, stream, reader_id, hold
+        )
+
     async def release_reader(self, stream: str, reader_id: str) -> None:
         """The connection ended: its start no longer holds retention."""
         await self._run(
@@ -1223,6 +1230,15 @@ class EventLog:
             .values(stream=stream, reader_id=reader.reader_id, **values)
             .on_conflict_do_update(index_elements=["stream", "reader_id"], set_=values)
         )
+
+    def _move_sync(self, stream: str, reader_id: str, hold: str | None) -> None:
+        table = readers_table
+        with self._begin() as connection:
+            connection.execute(
+                sa.update(table)
+                .where(table.c.stream == stream, table.c.reader_id == reader_id)
+                .values(start_id=hold)
+            )
 
     def _release_sync(self, stream: str, reader_id: str) -> None:
         table = readers_table

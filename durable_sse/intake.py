@@ -25,7 +25,7 @@ from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts,
 from durable_sse.eventlog import EventRecord
 from durable_sse.followers import FollowerKeys
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
-from durable_sse.ids import contiguous_number, is_newer, key_function
+from durable_sse.ids import contiguous_number, is_newer, key_function, newest
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, Event
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
@@ -232,6 +232,19 @@ class Intake:
             self.cursor = batch.last_id
             return True
         return False
+
+    def retention_hold(self, now: float) -> str | None:
+        """The oldest id this connection may still need stored (retention keeps it and
+        every newer one while the connection runs; see :mod:`durable_sse.retention`).
+
+        Its start cursor (or, with none, its first id), moved forward to the id it read
+        one replay window ago once it has read for longer: it never re-reads what lies
+        before the ids it read, and every gap it can still open starts at or after this
+        (a notice speaks of the last window, a hole in contiguous ids of what it reads
+        now). None: no id read yet and no cursor, keep every id.
+        """
+        start = self.start_cursor or self.gaps.first_id
+        return newest([start, self._read_a_window_ago(now)], self.order)
 
     @property
     def ids_out_of_order(self) -> int:

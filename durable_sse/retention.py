@@ -9,15 +9,16 @@ carries them out (:meth:`durable_sse.eventlog.EventLog.apply_retention`):
   nothing is deleted. A stream opts out of a worker-wide setting with a retention of its
   own (``36500d`` is a century).
 * **What stays whatever its age** (the *fence*): the lagging id's row and every row at or
-  after it, the start row of the oldest open gap and everything after it, and the start
-  cursor of every connection of the stream that is running (``sse_readers``, see
-  :class:`RunningReader`) and everything after it. The lagged route and every repair
-  start at or after the fence, so no connection the workflow makes asks the server for
-  anything older; a gap's start row stays so a replay can be attributed to the gap and
-  the gap counted; and a connection that started before the lagging id moved (a lagged
-  replay still re-reading the last window) finds what it re-reads still stored, and the
-  gaps it opens (which start at or after its cursor) above the horizon. A stream with
-  no lagging id yet keeps every row that carries an id. The fence is read again inside
+  after it, the start row of the oldest open gap and everything after it, and for every
+  connection of the stream that is running (``sse_readers``, see :class:`RunningReader`)
+  its start cursor and everything after it (moved forward, as it reads, to the id it
+  read a replay window ago). The lagged route and every repair start at or after the
+  fence, so no connection the workflow makes asks the server for anything older; a
+  gap's start row stays so a replay can be attributed to the gap and the gap counted;
+  and a connection that started before the lagging id moved (a lagged replay still
+  re-reading the last window) finds what it re-reads still stored, and the gaps it opens
+  (which start at or after its cursor) after the horizon. A stream with no lagging id
+  yet keeps every row that carries an id. The fence is read again inside
   every delete transaction, under a lock that gap openings and connection starts take
   too (see :meth:`durable_sse.eventlog.EventLog.apply_retention`): a gap committed or a
   connection started while a run goes on holds the very next statement.
@@ -160,14 +161,19 @@ class RunningReader:
 
     Written as the connection resolves its start cursor, in the same transaction as the
     read that chooses it, and deleted when the connection ends; until then retention
-    keeps its start row and everything after it (:func:`retention_fence`). A worker that
-    dies leaves its row behind: ``expires_at`` (:func:`reader_expiry`) ends its hold.
+    keeps its ``start_id`` row and everything after it (:func:`retention_fence`). The
+    connection moves ``start_id`` forward as it reads (``Intake.retention_hold``: to the
+    id it read a replay window ago, the oldest a gap of its own can start at), so a
+    connection that lasts ``max_connection_age`` holds retention back by about a window,
+    not by its age. A worker that dies leaves its row behind: ``expires_at``
+    (:func:`reader_expiry`) ends its hold.
     """
 
     reader_id: str
     """One per activity attempt: a retry is a reader of its own."""
     start_id: str | None
-    """The cursor the connection sent (None: none, it reads from its first id)."""
+    """The oldest id it may still need: the cursor it sent, moved forward as it reads
+    (None: no cursor and no id read yet, every id stays)."""
     expires_at: datetime
 
 
@@ -196,7 +202,7 @@ def reader_expiry(
     keep), and registers a row of its own as it starts. So a row that outlives the
     attempt's own timeout by those two and the margin has covered everything that attempt
     can still write, and a crashed worker's row holds retention for one connection's
-    life at most (about 63 minutes with the default settings), never for ever.
+    life at most (65 minutes with the default settings), never for ever.
     """
     margin = READER_MARGIN
     if heartbeat_timeout is not None:

@@ -209,10 +209,6 @@ def _fence_without_gaps(lagging, open_gaps, order, readers=()):  # noqa: ANN001,
     return retention.retention_fence(lagging, [], order, readers)
 
 
-def _no_running_connections(readers, now):  # noqa: ANN001, ANN202
-    return []
-
-
 def _gaps_open_where_they_start(change, horizon_id, order):  # noqa: ANN001, ANN202
     return change
 
@@ -226,10 +222,10 @@ MUTATIONS += [
     Mutation("retention ignores open gaps", stores, "retention_fence", _fence_without_gaps, 300),
     Mutation("the write path ignores the horizon", stores, "after_horizon", _no_horizon, 300),
     Mutation(
-        "retention ignores running connections, gaps open behind the horizon",
+        "gaps opened behind the horizon keep their start",
         stores,
-        "live_starts",
-        _no_running_connections,
+        "opening_past_horizon",
+        _gaps_open_where_they_start,
         300,
     ),
 ]
@@ -242,11 +238,6 @@ def test_the_oracle_catches_a_broken_build(
     monkeypatch.setattr(mutation.target, mutation.attribute, mutation.replacement)
     if mutation.target is gaps and mutation.attribute == "lagging_target":
         monkeypatch.setattr("tests.sim.stores.lagging_target", mutation.replacement)
-    if mutation.attribute == "live_starts":
-        # Either layer alone keeps the count exact (the fence holds what a running
-        # connection opens gaps over; a gap opened behind the horizon starts at it):
-        # the oracle must see the two gone together.
-        monkeypatch.setattr(stores, "opening_past_horizon", _gaps_open_where_they_start)
     outcome = run_seeds(range(0, mutation.schedules))
     assert outcome.failures, (
         f"{mutation.name}: {mutation.schedules} schedules and the oracle saw nothing"

@@ -256,6 +256,11 @@ class MemoryEventLog:
             )
         return ConnectionStart(cursor=cursor, source=source, context=context)
 
+    def move_reader(self, reader_id: str, hold: str | None) -> None:
+        reader = self.readers.get(reader_id)
+        if reader is not None:
+            self.readers[reader_id] = RunningReader(reader_id, hold, reader.expires_at)
+
     def release_reader(self, reader_id: str) -> None:
         self.readers.pop(reader_id, None)
 

@@ -14,7 +14,7 @@ could not must be counted exactly (or lie in a gap reported as of unknown size),
 gap may be left open. During the run, no cursor may pass a drop notice before its gap is
 recorded, and the lagging id may never pass an open gap.
 
-Half the schedules run retention (both phases), at random moments, one delete statement
+Most schedules (70%) run retention (both phases), at random moments, one delete statement
 per step so that statements interleave with commits and connection starts: a row it
 deletes counts as stored once (the oracle is the same), and storing it again or counting
 it as missing is a violation.
@@ -757,6 +757,11 @@ class Attempt:
         self._collect()
         while self.inflight and (len(self.inflight) > 3 or self.rng.random() < 0.6):
             self._commit_one()
+        if self.world.deletes.random() < 0.2:
+            # The progress report moves the registration's hold (read.py, _move_hold).
+            hold = intake.retention_hold(self.world.clock)
+            if hold is not None:
+                self.world.log.move_reader(self.reader.reader_id, hold)
         return intake.outcome
 
     def _take(self, chunk: bytes) -> None:
