@@ -1379,7 +1379,10 @@ class EventLog:
             fence_key = end_seq = None
             if fence.ids_deletable:
                 assert fence.keep_from is not None
-                fence_key = sort_key(fence.keep_from, order)
+                # The stored id before the fence stays too (see durable_sse.retention).
+                keep = fence.keep_from
+                keep = self._neighbour(connection, stream, order, keep, older=True) or keep
+                fence_key = sort_key(keep, order)
                 end_seq = self._fence_seq(connection, stream, fence_key)
             else:
                 # Only a stream that never stored an id may lose rows without a fence

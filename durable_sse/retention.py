@@ -17,7 +17,12 @@ carries them out (:meth:`durable_sse.eventlog.EventLog.apply_retention`):
   gap's start row stays so a replay can be attributed to the gap and the gap counted;
   and a connection that started before the lagging id moved (a lagged replay still
   re-reading the last window) finds what it re-reads still stored, and the gaps it opens
-  (which start at or after its cursor) after the horizon. A stream with no lagging id
+  (which start at or after its cursor) after the horizon. The stored id just before the
+  fence stays as well: a repair starts one stored id before the gap it repairs, so that
+  the first id re-delivered shows whether the server's history still reaches the gap;
+  without that row a repair of a gap at the fence would start at the gap itself and take
+  the first id stored after it (perhaps the gap's end) for the witness, and call a hole
+  the history no longer holds repaired. A stream with no lagging id
   yet keeps every row that carries an id. The fence is read again inside
   every delete transaction, under a lock that gap openings and connection starts take
   too (see :meth:`durable_sse.eventlog.EventLog.apply_retention`): a gap committed or a

@@ -956,7 +956,7 @@ async def test_ids_out_of_order_under_the_id_order_are_counted_and_exported(
 
 
 async def retained(log: EventLog, stream: str) -> None:
-    """Ids 1..40 stored under ``numeric`` an hour ago, the lagging id 30, 1..29 deleted."""
+    """Ids 1..40 stored under ``numeric`` an hour ago, the lagging id 30, 1..28 deleted."""
     start = datetime.now(UTC) - timedelta(hours=1)
     rows = [
         EventRecord(str(i), 0, "message", "x", start + timedelta(seconds=i)) for i in range(1, 41)
@@ -967,7 +967,7 @@ async def retained(log: EventLog, stream: str) -> None:
     )
     assert moved.lagging_id == "30"
     run = await log.apply_retention(stream, "numeric", cutoff=datetime.now(UTC))
-    assert (run.deleted, run.state.horizon_id) == (29, "29")
+    assert (run.deleted, run.state.horizon_id) == (28, "28")
 
 
 async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
@@ -995,7 +995,7 @@ async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
     )
     assert (await stored_ids(pg_event_log, stream_name))[-2:] == ["41", "42"]
     logged = [r.getMessage() for r in caplog.records if "retention horizon" in r.getMessage()]
-    assert len(logged) == 1 and "'tick-a'" in logged[0] and "'29'" in logged[0]
+    assert len(logged) == 1 and "'tick-a'" in logged[0] and "'28'" in logged[0]
     exported = [
         update.value
         for update in buffer.retrieve_updates()

@@ -236,7 +236,7 @@ def test_the_worker_setting_is_validated_like_a_streams() -> None:
 # -- the deletes, on both databases -----------------------------------------------------
 
 
-async def test_deletes_in_bounded_batches_and_never_at_or_after_the_lagging_id(
+async def test_deletes_in_bounded_batches_and_never_the_lagging_id_nor_the_row_before(
     event_log: EventLog, stream_name: str
 ) -> None:
     await minutely(event_log, stream_name, range(1, 41))
@@ -258,14 +258,15 @@ async def test_deletes_in_bounded_batches_and_never_at_or_after_the_lagging_id(
     second = await event_log.apply_retention(
         stream_name, "numeric", cutoff=cutoff, batch_rows=10, max_batches=5
     )
-    assert (second.deleted, second.complete) == (9, True)
-    assert await stored_ids(event_log, stream_name) == [str(i) for i in range(30, 41)]
+    assert (second.deleted, second.complete) == (8, True)
+    # The row before the fence stays too: a repair of a gap there would start from it.
+    assert await stored_ids(event_log, stream_name) == [str(i) for i in range(29, 41)]
     state = second.state
-    assert (state.deleted_rows, state.horizon_id, state.oldest_kept_id) == (29, "29", "30")
-    assert state.oldest_kept_at == T0 + 30 * MINUTE
+    assert (state.deleted_rows, state.horizon_id, state.oldest_kept_id) == (28, "28", "29")
+    assert state.oldest_kept_at == T0 + 29 * MINUTE
 
     again = await event_log.apply_retention(stream_name, "numeric", cutoff=cutoff)
-    assert (again.deleted, again.complete, again.state.deleted_rows) == (0, True, 29)
+    assert (again.deleted, again.complete, again.state.deleted_rows) == (0, True, 28)
 
 
 async def test_rows_younger_than_the_retention_stay(event_log: EventLog, stream_name: str) -> None:
@@ -278,7 +279,7 @@ async def test_rows_younger_than_the_retention_stay(event_log: EventLog, stream_
     assert (await stored_ids(event_log, stream_name))[0] == "13"
 
 
-async def test_an_open_gap_keeps_its_start_row_and_everything_after(
+async def test_an_open_gap_keeps_its_start_row_the_row_before_and_everything_after(
     event_log: EventLog, stream_name: str
 ) -> None:
     await minutely(event_log, stream_name, range(1, 41))
@@ -286,8 +287,14 @@ async def test_an_open_gap_keeps_its_start_row_and_everything_after(
     # A gap recorded late, behind the lagging id: its start row must stay for the repair.
     await open_gap(event_log, stream_name, "8", "12")
     run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
-    assert (run.deleted, run.keep_from, run.held_by) == (7, "8", HELD_BY_GAP)
-    assert (await stored_ids(event_log, stream_name))[0] == "8"
+    assert (run.deleted, run.keep_from, run.held_by) == (6, "8", HELD_BY_GAP)
+    assert (await stored_ids(event_log, stream_name))[0] == "7"
+    # The row before it stays too: the repair starts there, so that its first event
+    # shows whether the server's history still reaches the gap (the witness is 8).
+    repair = await event_log.connection_context(
+        stream_name, "numeric", cursor=None, source="none", repair=True
+    )
+    assert (repair.cursor, repair.source, repair.context.witness) == ("7", "gap", "8")
 
     # The gap repaired: the lagging id holds the rest.
     change = GapChange(f"g-{stream_name}-8", close=True)
@@ -312,15 +319,15 @@ async def test_re_sent_ids_older_than_the_horizon_are_dropped_and_counted_apart(
     await open_gap(event_log, stream_name, "15", "18")  # 16 and 17 never came
     await execute_delete(event_log, stream_name, ["16", "17"])
     run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
-    assert (run.deleted, run.state.horizon_id) == (9, "9")
+    assert (run.deleted, run.state.horizon_id) == (8, "8")
 
     later = T0 + 200 * MINUTE
     resent = await event_log.insert_batch(
         stream_name, "numeric", [record(str(i), later) for i in range(1, 15)]
     )
-    # 10..14 are stored: duplicates; 1..9 were deleted: the horizon drops them.
-    assert (resent.new_rows, resent.duplicates, resent.dropped_by_horizon) == (0, 5, 9)
-    assert (resent.dropped_id, resent.horizon_id) == ("1", "9")
+    # 9..14 are stored: duplicates; 1..8 were deleted: the horizon drops them.
+    assert (resent.new_rows, resent.duplicates, resent.dropped_by_horizon) == (0, 6, 8)
+    assert (resent.dropped_id, resent.horizon_id) == ("1", "8")
     # The repair of the gap: its rows are new and recovered, the horizon is far behind.
     gap_id = f"g-{stream_name}-15"
     repair = event_log.submit_batch(
@@ -336,15 +343,15 @@ async def test_re_sent_ids_older_than_the_horizon_are_dropped_and_counted_apart(
         stream_name,
         "numeric",
         [
-            record("9", later, ordinal=1, data="late follower"),
+            record("8", later, ordinal=1, data="late follower"),
             record("", later, None),
             record("21", later),
         ],
     )
-    # The id-less event and 21 are new; a follower of the deleted id 9 is dropped.
+    # The id-less event and 21 are new; a follower of the deleted id 8 is dropped.
     assert (fresh.new_rows, fresh.duplicates, fresh.dropped_by_horizon) == (2, 0, 1)
     ids = await stored_ids(event_log, stream_name)
-    assert ids == [*map(str, range(10, 16)), "18", "19", "20", "16", "17", "", "21"]
+    assert ids == [*map(str, range(9, 16)), "18", "19", "20", "16", "17", "", "21"]
 
 
 async def test_batches_of_one_group_keep_their_order_when_the_horizon_drops_rows(
@@ -363,7 +370,7 @@ async def test_batches_of_one_group_keep_their_order_when_the_horizon_drops_rows
         (80, 0, 0),
     ]
     ids = await stored_ids(event_log, stream_name)
-    assert ids == [str(i) for i in [*range(10, 21), *range(100, 260)]]
+    assert ids == [str(i) for i in [*range(9, 21), *range(100, 260)]]
 
 
 async def test_deletes_and_a_busy_writer_do_not_fail_each_other(
@@ -394,7 +401,7 @@ async def test_deletes_and_a_busy_writer_do_not_fail_each_other(
     run = await event_log.apply_retention(
         stream_name, "numeric", cutoff=T0 + 100 * MINUTE, batch_rows=100, max_batches=100
     )
-    assert (run.deleted, run.complete) == (2998, True)
+    assert (run.deleted, run.complete) == (2997, True)
     assert await writer == 2000
 
 
@@ -440,7 +447,7 @@ async def test_other_streams_are_untouched(event_log: EventLog, stream_name: str
         await minutely(event_log, name, range(1, 11))
         await set_lagging(event_log, name, 8)
     run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
-    assert run.deleted == 7
+    assert run.deleted == 6
     assert len(await stored_ids(event_log, other)) == 10
     assert (await event_log.retention_state(other)).deleted_rows == 0
     resent = await event_log.insert_batch(other, "numeric", [record("1", T0)])
@@ -482,12 +489,12 @@ async def test_the_streams_own_retention_overrides_the_workers(
 
 
 async def retained(log: EventLog, stream: str, order: str) -> None:
-    """Ids 1..40 stored under ``order``, the lagging id at 30, and 1..29 deleted."""
+    """Ids 1..40 stored under ``order``, the lagging id at 30, and 1..28 deleted."""
     await log.insert_batch(stream, order, [record(str(i), T0 + i * MINUTE) for i in range(1, 41)])
     moved = await log.advance_lagging(stream, order, window=60.0, now=T0 + 31 * MINUTE)
     assert moved.lagging_id == "30"
     run = await log.apply_retention(stream, order, cutoff=FAR)
-    assert (run.deleted, run.state.horizon_id) == (29, "29")
+    assert (run.deleted, run.state.horizon_id) == (28, "28")
 
 
 @pytest.mark.parametrize(("stored", "other"), [("numeric", "natural"), ("natural", "numeric")])
@@ -519,7 +526,7 @@ async def test_a_stream_under_another_id_order_is_refused_and_nothing_changes(
         await event_log.retention_state(stream_name),
     )
     assert after == before
-    assert before[0] == [str(i) for i in range(30, 41)]
+    assert before[0] == [str(i) for i in range(29, 41)]
     # Under its own order the stream goes on as ever.
     start = await event_log.connection_context(stream_name, stored, cursor=None, source="none")
     assert start.cursor == "30"
@@ -547,8 +554,8 @@ async def test_the_checkpoint_activities_refuse_another_order_loudly(
     assert "nothing deleted" in retention.value.message
     errors = [r for r in caplog.records if r.levelname == "ERROR" and "refused" in r.getMessage()]
     assert len(errors) == 2
-    assert (await event_log.retention_state(stream_name)).deleted_rows == 29
-    assert len(await stored_ids(event_log, stream_name)) == 11
+    assert (await event_log.retention_state(stream_name)).deleted_rows == 28
+    assert len(await stored_ids(event_log, stream_name)) == 12
 
 
 async def test_the_first_connection_records_the_streams_order(
@@ -578,8 +585,8 @@ async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves
     assert start.cursor == "10"
     await set_lagging(event_log, stream_name, 30)
     run = await event_log.apply_retention(stream_name, "numeric", cutoff=FAR)
-    assert (run.deleted, run.keep_from, run.held_by) == (9, "10", HELD_BY_READER)
-    assert run.state.horizon_id == "9"
+    assert (run.deleted, run.keep_from, run.held_by) == (8, "10", HELD_BY_READER)
+    assert run.state.horizon_id == "8"
     later = T0 + 2000 * MINUTE
     replayed = await event_log.insert_batch(
         stream_name, "numeric", [record(str(i), later) for i in (11, 12)]
@@ -600,7 +607,7 @@ async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves
     assert (await event_log.committed(repair)).dropped_by_horizon == 0
     (closed,) = await event_log.gaps(stream_name)
     assert (closed.state, closed.missing) == ("repaired", 0)
-    assert (await stored_ids(event_log, stream_name))[0] == "10"
+    assert (await stored_ids(event_log, stream_name))[0] == "9"
     # The connection ends: the lagging id holds the fence again.
     await event_log.release_reader(stream_name, "lagged")
     assert await event_log.readers(stream_name) == []
@@ -624,7 +631,7 @@ async def test_a_registration_moves_with_the_start_and_an_expired_one_holds_noth
     (registered,) = await event_log.readers(stream_name)
     assert (registered.reader_id, registered.start_id) == ("dead", "8")
     run = await event_log.apply_retention(stream_name, "numeric", cutoff=FAR)
-    assert (run.deleted, run.keep_from, run.held_by) == (7, "8", HELD_BY_READER)
+    assert (run.deleted, run.keep_from, run.held_by) == (6, "8", HELD_BY_READER)
     # A crashed worker's row: expired, it holds nothing (and the next start forgets it).
     await event_log.connection_context(
         stream_name,
@@ -657,9 +664,9 @@ async def test_a_gap_committed_mid_run_keeps_its_start_row(
     run = await event_log.apply_retention(
         stream_name, "numeric", cutoff=FAR, batch_rows=5, max_batches=20, between=between
     )
-    assert (run.deleted, run.keep_from, run.held_by) == (11, "12", HELD_BY_GAP)
-    assert run.state.horizon_id == "11"
-    assert (await stored_ids(event_log, stream_name))[0] == "12"
+    assert (run.deleted, run.keep_from, run.held_by) == (10, "12", HELD_BY_GAP)
+    assert run.state.horizon_id == "10"
+    assert (await stored_ids(event_log, stream_name))[0] == "11"  # the row before it too
     (recorded,) = await event_log.gaps(stream_name)
     assert (recorded.start_id, recorded.state) == ("12", "open")
 
@@ -676,10 +683,10 @@ async def test_a_gap_opened_behind_the_horizon_starts_at_it(
     (recorded,) = await event_log.gaps(stream_name)
     assert (recorded.gap_id, recorded.start_id, recorded.end_id) == (
         f"g-{stream_name}-1",
-        "29",
+        "28",
         "35",
     )
-    warned = [r.getMessage() for r in caplog.records if "retention horizon '29'" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "retention horizon '28'" in r.getMessage()]
     assert len(warned) == 2 and "no gap is recorded" in warned[1]
 
 
@@ -697,7 +704,7 @@ async def test_ids_the_horizon_drops_are_counted_apart_from_duplicates(
         [record("tick-a", later), record("35", later), record("41", later), record("7", later)],
     )
     assert (result.new_rows, result.duplicates, result.dropped_by_horizon) == (1, 1, 2)
-    assert (result.dropped_id, result.horizon_id) == ("tick-a", "29")
+    assert (result.dropped_id, result.horizon_id) == ("tick-a", "28")
     assert (await stored_ids(event_log, stream_name))[-1] == "41"
 
 
@@ -755,7 +762,8 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
 
     await both_run(gap_mid_run=True)
     await agree()
-    assert (await stored_ids(event_log, stream_name))[0] == "8"  # the gap's start row
+    # The row before the gap's start (a repair starts there) and everything after it.
+    assert (await stored_ids(event_log, stream_name))[0] == "7"
     close = GapChange("g", close=True, contiguous=True)
     await event_log.committed(
         event_log.submit_batch(stream_name, "numeric", [], gap_changes=[close])
@@ -765,10 +773,10 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
     memory.release_reader("r")
     await both_run(gap_mid_run=False)
     await agree()
-    assert (await stored_ids(event_log, stream_name))[0] == "30"
+    assert (await stored_ids(event_log, stream_name))[0] == "29"
     later = [record(str(i), FAR) for i in (*range(5, 35), 41)]
     real = await event_log.insert_batch(stream_name, "numeric", later)
     simulated = memory.commit(later, [], now=FAR)
-    assert (real.new_rows, real.duplicates, real.dropped_by_horizon) == (1, 5, 25)
-    assert (simulated.new_rows, simulated.duplicates, simulated.dropped_by_horizon) == (1, 5, 25)
+    assert (real.new_rows, real.duplicates, real.dropped_by_horizon) == (1, 6, 24)
+    assert (simulated.new_rows, simulated.duplicates, simulated.dropped_by_horizon) == (1, 6, 24)
     await agree()

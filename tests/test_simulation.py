@@ -153,6 +153,19 @@ async def test_a_one_shot_drop_still_skipping_when_the_faults_stop_ends_with_the
     assert world.state.live_cursor == str(world.server.newest)
 
 
+@pytest.mark.parametrize("seed", [975716697, 975717808])
+async def test_retention_keeps_the_row_a_repair_starts_from(seed: int) -> None:
+    """Seeds 975716697, 975717808: retention deleted the stored id just before an open
+    gap's start (the fence kept the start row only). The repair then started at the gap's
+    start itself, took the gap's end for the witness, and called "repaired" a gap whose
+    first ids the history no longer held: ids lost, counted nowhere. The row before the
+    fence stays now."""
+    world = World(seed)
+    await world.run()
+    world.verdict()
+    assert world.retention is not None and world.log.deleted_rows > 0
+
+
 # -- the checker is trusted only after it has been seen failing ----------------------
 
 

@@ -280,7 +280,8 @@ class MemoryEventLog:
         fence_key = end_seq = None
         if fence.ids_deletable:
             assert fence.keep_from is not None
-            fence_key = sort_key(fence.keep_from, self.order)
+            keep = self.neighbour(fence.keep_from, True) or fence.keep_from
+            fence_key = sort_key(keep, self.order)
             end_seq = self._fence_seq(fence_key)
         elif fence.held_by != HELD_BY_NO_LAGGING or any(r.key for r in self.rows.values()):
             return RetentionBatch(0, after, True)
