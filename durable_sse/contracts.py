@@ -225,7 +225,7 @@ class RetentionStatus:
     and the next run goes on)."""
     held_by: str | None = None
     """What keeps younger rows: ``lagging`` (the lagging id), ``gap`` (the oldest open
-    gap's start), ``no-lagging-id``."""
+    gap's start), ``reader`` (what a running connection may still need), ``no-lagging-id``."""
     keep_from: str | None = None
     """The fence: this id and every newer one stay whatever their age."""
     horizon_id: str | None = None
