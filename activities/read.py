@@ -743,6 +743,8 @@ class _Connection:
             self.metrics.batch_persist.record(time.monotonic() - started)
         self.metrics.events_persisted.add(inserted.new_rows)
         self.metrics.duplicates.add(inserted.duplicates + batch.skipped)
+        if inserted.reused:
+            self.metrics.ids_reused.add(len(inserted.reused))
         if inserted.dropped_by_horizon:
             self._dropped_by_horizon(inserted)
         if batch.recovered:
@@ -753,7 +755,10 @@ class _Connection:
             self.commit_lag = round(lag, 2)
         first = self.first_id is None and self.start_cursor is None
         if self.intake.committed(
-            batch, new_rows=inserted.new_rows, dropped_by_horizon=inserted.dropped_by_horizon
+            batch,
+            new_rows=inserted.new_rows,
+            reused=inserted.reused,
+            dropped_by_horizon=inserted.dropped_by_horizon,
         ):
             cursor = self.intake.cursor
             assert cursor is not None

@@ -43,6 +43,9 @@ class CommitJob:
     """Why this job alone failed while the rest of its group committed (None: it did
     not, or the whole group failed)."""
     new_rows: int = 0
+    reused: list[str] = field(default_factory=list)
+    """Ids of the batch kept although stored with other data (a reused id: see
+    ``durable_sse.followers``); their rows are in ``new_rows``."""
     dropped: Any = None
     """What the writer left out of the batch on purpose, and why (opaque here)."""
 
@@ -85,9 +88,9 @@ GroupWriter = Callable[[CommitGroup], None]
 """Writes the group's jobs that have not failed in one transaction: prepares them, calls
 ``group.wait_for_previous_rows()``, inserts, calls ``group.wait_turn()`` (if that leaves
 jobs out: roll back and write the rest again), sets ``group.rows_written`` and commits.
-Sets ``new_rows`` on each committed job; raises if the transaction fails (every job of
-the group then fails), or sets ``failed`` and ``error`` on the jobs that failed while
-the others committed (a batch that fails for its own data is retried alone)."""
+Sets ``new_rows`` (and ``reused``) on each committed job; raises if the transaction fails
+(every job of the group then fails), or sets ``failed`` and ``error`` on the jobs that
+failed while the others committed (a batch that fails for its own data is retried alone)."""
 
 
 class CommitQueue:

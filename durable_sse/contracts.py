@@ -87,6 +87,9 @@ class ReadCounts:
     ids_out_of_order: int = 0
     """Ids not newer than the id read before them under the stream's ``id_order`` (a
     wrong ``id_order``: the cursors would not follow such ids)."""
+    ids_reused: int = 0
+    """Events carrying an id stored already with another type or data (a server that
+    restarted its id counter): kept as new rows, not duplicates."""
     dropped_by_horizon: int = 0
     """Events whose id sorts at or before the stream's retention horizon (the newest id
     retention deleted): not stored, and not counted in ``duplicates`` either, since they
@@ -299,6 +302,10 @@ class StreamCounters:
     gaps_unknown_size: int = 0
     """Unrecoverable gaps whose size nobody can know: not in ``events_unrecoverable``."""
     failures: int = 0
+    ids_reused: int = 0
+    """Events whose id was stored already with another type or data (a server that
+    restarted its id counter, or reuses ids): kept beside the earlier event, never
+    counted as duplicates (README, "Storage")."""
     dropped_by_horizon: int = 0
     """Events not stored because their id sorts at or before the retention horizon
     (``ReadCounts.dropped_by_horizon``); never in ``duplicates``."""

@@ -39,11 +39,12 @@ GAPS_TABLE = "sse_gaps"
 RETENTION_TABLE = "sse_retention"
 READERS_TABLE = "sse_readers"
 SCHEMA_TABLE = "sse_schema"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
 replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold;
 id-less followers are keyed by content (``follower_key``), not position; the event log
-keeps only the indexes a query needs (PostgreSQL: primary key ``(stream, seq)``)."""
+keeps only the indexes a query needs (PostgreSQL: primary key ``(stream, seq)``).
+4: ``sse_events.digest`` tells a reused id from a re-sent event (NULL on older rows)."""
 STAGING_TABLE = "sse_events_staging"
 """Per-connection temporary table that PostgreSQL batches are COPYed into."""
 
@@ -75,6 +76,14 @@ class SSEEvent(SQLModel, table=True):
     rows one bit of the null bitmap and nothing on the write path. (Lone surrogates,
     which no SSE stream can carry, only a caller of the API, are kept the same way with
     the ``surrogatepass`` encoding.)
+
+    ``digest`` (16 bytes, :func:`durable_sse.followers.data_digest`) stands for the type
+    and data of the event that carried the row's id: a carrier's own, a follower's
+    carrier's. It tells a server that reuses an id (a restarted counter) from one that
+    re-sends an event: an event whose key is stored under another digest is kept under an
+    extended ``follower_key`` (see :mod:`durable_sse.followers`). NULL: unknown (rows
+    stored before schema 4, id-less events, followers whose connection never read their
+    carrier), taken for the same event. No index: it is read only with its row's key.
     """
 
     __tablename__ = EVENTS_TABLE
@@ -113,6 +122,7 @@ class SSEEvent(SQLModel, table=True):
     data_bytes: bytes | None = Field(
         default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True)
     )
+    digest: bytes | None = Field(default=None, sa_column=sa.Column(sa.LargeBinary, nullable=True))
     received_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
 
 
@@ -242,6 +252,7 @@ STAGING_COLUMNS = (
     "event_type",
     "data",
     "data_bytes",
+    "digest",
     "received_at",
 )
 _CREATE_STAGING = f"""
@@ -255,6 +266,7 @@ CREATE TEMPORARY TABLE IF NOT EXISTS {STAGING_TABLE} (
     event_type text NOT NULL,
     data text NOT NULL,
     data_bytes bytea,
+    digest bytea,
     received_at timestamptz NOT NULL
 ) ON COMMIT DELETE ROWS
 """
@@ -520,7 +532,9 @@ def _copy_sqlite_events(connection: Connection) -> None:
     for index in list(copy.indexes):
         copy.indexes.discard(index)
     copy.create(connection)
-    names = ", ".join(column.name for column in events_table.columns)
+    # Only the columns the old table has: a later version's (``digest``) stay NULL.
+    present = {column["name"] for column in sa.inspect(connection).get_columns(EVENTS_TABLE)}
+    names = ", ".join(column.name for column in events_table.columns if column.name in present)
     connection.exec_driver_sql(
         f"INSERT INTO {copy.name} ({names}) SELECT {names} FROM {EVENTS_TABLE} ORDER BY seq"
     )
@@ -530,7 +544,17 @@ def _copy_sqlite_events(connection: Connection) -> None:
         index.create(connection)
 
 
-MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
+def _migrate_3_to_4(connection: Connection) -> None:
+    """Add ``digest``: a nullable column without a default, so no row is rewritten on
+    either database (instant however large the log). Rows stored before keep NULL, which
+    means "unknown": an event re-sent under their key is a duplicate, as it was."""
+    columns = {column["name"] for column in sa.inspect(connection).get_columns(EVENTS_TABLE)}
+    if "digest" not in columns:
+        blob = sa.LargeBinary().compile(dialect=connection.dialect)
+        connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN digest {blob}")
+
+
+MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
 """``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction."""
 
 

@@ -4,7 +4,9 @@ records (``sse_gaps``).
 The log is the system of record: a batch is committed before any cursor moves past
 it (invariant 1), and every event is keyed ``(stream, event_id, follower_key)`` (see
 :mod:`durable_sse.followers`) so that replays are absorbed by ``ON CONFLICT DO NOTHING``
-(invariant 2). A batch carries the
+(invariant 2); an event whose key is stored with another type or data (a server
+that restarted its id counter) is no re-send, and is kept under an extended key
+(:meth:`EventLog._keep_reused`). A batch carries the
 gap changes the reader derived from it (:mod:`durable_sse.gaps`); they are applied in
 the batch's own transaction, so no cursor passes a drop signal before its gap record is
 durable (invariant 5).
@@ -23,6 +25,7 @@ key (``bench/lean_log.py`` measures both).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import logging
 import sqlite3
@@ -61,7 +64,13 @@ from durable_sse.db import (
     to_utc,
 )
 from durable_sse.errors import BatchRefusedError, StoreError
-from durable_sse.followers import CARRIER_KEY, FOLLOWER_WINDOW, follower_key
+from durable_sse.followers import (
+    CARRIER_KEY,
+    FOLLOWER_WINDOW,
+    data_digest,
+    follower_key,
+    reused_key,
+)
 from durable_sse.gaps import (
     Gap,
     GapChange,
@@ -96,6 +105,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _EVENT_COLUMNS = STAGING_COLUMNS[1:]
+_DIGEST = STAGING_COLUMNS.index("digest")
+"""Index of ``digest`` in a staging row (``follower_key`` is 4, ``id_key`` 5)."""
 _COPY_SQL = f"COPY {STAGING_TABLE} ({', '.join(STAGING_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 _MOVE_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
@@ -113,18 +124,34 @@ _COPY_TYPES = (
     "text",  # event_type
     "text",  # data
     "bytea",  # data_bytes
+    "bytea",  # digest
     "timestamptz",  # received_at
 )
 """Binary COPY: a third of text COPY's client time per row (``bench/lean_log.py``)."""
 _RETURNING = " RETURNING stream, event_id, follower_key"
 _STORED_KEYS_SQL = (
-    f"SELECT event_id, follower_key FROM {EVENTS_TABLE} "
+    f"SELECT event_id, follower_key, digest FROM {EVENTS_TABLE} "
     "WHERE stream = %s AND id_key IS NOT NULL AND {after} ORDER BY id_key LIMIT %s"
 )
 _SQLITE_INSERT_SQL = (
     f"INSERT INTO {EVENTS_TABLE} ({', '.join(_EVENT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _EVENT_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
+_REUSED_STAGED_SQL = (
+    f"SELECT s.pos FROM {STAGING_TABLE} s WHERE s.digest IS NOT NULL AND s.follower_key IS NOT "
+    f"NULL AND (SELECT e.digest FROM {EVENTS_TABLE} e WHERE e.stream = s.stream AND "
+    "e.event_id = s.event_id AND e.follower_key = s.follower_key) <> s.digest ORDER BY s.pos"
+)
+"""The staged rows whose key is stored under another digest (reused ids): one probe of
+the event key per staged row, on the server, and only after a move that met stored keys."""
+_STORED_DIGESTS_SQL = (
+    f"SELECT event_id, follower_key, digest FROM {EVENTS_TABLE} "
+    "WHERE stream = {stream} AND digest IS NOT NULL AND event_id IN ({ids})"
+)
+_DIGEST_CHUNK = 500
+"""Ids one digest lookup names (SQLite binds at most 32,766 values)."""
+_EXTENDED_CHUNK = 1000
+"""Rows one INSERT of extended keys holds (PostgreSQL binds at most 65,535 values)."""
 _HORIZONS_SQL = (
     f"SELECT stream, horizon_key, horizon_id FROM {RETENTION_TABLE} "
     "WHERE horizon_key IS NOT NULL AND "
@@ -172,6 +199,10 @@ class EventRecord:
     id_key: bytes | None = None
     """``sort_key(event_id, order)`` when the reader computed it already (None: computed
     here); the stream's id order is the only one a batch is written with."""
+    digest: bytes | None = None
+    """``data_digest`` of the event that carried the id (this one's own for a carrier, its
+    carrier's for a follower; None: computed here for a carrier, unknown for a follower):
+    what tells a reused id from a re-sent event (:mod:`durable_sse.followers`)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +261,10 @@ class InsertResult:
     new_rows: int
     duplicates: int
     """Events of the batch that were already stored (or repeated within the batch)."""
+    reused: tuple[str, ...] = ()
+    """Ids of the batch's events that carried an id stored with another type or data (a
+    server that restarted its counter): kept under an extended key, so counted in
+    ``new_rows``, never in ``duplicates``."""
     dropped_by_horizon: int = 0
     """Events of the batch whose id sorts at or before the stream's retention horizon:
     neither stored nor duplicates (they may never have been stored; see
@@ -317,11 +352,13 @@ class EventLog:
         """Wait for a submitted batch to commit; cancelling the wait leaves the batch be."""
         new_rows = await _outlast_cancellation(job.future)
         drop = job.dropped
+        reused = tuple(job.reused)
         if not isinstance(drop, HorizonDrop) or not drop.count:
-            return InsertResult(new_rows=new_rows, duplicates=job.rows - new_rows)
+            return InsertResult(new_rows=new_rows, duplicates=job.rows - new_rows, reused=reused)
         return InsertResult(
             new_rows=new_rows,
             duplicates=job.rows - new_rows - drop.count,
+            reused=reused,
             dropped_by_horizon=drop.count,
             dropped_id=drop.first_id,
             horizon_id=drop.horizon_id,
@@ -681,7 +718,7 @@ class EventLog:
                 dropped=dropped,
             )
             group.wait_for_previous_rows()
-            counts = insert()
+            counts, reused = insert()
             for job, count in zip(jobs, counts, strict=True):
                 if job.payload.gap_changes:
                     self._apply_gap_changes(connection, job.stream, job.payload, count)
@@ -689,9 +726,11 @@ class EventLog:
                 raise _Rewrite  # roll back: some batches must not commit
             if rows_written:
                 group.rows_written.set()
-        for job, count, drop in zip(jobs, counts, dropped, strict=True):
+        for index, (job, count, drop) in enumerate(zip(jobs, counts, dropped, strict=True)):
             job.new_rows = count
             job.dropped = drop
+            if reused is not None:
+                job.reused = reused[index]
         for stream, key in newest.items():
             # Only streams whose newest id was looked up (and not forgotten since, by a
             # fallback): a hint built from this process's commits alone would miss what
@@ -739,9 +778,10 @@ class EventLog:
         optimistic: bool = False,
         newest: dict[str, bytes] | None = None,
         dropped: list[HorizonDrop | None] | None = None,
-    ) -> Callable[[], list[int]]:
+    ) -> Callable[[], _Inserted]:
         """Prepare the rows (a large set goes into the staging table now); returns the
-        call that inserts them into the log and counts each batch's new rows.
+        call that inserts them into the log and counts each batch's new rows and reused
+        ids (:meth:`_keep_reused`).
 
         On PostgreSQL the whole group is one statement: one ``INSERT`` per batch would
         serialise a round trip per quiet stream behind the previous group's rows.
@@ -782,27 +822,150 @@ class EventLog:
                     if job.stream not in newest or top > newest[job.stream]:
                         newest[job.stream] = top
         if self.dialect != "postgresql":
-            return lambda: [self._insert_sqlite(connection, rows[a:b]) for a, b in spans]
+
+            def insert_sqlite() -> _Inserted:
+                counts = [self._insert_sqlite(connection, rows[a:b]) for a, b in spans]
+                return counts, self._keep_reused(connection, rows, spans, counts)
+
+            return insert_sqlite
         if not rows:
-            return lambda: [0] * len(spans)  # gap changes only
+            return lambda: ([0] * len(spans), None)  # gap changes only
         several = len(spans) > 1  # then count each batch's rows from what was inserted
+        staged = False
         if len(rows) <= SMALL_BATCH:
             insert = functools.partial(self._insert_values, connection, rows, several)
         elif optimistic and self._all_new(connection, jobs, rows, spans):
+            # Every row new: none can meet a stored key, so no id can be a reused one (a
+            # key met after all is a unique violation: the group goes through staging).
             counts = [end - begin for begin, end in spans]
 
-            def copy_into_log() -> list[int]:
+            def copy_into_log() -> _Inserted:
                 self._copy_rows(connection, _COPY_LOG_SQL, rows, skip=1)
                 self.direct_copies += 1  # not yet committed: tests read it after
-                return counts
+                return counts, None
 
             return copy_into_log
         else:
             self._copy_to_staging(connection, rows)
             insert = functools.partial(self._move_staged, connection, several)
-        if not several:
-            return lambda: [insert()]
-        return lambda: _new_rows_per_batch(insert(), rows, spans)
+            staged = True
+
+        def insert_and_count() -> _Inserted:
+            inserted = insert()
+            counts = _new_rows_per_batch(inserted, rows, spans) if several else [inserted]
+            return counts, self._keep_reused(connection, rows, spans, counts, staged=staged)
+
+        return insert_and_count
+
+    def _keep_reused(
+        self,
+        connection: Connection,
+        rows: list[tuple[Any, ...]],
+        spans: list[tuple[int, int]],
+        counts: list[int],
+        *,
+        staged: bool = False,
+    ) -> list[list[str]] | None:
+        """After the insert: store the events whose key was already stored under another
+        digest (a reused id, see :mod:`durable_sse.followers`) under their extended keys,
+        in the same transaction, and add them to ``counts``.
+
+        Returns each batch's reused ids (carriers kept under an extended key), or None
+        when no batch met a stored key (the live case: nothing is looked up) or none of
+        the keys met was a reused one. A row inserted by this very statement reads back
+        its own digest, so only keys met (stored before, or earlier in the group) can
+        differ. Extended keys are inserted ``ON CONFLICT DO NOTHING`` too: a reused event
+        re-sent is a duplicate. They go in after the group's other rows, so their ``seq``
+        follows those rows of the same transaction.
+        """
+        met = [index for index, (start, end) in enumerate(spans) if counts[index] < end - start]
+        if not met:
+            return None
+        if staged:
+            reused = self._reused_staged(connection, rows)
+        else:
+            reused = self._reused_looked_up(connection, rows, spans, met)
+        if not reused:
+            return None
+        extended = [_extended(rows[index]) for index in reused]
+        if self.dialect == "postgresql":
+            inserted: set[tuple[str, str, bytes]] = set()
+            for start in range(0, len(extended), _EXTENDED_CHUNK):
+                part = extended[start : start + _EXTENDED_CHUNK]
+                returned = self._insert_values(connection, part, True)
+                inserted.update(
+                    (stream, event_id, bytes(key)) for stream, event_id, key in returned
+                )
+            kept = []
+            for row in extended:
+                key = (row[1], row[2], row[4])
+                kept.append(key in inserted)
+                inserted.discard(key)  # a key repeated in the group went in from its first row
+        else:
+            kept = [self._insert_sqlite(connection, [row]) == 1 for row in extended]
+        starts = [start for start, _ in spans]
+        ids: list[list[str]] = [[] for _ in spans]
+        for index, row, new in zip(reused, extended, kept, strict=True):
+            if not new:
+                continue
+            batch = bisect.bisect_right(starts, index) - 1
+            counts[batch] += 1
+            if row[3] == 0:
+                ids[batch].append(row[2])
+        return ids
+
+    def _reused_staged(self, connection: Connection, rows: list[tuple[Any, ...]]) -> list[int]:
+        """Indexes in ``rows`` of the staged rows whose key is stored under another digest."""
+        with _driver(connection).cursor() as cursor:
+            cursor.execute(_REUSED_STAGED_SQL)
+            positions = [pos for (pos,) in cursor.fetchall()]
+        if not positions:
+            return []
+        index_of = {row[0]: index for index, row in enumerate(rows)}
+        return [index_of[pos] for pos in positions]
+
+    def _reused_looked_up(
+        self,
+        connection: Connection,
+        rows: list[tuple[Any, ...]],
+        spans: list[tuple[int, int]],
+        met: list[int],
+    ) -> list[int]:
+        """Indexes in ``rows`` (of the batches in ``met``) whose key is stored under
+        another digest: the stored digests of their ids, looked up by the event key."""
+        candidates = [
+            index
+            for batch in met
+            for index in range(*spans[batch])
+            if rows[index][_DIGEST] is not None and rows[index][4] is not None
+        ]
+        by_stream: dict[str, set[str]] = {}
+        for index in candidates:
+            by_stream.setdefault(rows[index][1], set()).add(rows[index][2])
+        stored: dict[tuple[str, str, bytes], bytes] = {}
+        for stream, names in by_stream.items():
+            ordered = sorted(names)
+            for start in range(0, len(ordered), _DIGEST_CHUNK):
+                chunk = ordered[start : start + _DIGEST_CHUNK]
+                if self.dialect == "postgresql":
+                    sql = _STORED_DIGESTS_SQL.format(
+                        stream="%s", ids=", ".join(["%s"] * len(chunk))
+                    )
+                    with _driver(connection).cursor() as cursor:
+                        cursor.execute(sql, [stream, *chunk])
+                        found = cursor.fetchall()
+                else:
+                    sql = _STORED_DIGESTS_SQL.format(stream="?", ids=", ".join(["?"] * len(chunk)))
+                    found = connection.exec_driver_sql(sql, (stream, *chunk)).all()
+                for event_id, key, digest in found:
+                    stored[(stream, event_id, bytes(key))] = bytes(digest)
+        reused = []
+        for index in candidates:
+            row = rows[index]
+            digest = stored.get((row[1], row[2], row[4]))
+            if digest is not None and digest != row[_DIGEST]:
+                reused.append(index)
+        return reused
 
     def _insert_sqlite(self, connection: Connection, rows: list[tuple[Any, ...]]) -> int:
         # Plain driver executemany: SQLAlchemy's per-row bind processing would halve the
@@ -945,7 +1108,7 @@ class EventLog:
             else:
                 events = events_table
                 query = (
-                    sa.select(events.c.event_id, events.c.follower_key)
+                    sa.select(events.c.event_id, events.c.follower_key, events.c.digest)
                     .where(events.c.stream == stream, events.c.id_key.is_not(None))
                     .order_by(events.c.id_key)
                     .limit(limit)
@@ -953,7 +1116,11 @@ class EventLog:
                 if after_key is not None:
                     query = query.where(events.c.id_key > after_key)
                 rows = [tuple(row) for row in connection.execute(query)]
-        return StoredPage(keys=rows, full=len(rows) >= limit)
+        return StoredPage(
+            keys=[(row[0], row[1]) for row in rows],
+            full=len(rows) >= limit,
+            digests=[row[2] for row in rows],
+        )
 
     # -- checkpoint -----------------------------------------------------------------
 
@@ -1700,6 +1867,10 @@ _UNKNOWN: Any = object()
 """A stream absent from ``EventLog._newest``."""
 
 
+_Inserted = tuple[list[int], list[list[str]] | None]
+"""What a group's insert did: each batch's new rows, and its reused ids (None: none)."""
+
+
 class _Rewrite(Exception):
     """Roll back a group transaction to write it again without the batches left out."""
 
@@ -1731,13 +1902,14 @@ def _rows(
     clean: bool = False,
 ) -> list[tuple[Any, ...]]:
     """Staging rows: ``(pos, stream, event_id, event_ord, follower_key, id_key, type, data,
-    data_bytes, received_at)``.
+    data_bytes, digest, received_at)``.
 
     No id in force means no keys and a NULL ordinal, whatever the caller passed: NULLs
     never conflict, so id-less events are always stored, never collapsed. Data holding
     NUL goes into ``data_bytes`` exactly (see ``db.SSEEvent``); ``clean`` (the retry
     after the driver refused a batch) does the same for lone surrogates in data and
-    replaces them with U+FFFD in ids and types.
+    replaces them with U+FFFD in ids and types. A carrier's ``digest`` is computed here
+    when the reader did not (it does, once per event).
     """
     rows = []
     keyed = key_function(order)
@@ -1750,11 +1922,16 @@ def _rows(
             event_id, event_type = _clean_text(event_id), _clean_text(event_type)
         key: bytes | None = None
         follower: bytes | None = None
+        digest: bytes | None = None
         ordinal = None
         if event_id:
             key = record.id_key if record.id_key is not None and not clean else keyed(event_id)
             ordinal = record.event_ord
-            follower = _follower_key(record) if ordinal is not None else None
+            if ordinal is not None:
+                follower = _follower_key(record)
+                digest = record.digest
+                if digest is None and ordinal == 0:
+                    digest = data_digest(record.event_type, record.data)
         data, data_bytes = _storable_data(record.data, clean=clean)
         rows.append(
             (
@@ -1767,10 +1944,16 @@ def _rows(
                 event_type,
                 data,
                 data_bytes,
+                digest,
                 received_utc,
             )
         )
     return rows
+
+
+def _extended(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row of a reused id under its extended key (``followers.reused_key``)."""
+    return (*row[:4], reused_key(row[_DIGEST], row[4]), *row[5:])
 
 
 def _follower_key(record: EventRecord) -> bytes:

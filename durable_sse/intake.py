@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
 from durable_sse.eventlog import EventRecord
-from durable_sse.followers import FollowerKeys
+from durable_sse.followers import FollowerKeys, data_digest
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext
 from durable_sse.ids import contiguous_number, is_newer, key_function, newest
 from durable_sse.spec import StreamSpec
@@ -127,6 +127,10 @@ class Intake:
         self._pending_since = 0.0
         self._ordinal = 0
         self._followers = FollowerKeys()
+        self._carrier_digest: bytes | None = None
+        """Digest of the event that carried the id in force on this connection (None: the
+        connection began inside an id's run): stored with the event and its followers."""
+        self._reuse_warned = False
         self._read_marks: deque[tuple[float, str]] = deque()
         """``(time, newest id read)`` at each batch cut: what was read when."""
         self._last_read: str | None = None
@@ -218,20 +222,44 @@ class Intake:
 
     # -- commits -----------------------------------------------------------------------
 
-    def committed(self, batch: Batch, *, new_rows: int, dropped_by_horizon: int = 0) -> bool:
+    def committed(
+        self,
+        batch: Batch,
+        *,
+        new_rows: int,
+        reused: Sequence[str] = (),
+        dropped_by_horizon: int = 0,
+    ) -> bool:
         """``batch`` committed (call in submission order); True when the cursor moved.
 
-        ``dropped_by_horizon``: records the store left out at the retention horizon
-        (counted apart, never as duplicates)."""
+        ``reused``: ids of the batch that the store holds with other data and kept anyway
+        (their rows are in ``new_rows``): counted as ``ids_reused``, never as duplicates,
+        and warned of once per connection. ``dropped_by_horizon``: records the store left
+        out at the retention horizon (counted apart, never as duplicates).
+        """
         self.counts.new_rows += new_rows
         self.counts.duplicates += len(batch.records) - new_rows - dropped_by_horizon + batch.skipped
         self.counts.dropped_by_horizon += dropped_by_horizon
         if batch.recovered:
             self.counts.recovered += new_rows
-        if batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order):
+        moved = batch.last_id is not None and is_newer(batch.last_id, self.cursor, self.order)
+        if moved:
             self.cursor = batch.last_id
-            return True
-        return False
+        if reused:
+            self.counts.ids_reused += len(reused)
+            if not self._reuse_warned:
+                self._reuse_warned = True
+                logger.warning(
+                    "stream %s: id %r is stored already with other data or type: the server "
+                    "seems to have restarted its id counter (or reuses ids). The new event is "
+                    "kept beside the old one (counted as ids_reused); the cursor stays at the "
+                    "newest id, %r (it never moves back under id_order %r)",
+                    self.spec.name,
+                    reused[0][:64],
+                    self.cursor[:64] if self.cursor else None,
+                    self.order,
+                )
+        return moved
 
     def retention_hold(self, now: float) -> str | None:
         """The oldest id this connection may still need stored (retention keeps it and
@@ -287,15 +315,18 @@ class Intake:
         key = None
         if event_id:
             key = self._last_key if event_id == self._last_read else self._key(event_id)
+        digest: bytes | None = None
         if not event_id:
             ordinal = None
         elif event.id_field:
             ordinal = self._ordinal = 0
             follower = self._followers.carrier()
+            digest = self._carrier_digest = data_digest(event.event, event.data)
         else:
             self._ordinal += 1
             ordinal = self._ordinal
             follower = self._followers.follower(event.event, event.data, ordinal)
+            digest = self._carrier_digest
         announces_drop = event.event in self.drop_types and not self._noticed
         if announces_drop:
             self._noticed = True
@@ -308,7 +339,7 @@ class Intake:
             self._pending_segment = segment
         self._pending_count += 1
         stored = self.stored
-        if stored is not None and follower is not None and stored.has(event_id, follower):
+        if stored is not None and follower is not None and stored.has(event_id, follower, digest):
             self._pending_skipped += 1  # stored already: ON CONFLICT would discard it
         else:
             record = EventRecord(
@@ -319,6 +350,7 @@ class Intake:
                 received_at=received_at,
                 follower_key=follower,
                 id_key=key,
+                digest=digest,
             )
             self._pending.append(record)
             self._pending_bytes += len(event.data)

@@ -7,7 +7,7 @@ serves both the SDK's metrics and these. Labels are the stream name and small en
 Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
 ``dropped_by_horizon`` (events not stored: their id sorts at or before the retention horizon),
 ``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
-``events_unrecoverable``, ``gaps_unrecoverable``, ``ids_out_of_order``,
+``events_unrecoverable``, ``gaps_unrecoverable``, ``ids_out_of_order``, ``ids_reused``,
 ``redis_write_failures``, ``batch_persist_seconds`` (histogram), ``cursor_lag_seconds``
 (gauge: now - receive time of the newest persisted event), ``retention_deleted_rows``
 (rows retention deleted), ``retention_oldest_kept_timestamp_seconds`` (gauge: receive time
@@ -55,6 +55,10 @@ class ReaderMetrics:
         self.ids_out_of_order = meter.create_counter(
             PREFIX + "ids_out_of_order",
             "Ids not newer than the one before them under the stream's id_order",
+        )
+        self.ids_reused = meter.create_counter(
+            PREFIX + "ids_reused",
+            "Events whose id was stored already with other data (kept, not duplicates)",
         )
         self.batch_persist = meter.create_histogram_float(
             PREFIX + "batch_persist_seconds", "Time to commit one batch", "s"

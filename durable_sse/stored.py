@@ -15,6 +15,13 @@ skip leaves it where a write just before the delete would have left it). Everyth
 ``ON CONFLICT`` the backstop, so two attempts writing at once still count each new row
 once. Gap evidence does not change: the intake reads and weighs every event as before;
 only the rows it hands over are fewer.
+
+A stored key means "skip" only for the same event: the page carries each row's digest
+(:mod:`durable_sse.followers`), and an event whose key is stored under another digest (a
+server that restarted its id counter) is skipped only if its extended key is stored too;
+otherwise it is written, and the writer keeps it under the extended key and counts it
+(``ids_reused``, counted there only). A NULL digest on either side is "unknown": skipped,
+as ``ON CONFLICT`` would have made a duplicate of it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from durable_sse.followers import reused_key
 from durable_sse.ids import IdOrder, compare_ids, is_newer
 
 PAGE_ROWS = 8192
@@ -37,6 +45,7 @@ asked for were found stored."""
 
 StoredKey = tuple[str, bytes]
 """``(event_id, follower_key)``: the event log's key within a stream."""
+_ABSENT: object = object()
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class StoredPage:
     keys: list[StoredKey]
     full: bool
     """The query hit its limit: more may be stored after the last key."""
+    digests: list[bytes | None] | None = None
+    """Each key's row's digest, in the same order (None: all unknown)."""
 
     @property
     def last_id(self) -> str | None:
@@ -83,15 +94,26 @@ class StoredAhead:
         self.hits = 0
         """Of those, how many were stored."""
         self._pages: deque[StoredPage] = deque()
-        self._keys: set[StoredKey] = set()
+        self._keys: dict[StoredKey, bytes | None] = {}
+        """Each key held, with its row's digest."""
 
-    def has(self, event_id: str, follower_key: bytes) -> bool:
-        """Whether this key was stored (and committed) when its page was read."""
+    def has(self, event_id: str, follower_key: bytes, digest: bytes | None = None) -> bool:
+        """Whether this event was stored (and committed) when its page was read: its key
+        under the same digest (or an unknown one), or else its extended key."""
         self.checked += 1
-        if (event_id, follower_key) in self._keys:
+        keys = self._keys
+        stored = keys.get((event_id, follower_key), _ABSENT)
+        if stored is _ABSENT:
+            return False
+        if (
+            stored is None
+            or digest is None
+            or stored == digest
+            or (event_id, reused_key(digest, follower_key)) in keys
+        ):
             self.hits += 1
             return True
-        return False
+        return False  # a reused id: written, and kept by the writer
 
     def next_fetch(self, last_read: str | None) -> str | None:
         """The id after which the next page starts, or None: no page to fetch now.
@@ -134,9 +156,14 @@ class StoredAhead:
         self.fetching = False
         self.pages_fetched += 1
         self._pages.append(page)
-        self._keys.update(page.keys)
+        if page.digests is None:
+            self._keys.update(dict.fromkeys(page.keys))
+        else:
+            self._keys.update(zip(page.keys, page.digests, strict=True))
         while len(self._pages) > KEEP_PAGES:
-            self._keys.difference_update(self._pages.popleft().keys)
+            keys = self._keys
+            for key in self._pages.popleft().keys:
+                keys.pop(key, None)
         if not page.full:
             self.done = True
 

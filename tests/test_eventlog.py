@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from durable_sse.db import SCHEMA_VERSION
 from durable_sse.errors import StoreError
 from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
-from durable_sse.followers import FOLLOWER_WINDOW, FollowerKeys
+from durable_sse.followers import FOLLOWER_WINDOW, FollowerKeys, data_digest
 from durable_sse.gaps import Gap, GapChange
 from durable_sse.ids import IdOrder, sort_key
 
@@ -133,14 +133,18 @@ async def test_live_batches_are_copied_straight_into_the_log(
         50, 51
     )
     assert log.optimistic_fallbacks == fallbacks + 1
-    # A key repeated inside one fresh batch: the same.
-    repeated = [*numbered(500, 600), record("550", data="again")]
+    # A key repeated inside one fresh batch: the same (a true re-send is a duplicate, an
+    # id sent again with other data is kept: issue 24 item 7).
+    repeated = [*numbered(500, 600), record("550", data="d550")]
     assert await log.insert_batch(stream_name, "numeric", repeated) == InsertResult(101, 1)
     assert log.optimistic_fallbacks == fallbacks + 2
+    reused = [*numbered(601, 700), record("650", data="again")]
+    assert await log.insert_batch(stream_name, "numeric", reused) == InsertResult(101, 0, ("650",))
+    assert log.optimistic_fallbacks == fallbacks + 3
     rows = await stored(log, stream_name)
     ids = [int(row[0]) for row in rows]
-    assert ids == [*range(1, 251), *range(300, 451), *range(500, 601)]
-    assert ("550", 0, "d550") in rows
+    assert ids == [*range(1, 251), *range(300, 451), *range(500, 601), *range(601, 701), 650]
+    assert ("550", 0, "d550") in rows and ("650", 0, "again") in rows
 
 
 async def test_a_fallback_keeps_the_other_streams_of_its_group(
@@ -151,7 +155,9 @@ async def test_a_fallback_keeps_the_other_streams_of_its_group(
     fillers = hold_the_lanes(log)
     await asyncio.sleep(0)
     live = log.submit_batch(f"{stream_name}-live", "numeric", numbered(1, 100))
-    clash = log.submit_batch(stream_name, "numeric", [*numbered(101, 200), record("101")])
+    clash = log.submit_batch(
+        stream_name, "numeric", [*numbered(101, 200), record("101", data="d101")]
+    )
     await asyncio.gather(*(log.committed(job) for job in fillers))
     assert await log.committed(live) == InsertResult(100, 0)
     assert await log.committed(clash) == InsertResult(100, 1)
@@ -162,7 +168,7 @@ async def test_a_fallback_keeps_the_other_streams_of_its_group(
 async def test_key_repeated_within_a_batch_counts_as_duplicate(
     event_log: EventLog, stream_name: str
 ) -> None:
-    batch = [record("1", data="first"), record("2"), record("1", data="again")]
+    batch = [record("1", data="first"), record("2"), record("1", data="first")]
     assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(2, 1)
     assert await stored(event_log, stream_name) == [("1", 0, "first"), ("2", 0, "x")]
 
@@ -227,6 +233,184 @@ async def test_idless_followers_are_told_apart_by_content_across_connections(
         ("6", 1, "p"),
         ("6", 2, "p"),
     ]
+
+
+# -- reused ids (issue 24 item 7) ------------------------------------------------------
+
+
+def generation(
+    prefix: str, first: int, last: int, *, followers: tuple[str, ...] = ()
+) -> list[EventRecord]:
+    """One connection's events, keyed and digested as the intake does: ids first..last
+    with data ``<prefix><id>``, each followed by id-less ``followers``."""
+    keys = FollowerKeys()
+    made = []
+    for n in range(first, last + 1):
+        data = f"{prefix}{n}"
+        digest = data_digest("message", data)
+        made.append(
+            EventRecord(
+                event_id=str(n),
+                event_ord=0,
+                event_type="message",
+                data=data,
+                received_at=T0,
+                follower_key=keys.carrier(),
+                digest=digest,
+            )
+        )
+        for ordinal, text in enumerate(followers, 1):
+            made.append(
+                EventRecord(
+                    event_id=str(n),
+                    event_ord=ordinal,
+                    event_type="message",
+                    data=text,
+                    received_at=T0,
+                    follower_key=keys.follower("message", text, ordinal),
+                    digest=digest,
+                )
+            )
+    return made
+
+
+def data_of(rows: list[tuple[Any, ...]]) -> list[str]:
+    return [row[2] for row in rows]
+
+
+@pytest.mark.parametrize("count", [5, SMALL_BATCH + 5])
+async def test_an_id_stored_with_other_data_is_kept_and_a_resend_is_a_duplicate(
+    event_log: EventLog, stream_name: str, count: int
+) -> None:
+    """A server restarts its counter: ids 1..n again with new data are new events, kept
+    beside the old ones and reported as reused, never as duplicates; either use re-sent
+    is a duplicate, and a third use gets rows of its own. (PostgreSQL: ``count`` 5 goes
+    through one multi-row INSERT, the larger one through the staging table.)"""
+    log, order = event_log, "numeric"
+    ids = tuple(str(n) for n in range(1, count + 1))
+    assert await log.insert_batch(stream_name, order, generation("a", 1, count)) == (
+        InsertResult(count, 0)
+    )
+    restarted = generation("b", 1, count)
+    assert await log.insert_batch(stream_name, order, restarted) == InsertResult(count, 0, ids)
+    assert await log.insert_batch(stream_name, order, restarted) == InsertResult(0, count)
+    assert await log.insert_batch(stream_name, order, generation("a", 1, count)) == (
+        InsertResult(0, count)
+    )
+    third = generation("c", 1, 2)
+    assert await log.insert_batch(stream_name, order, third) == InsertResult(2, 0, ("1", "2"))
+    assert await log.insert_batch(stream_name, order, third) == InsertResult(0, 2)
+    # Reused ids beside new ones in one batch: the reused rows go in after the others.
+    mixed = [*generation("d", 1, 1), *generation("d", count + 1, count + 2)]
+    assert await log.insert_batch(stream_name, order, mixed) == InsertResult(3, 0, ("1",))
+    assert data_of(await stored(log, stream_name)) == [
+        *(f"a{n}" for n in range(1, count + 1)),
+        *(f"b{n}" for n in range(1, count + 1)),
+        "c1",
+        "c2",
+        f"d{count + 1}",
+        f"d{count + 2}",
+        "d1",
+    ]
+    assert await log.floor(stream_name) == str(count + 2)
+    page = await log.stored_keys(stream_name, order, after=None, limit=10)
+    assert [key[0] for key in page.keys][:4] == ["1"] * 4  # a1, b1, c1 and d1
+
+
+@pytest.mark.parametrize("large", [False, True])
+async def test_reused_ids_are_counted_per_batch_in_a_group_of_streams(
+    event_log: EventLog, stream_name: str, large: bool
+) -> None:
+    """One group transaction of several streams' batches: each batch gets its own new
+    rows and reused ids, a reused event repeated by a later batch of the group is that
+    batch's duplicate. ``large``: the group goes through the staging table (PostgreSQL)."""
+    log, order, other = event_log, "numeric", f"{stream_name}-other"
+    await log.insert_batch(stream_name, order, generation("a", 1, 5))
+    await log.insert_batch(other, order, generation("a", 1, 3))
+    filler = generation("f", 1, SMALL_BATCH + 1) if large else generation("f", 1, 1)
+    before = log.commits.transactions
+    fillers = hold_the_lanes(log)
+    jobs = [
+        log.submit_batch(stream_name, order, generation("b", 1, 2)),
+        log.submit_batch(other, order, generation("a", 1, 4)),
+        log.submit_batch(stream_name, order, generation("b", 2, 3)),
+        log.submit_batch(f"{stream_name}-filler", order, filler),
+        log.submit_batch(other, order, generation("z", 3, 3)),
+        log.submit_batch(stream_name, order, [*generation("a", 5, 5), *generation("b", 6, 6)]),
+    ]
+    results = [await log.committed(job) for job in jobs]
+    await asyncio.gather(*(log.committed(job) for job in fillers))
+    assert log.commits.transactions - before == len(fillers) + 1  # the six: one group
+    assert results == [
+        InsertResult(2, 0, ("1", "2")),
+        InsertResult(1, 3),
+        InsertResult(1, 1, ("3",)),
+        InsertResult(len(filler), 0),
+        InsertResult(1, 0, ("3",)),
+        InsertResult(1, 1),
+    ]
+    assert sorted(data_of(await stored(log, stream_name))) == sorted(
+        ["a1", "a2", "a3", "a4", "a5", "b1", "b2", "b3", "b6"]
+    )
+    assert sorted(data_of(await stored(log, other))) == ["a1", "a2", "a3", "a4", "z3"]
+
+
+async def test_followers_of_a_reused_id_are_kept_apart_from_the_earlier_uses(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """A follower identical to one the earlier use of its id stored (``ping``) is kept
+    with its carrier; a connection that never read the carrier cannot tell (see
+    ``durable_sse.followers``)."""
+    log, order = event_log, "numeric"
+    first = generation("a", 1, 1, followers=("ping", "x"))
+    reused = generation("b", 1, 1, followers=("ping", "y"))
+    assert await log.insert_batch(stream_name, order, first) == InsertResult(3, 0)
+    assert await log.insert_batch(stream_name, order, reused) == InsertResult(3, 0, ("1",))
+    assert await log.insert_batch(stream_name, order, reused) == InsertResult(0, 3)
+    assert await log.insert_batch(stream_name, order, first) == InsertResult(0, 3)
+    keys = FollowerKeys()
+    inside = EventRecord(
+        event_id="1",
+        event_ord=1,
+        event_type="message",
+        data="ping",
+        received_at=T0,
+        follower_key=keys.follower("message", "ping", 1),
+    )
+    assert await log.insert_batch(stream_name, order, [inside]) == InsertResult(0, 1)
+    assert data_of(await stored(log, stream_name)) == ["a1", "ping", "x", "y", "b1", "ping"]
+
+
+async def test_a_reused_id_at_or_below_the_retention_horizon_is_left_to_the_horizon(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """Retention deleted up to 3: ids 1..3 sent again are dropped by the horizon filter
+    before the insert (its own count), never kept as reused; 4 and 5 are kept."""
+    log, order = event_log, "numeric"
+    await log.insert_batch(stream_name, order, generation("a", 1, 5))
+
+    def set_horizon() -> None:
+        with log.engine.begin() as connection:
+            connection.execute(
+                sa.text(
+                    "INSERT INTO sse_retention (stream, horizon_id, horizon_key, deleted_rows, "
+                    "updated_at) VALUES (:s, '3', :k, 3, :t)"
+                ),
+                {"s": stream_name, "k": sort_key("3", IdOrder.NUMERIC), "t": T0},
+            )
+
+    await asyncio.to_thread(set_horizon)
+    result = await log.insert_batch(stream_name, order, generation("b", 1, 5))
+    assert (result.new_rows, result.reused) == (2, ("4", "5"))
+    assert data_of(await stored(log, stream_name)) == ["a1", "a2", "a3", "a4", "a5", "b4", "b5"]
+
+
+def test_the_digest_is_the_one_stored_follower_keys_were_made_with() -> None:
+    """``data_digest`` builds each type's prefix once; the bytes it hashes (and so every
+    follower key stored by schema 3) are unchanged."""
+    assert data_digest("message", "a1").hex() == "9ab1627d7c1410871453ce8d131c006c"
+    for _ in range(2):  # the type's prefix built, then reused
+        assert data_digest("ü", "x\x00y").hex() == "f19fe5afb77ee0a36ead75c4282a1f86"
 
 
 def test_follower_counts_restart_each_window() -> None:
@@ -1037,6 +1221,99 @@ async def test_a_schema_2_database_with_rows_is_migrated(
         assert (await old.events("old"))[-1].data == "a\x00b"
         checkpoint = await old.get_checkpoint("old")
         assert checkpoint is not None and checkpoint.lagging_id == "1"
+        assert await event_indexes(old) == LEAN_INDEXES[backend]
+    finally:
+        await old.close()
+        if backend == "postgresql":
+            await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
+        await admin.close()
+
+
+SCHEMA_3 = {
+    "postgresql": (
+        "CREATE TABLE sse_events (seq BIGSERIAL NOT NULL, stream VARCHAR NOT NULL, "
+        "event_id VARCHAR NOT NULL, event_ord INTEGER, follower_key BYTEA, id_key BYTEA, "
+        "event_type VARCHAR NOT NULL, data TEXT NOT NULL, data_bytes BYTEA, "
+        "received_at TIMESTAMP WITH TIME ZONE NOT NULL, "
+        "CONSTRAINT sse_events_pkey PRIMARY KEY (stream, seq), "
+        "CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, follower_key))",
+    ),
+    "sqlite": (
+        "CREATE TABLE sse_events (seq INTEGER NOT NULL, stream VARCHAR NOT NULL, "
+        "event_id VARCHAR NOT NULL, event_ord INTEGER, follower_key BLOB, id_key BLOB, "
+        "event_type VARCHAR NOT NULL, data TEXT NOT NULL, data_bytes BLOB, "
+        "received_at DATETIME NOT NULL, PRIMARY KEY (seq), "
+        "CONSTRAINT uq_sse_events_key UNIQUE (stream, event_id, follower_key))",
+        "CREATE INDEX ix_sse_events_stream_seq ON sse_events (stream, seq)",
+    ),
+}
+SCHEMA_3_ROWS = (
+    "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, event_type, "
+    "data, received_at) VALUES "
+    "('old', '1', 0, {empty}, {key1}, 'message', 'one', '2024-05-01 12:00:00+00'), "
+    "('old', '1', 1, {ping}, {key1}, 'message', 'ping', '2024-05-01 12:00:01+00'), "
+    "('old', '2', 0, {empty}, {key2}, 'message', 'two', '2024-05-01 12:00:02+00')",
+    "UPDATE sse_schema SET version = 3",
+)
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
+async def test_a_schema_3_database_with_rows_is_migrated(
+    backend: str, pg_url: str, tmp_path: Path
+) -> None:
+    """Version 3 to 4: ``digest`` is added, NULL on every stored row, and NULL means
+    unknown: those rows' ids sent again with other data are duplicates, as before. Rows
+    stored after the migration tell a reused id from a re-sent event."""
+    admin = EventLog(pg_url)
+    schema = "dsse_" + uuid.uuid4().hex[:10]
+    key1, key2 = (sort_key(n, IdOrder.NUMERIC).hex() for n in ("1", "2"))
+    ping = FollowerKeys().follower("message", "ping", 1).hex()
+    if backend == "postgresql":
+        await query_commit(admin, f"CREATE SCHEMA {schema}")
+        url = f"{pg_url}?options=-csearch_path%3D{schema}"
+
+        def blob(hexed: str) -> str:
+            return f"'\\x{hexed}'::bytea"
+
+        common = [s.format(blob="BYTEA") for s in SCHEMA_2_COMMON[3:]]
+    else:
+        url = f"sqlite:///{tmp_path / 'v3.db'}"
+
+        def blob(hexed: str) -> str:
+            return f"X'{hexed}'"
+
+        common = [s.format(blob="BLOB") for s in SCHEMA_2_COMMON[3:]]
+    keys = {"key1": blob(key1), "key2": blob(key2), "ping": blob(ping), "empty": blob("")}
+    old = EventLog(url)
+    try:
+        await execute(
+            old,
+            *SCHEMA_3[backend],
+            "CREATE INDEX ix_sse_events_stream_id_key ON sse_events (stream, id_key)",
+            *common,
+            *(s.format(**keys) for s in SCHEMA_3_ROWS),
+        )
+        await old.create_schema()
+        await old.create_schema()  # idempotent once migrated
+        assert await query(old, "SELECT version FROM sse_schema") == [(SCHEMA_VERSION,)]
+        assert await query(old, "SELECT count(*) FROM sse_events WHERE digest IS NULL") == [(3,)]
+        assert await stored(old, "old") == [("1", 0, "one"), ("1", 1, "ping"), ("2", 0, "two")]
+        # Stored before: unknown, so the same id with other data is taken for it.
+        assert await old.insert_batch("old", "numeric", generation("b", 1, 2)) == (
+            InsertResult(0, 2)
+        )
+        followed = generation("b", 1, 1, followers=("ping",))
+        assert await old.insert_batch("old", "numeric", followed) == InsertResult(0, 2)
+        # Stored after: a reused id is kept, a re-send is a duplicate.
+        assert await old.insert_batch("old", "numeric", generation("a", 3, 4)) == (
+            InsertResult(2, 0)
+        )
+        assert await old.insert_batch("old", "numeric", generation("c", 3, 4)) == (
+            InsertResult(2, 0, ("3", "4"))
+        )
+        assert await old.insert_batch("old", "numeric", generation("c", 3, 4)) == (
+            InsertResult(0, 2)
+        )
         assert await event_indexes(old) == LEAN_INDEXES[backend]
     finally:
         await old.close()

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from durable_sse import control
 from durable_sse.eventlog import EventLog
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
@@ -445,6 +446,62 @@ async def test_an_idless_event_after_a_reconnect_is_kept_and_a_resent_one_is_not
         await stop(handle)
     rows = [(e.event_id, e.event_ord, e.data) for e in await log.events(name)]
     assert rows == [("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c")]
+
+
+async def test_a_server_that_restarts_its_id_counter_loses_nothing(
+    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+) -> None:
+    """Issue 24 item 7 end to end: ids 1..5 (``a1``..``a5``), a close, then, to
+    ``Last-Event-ID: 5``, ids 1..3 with new data and no more. All 8 rows are stored, and
+    the status (the query, ``durable-sse status --json``, the Web UI's details) counts 3
+    reused ids and no duplicates; the cursor stays at 5."""
+    connections = {"count": 0}
+
+    async def body(last: bytes | None) -> AsyncIterator[bytes]:
+        connections["count"] += 1
+        if connections["count"] == 1:
+            yield b"retry: 50\n" + b"".join(b"id: %d\ndata: a%d\n\n" % (n, n) for n in range(1, 6))
+            return
+        if connections["count"] == 2:
+            yield b"".join(b"id: %d\ndata: b%d\n\n" % (n, n) for n in range(1, 4))
+        while True:  # the restarted server has nothing newer
+            yield b": keep-alive\n\n"
+            await asyncio.sleep(0.2)
+
+    async with HostileServer({"restart": body}) as server:
+        name = "restart-" + uuid.uuid4().hex[:6]
+        spec = StreamSpec(name=name, url=server.url("restart"), id_order="numeric")
+        handle = await start_stream(temporal.client, spec, queue)
+
+        async def restarted() -> None:
+            async def eight() -> bool:
+                return (await newest_row(log, name))[0] >= 8
+
+            await wait_until(eight, timeout=60, what="8 rows", handle=handle)
+
+        await while_watching(log, healthy, restarted)
+        await handle.signal("pause")  # ends the connection: its counts reach the status
+
+        async def counted() -> bool:
+            return (await status_of(handle)).counters.ids_reused == 3
+
+        await wait_until(counted, timeout=30, what="3 reused ids counted", handle=handle)
+        status = await status_of(handle)
+        assert (status.counters.events_persisted, status.counters.duplicates) == (8, 0)
+        assert status.live_cursor == "5"
+        assert server.requests[1] == ("restart", b"5")
+        row = await control.stream_status(temporal.client, name)
+        assert row["counters"]["ids_reused"] == 3
+        details = str((await handle.query("__temporal_workflow_metadata")).current_details)
+        assert "ids reused 3" in details, details
+        await stop(handle)
+    rows = [(e.event_id, e.data) for e in await log.events(name)]
+    assert rows == [
+        *((str(n), f"a{n}") for n in range(1, 6)),
+        ("1", "b1"),
+        ("2", "b2"),
+        ("3", "b3"),
+    ]
 
 
 async def test_rows_the_database_refuses_park_only_their_own_stream(

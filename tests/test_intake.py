@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from durable_sse.contracts import RECORDED_GAP, Outcome, Route
+from durable_sse.followers import data_digest
 from durable_sse.gaps import (
     MAX_GAPS_IN_SUMMARY,
     Gap,
@@ -321,6 +322,39 @@ def test_a_workflow_that_knows_an_open_gap_is_not_told_of_more() -> None:
 
 
 # -- ids ----------------------------------------------------------------------------------
+
+
+def test_reused_ids_are_counted_apart_from_duplicates_and_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 24 item 7: the store reports which ids it kept although stored with other
+    data; the intake counts them (never as duplicates), warns once per connection, and
+    its cursor does not go back. Carriers carry their digest, followers their carrier's."""
+    i = intake("5", batch_max_events=10)
+    take(
+        i,
+        Event(data="b1", id="1", id_field=True),
+        Event(data="f", id="1"),
+        Event(data="b2", id="2", id_field=True),
+    )
+    i.end()
+    [batch] = cut(i)
+    carrier, follower, second = batch.records
+    assert carrier.digest == follower.digest == data_digest("message", "b1")
+    assert second.digest == data_digest("message", "b2")
+    with caplog.at_level(logging.WARNING, logger="durable_sse.intake"):
+        assert not i.committed(batch, new_rows=3, reused=["1", "2"])
+        i.committed(Batch(records=batch.records[:1], last_id="1"), new_rows=1, reused=["1"])
+    assert (i.counts.new_rows, i.counts.duplicates, i.counts.ids_reused) == (4, 0, 3)
+    assert i.cursor == "5"
+    warned = [
+        r.getMessage() for r in caplog.records if "restarted its id counter" in r.getMessage()
+    ]
+    assert len(warned) == 1 and "id '1'" in warned[0] and "stays at the newest id, '5'" in warned[0]
+    resumed = intake("1")  # began inside 1's run: the carrier's digest is unknown
+    take(resumed, Event(data="f", id="1"))
+    resumed.end()
+    assert cut(resumed)[0].records[0].digest is None
 
 
 def test_ids_out_of_order_are_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:

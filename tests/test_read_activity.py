@@ -190,6 +190,8 @@ class CannedServer:
 
     def __init__(self, body: bytes) -> None:
         self.body = body
+        self.delay = 0.0
+        """Seconds between the response head and the body."""
         self.requests: list[bytes] = []
         self._server: asyncio.Server | None = None
 
@@ -211,9 +213,12 @@ class CannedServer:
         try:
             self.requests.append(await reader.readuntil(b"\r\n\r\n"))
             writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                b"Connection: close\r\n\r\n" + self.body
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
             )
+            if self.delay:
+                await writer.drain()
+                await asyncio.sleep(self.delay)
+            writer.write(self.body)
             await writer.drain()
         finally:
             writer.close()
@@ -950,6 +955,107 @@ async def test_ids_out_of_order_under_the_id_order_are_counted_and_exported(
     assert sum(exported) == out_of_order
     warned = [r for r in caplog.records if "ids_out_of_order" in r.getMessage()]
     assert len(warned) == min(out_of_order, 1)  # once per connection
+
+
+def generation(prefix: str, first: int, last: int) -> bytes:
+    """Events ``first..last`` whose data is ``<prefix><id>``."""
+    return b"".join(f"id: {n}\ndata: {prefix}{n}\n\n".encode() for n in range(first, last + 1))
+
+
+async def test_a_server_that_restarts_its_id_counter_loses_nothing(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    stream_name: str,
+    caplog: pytest.LogCaptureFixture,
+    metrics: tuple[Runtime, MetricBuffer],
+) -> None:
+    """Issue 24 item 7, the issue's sequence: ids 1..5 (``a1``..``a5``), a close, then,
+    after a reconnect with ``Last-Event-ID: 5``, ids 1..3 again with new data. The new
+    events are kept and counted as reused, with one warning; the cursor stays at 5. The
+    server, its counter at 3, gets 5 again and re-sends 1..3: duplicates. Once its
+    counter passes the old ids, 4 and 5 are reused too and 6 moves the cursor on."""
+    runtime, buffer = metrics
+    buffer.retrieve_updates()
+    caplog.set_level(logging.WARNING)
+    env = ActivityEnvironment()
+    env.metric_meter = runtime.metric_meter
+    async with CannedServer(generation("a", 1, 5)) as server:
+        spec = make_spec(server.url, stream_name)
+        first, _ = await read(reader, spec, env=env)
+        server.body = generation("b", 1, 3)
+        restarted, _ = await read(reader, spec, env=env)
+        resent, _ = await read(reader, spec, env=env)
+        server.body = generation("b", 1, 6)
+        passed, _ = await read(reader, spec, env=env)
+    rows = [(e.event_id, e.data) for e in await pg_event_log.events(stream_name)]
+    assert rows[:8] == [
+        *((str(n), f"a{n}") for n in range(1, 6)),
+        ("1", "b1"),
+        ("2", "b2"),
+        ("3", "b3"),
+    ]
+    assert first.counts == ReadCounts(events_read=5, new_rows=5)
+    assert restarted.counts == ReadCounts(events_read=3, new_rows=3, ids_reused=3)
+    assert restarted.last_cursor == "5"
+    assert [b"last-event-id: 5" in request.lower() for request in server.requests] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+    assert resent.counts == ReadCounts(events_read=3, duplicates=3)
+    assert passed.counts == ReadCounts(events_read=6, new_rows=3, duplicates=3, ids_reused=2)
+    assert passed.last_cursor == "6"
+    assert rows[8:] == [("6", "b6"), ("4", "b4"), ("5", "b5")]
+    warned = [
+        r.getMessage() for r in caplog.records if "restarted its id counter" in r.getMessage()
+    ]
+    assert len(warned) == 2  # once per connection that met reused ids
+    assert "id '1'" in warned[0] and "'5'" in warned[0]
+    exported = [
+        update.value
+        for update in buffer.retrieve_updates()
+        if update.metric.name == "durable_sse_ids_reused"
+        and update.attributes.get("stream") == stream_name
+    ]
+    assert sum(exported) == 5
+
+
+async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 24 item 7 on the replay path: a replay from 0, below the newest stored id,
+    skips stored keys before they become rows, but not a key stored with other data."""
+    written: list[int] = []
+    submit = pg_event_log.submit_batch
+
+    def counting_submit(*args: Any, **kwargs: Any) -> Any:
+        written.append(len(args[2]))
+        return submit(*args, **kwargs)
+
+    async with CannedServer(generation("a", 1, 5)) as server:
+        spec = make_spec(server.url, stream_name)
+        await read(reader, spec)
+        server.body = generation("b", 1, 3) + generation("a", 4, 5)
+        server.delay = 0.3  # the stored keys are read before the first event arrives
+        pg_event_log.submit_batch = counting_submit  # type: ignore[method-assign]
+        try:
+            replay, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+        finally:
+            pg_event_log.submit_batch = submit  # type: ignore[method-assign]
+    assert [e.data for e in await pg_event_log.events(stream_name)] == [
+        "a1",
+        "a2",
+        "a3",
+        "a4",
+        "a5",
+        "b1",
+        "b2",
+        "b3",
+    ]
+    assert sum(written) == 3  # 4 and 5 were skipped as stored, 1..3 written
+    assert replay.counts == ReadCounts(events_read=5, new_rows=3, duplicates=2, ids_reused=3)
+    assert replay.last_cursor == "5"
 
 
 # -- retention (issue 24) ---------------------------------------------------------------------

@@ -493,6 +493,22 @@ def test_counters_sum_over_connections_but_gap_counters_mirror_the_store() -> No
     assert (c.gaps_repaired, c.events_recovered) == (1, 3)
 
 
+def test_reused_ids_are_summed_beside_duplicates_never_into_them() -> None:
+    """Issue 24 item 7: ``ids_reused`` reaches the status (and the live view) as its own
+    counter."""
+    s = state()
+    restarted = result(Outcome.DROPPED, "5", read=3, new_rows=3)
+    restarted.counts.ids_reused = 3
+    record(s, LIVE, restarted)
+    record(s, LIVE, result(Outcome.DROPPED, "5", read=3, new_rows=0))
+    c = s.counters
+    assert (c.events_persisted, c.duplicates, c.ids_reused) == (3, 3, 3)
+    shown = live_view(
+        s, ConnectionProgress(cursor="6", counts=ReadCounts(ids_reused=2)), id_order=ORDER
+    )
+    assert shown.counters.ids_reused == 5 and s.counters.ids_reused == 3
+
+
 # --- requested replays -------------------------------------------------------------------
 
 

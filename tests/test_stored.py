@@ -15,7 +15,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.read import StreamReader
 from durable_sse.contracts import ReadCounts, ReadInput, Route
 from durable_sse.eventlog import EventLog, EventRecord
-from durable_sse.followers import CARRIER_KEY, FollowerKeys
+from durable_sse.followers import CARRIER_KEY, FollowerKeys, data_digest, reused_key
 from durable_sse.gaps import Gap, GapChange, GapState, StreamContext, apply_change
 from durable_sse.intake import SKIPPED_PER_ROW, Batch, Intake
 from durable_sse.l1 import LocalCursors
@@ -115,6 +115,21 @@ def test_fetching_stops_when_few_events_read_were_stored() -> None:
     failed.fetching = True
     failed.give_up()
     assert failed.done and not failed.fetching and failed.next_fetch("5") is None
+
+
+def test_a_stored_key_is_skipped_only_under_the_same_digest() -> None:
+    """Issue 24 item 7: a key stored under another digest is a reused id, not a copy,
+    unless its extended key is stored too; an unknown digest on either side skips."""
+    a1, b1, c1 = (data_digest("message", data) for data in ("a1", "b1", "c1"))
+    ahead = StoredAhead("numeric", start="0")
+    keys = [("1", CARRIER_KEY), ("1", reused_key(b1, CARRIER_KEY)), ("2", CARRIER_KEY)]
+    ahead.add(StoredPage(keys=keys, full=False, digests=[a1, b1, None]))
+    assert ahead.has("1", CARRIER_KEY, a1)  # a re-send of the first use
+    assert ahead.has("1", CARRIER_KEY, b1)  # a re-send of the reused one
+    assert not ahead.has("1", CARRIER_KEY, c1)  # a third use: written
+    assert ahead.has("1", CARRIER_KEY, None)  # unknown: as ON CONFLICT would
+    assert ahead.has("2", CARRIER_KEY, c1)  # stored before digests: unknown
+    assert (ahead.checked, ahead.hits) == (5, 4)
 
 
 # -- the intake: stored events become no rows ---------------------------------------------
@@ -324,6 +339,43 @@ async def test_a_replay_writes_only_the_holes_and_counts_exactly_beside_another_
     assert (record_.state, record_.recovered, record_.missing) == (GapState.REPAIRED, 1, 0)
     stored_ids = await event_log.stored_keys(stream_name, order, after=None, limit=1000)
     assert [key[0] for key in stored_ids.keys] == [str(n) for n in range(1, 201)]
+
+
+async def test_a_replay_below_the_newest_id_stores_reused_ids_and_skips_the_rest(
+    event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 24 item 7 on the replay path: 1..5 stored with data ``a``; a replay from 0
+    reads 1..3 with data ``b`` (the server restarted its counter), then 4 and 5 as
+    stored. The stored keys skip 4 and 5 only; 1..3 are written and kept, counted once
+    (by the writer) as reused; read again, they are skipped as stored."""
+    order = "numeric"
+    first = [ev(n, f"a{n}") for n in range(1, 6)]
+    replayed = [*(ev(n, f"b{n}") for n in range(1, 4)), *first[3:]]
+    await event_log.insert_batch(
+        stream_name,
+        order,
+        [EventRecord(str(n), 0, "message", f"a{n}", RECEIVED) for n in range(1, 6)],
+    )
+    counts = []
+    for _ in range(2):
+        ahead = StoredAhead(order, start="0")
+        ahead.add(await event_log.stored_keys(stream_name, order, after="0", limit=100))
+        intake = make_intake("0", floor="5", stored=ahead)
+        [batch] = read_all(intake, replayed)
+        result = await event_log.insert_batch(stream_name, order, batch.records)
+        intake.committed(batch, new_rows=result.new_rows, reused=result.reused)
+        counts.append((ids(batch), intake.counts, intake.cursor))
+    assert counts[0] == (
+        ["1", "2", "3"],
+        ReadCounts(events_read=5, new_rows=3, duplicates=2, ids_reused=3),
+        "5",
+    )
+    assert counts[1] == ([], ReadCounts(events_read=5, new_rows=0, duplicates=5), "5")
+    rows = await event_log.events(stream_name)
+    assert [(e.event_id, e.data) for e in rows] == [
+        *((str(n), f"a{n}") for n in range(1, 6)),
+        *((str(n), f"b{n}") for n in range(1, 4)),
+    ]
 
 
 # -- the read activity: a replay writes the holes only -------------------------------------

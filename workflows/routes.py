@@ -446,6 +446,7 @@ def _add_reading(
     counters.events_persisted += counts.new_rows
     counters.duplicates += counts.duplicates
     counters.ids_out_of_order += counts.ids_out_of_order
+    counters.ids_reused += counts.ids_reused
     counters.dropped_by_horizon += counts.dropped_by_horizon
     state.live_cursor = newest([state.live_cursor, cursor], id_order)
     if lagging_id is not None:

@@ -663,6 +663,11 @@ class StreamWorkflow:
                 f"({gap.kind}, seen {gap.seen_at}, repair resumes after "
                 f"`{_shown(gap.resume_from)}`)"
             )
+        if c.ids_reused:
+            lines.append(
+                f"ids reused {c.ids_reused}: stored ids sent again with other data (the "
+                "server restarted its id counter?), kept beside the earlier events"
+            )
         if status.repair_pending:
             lines.append("repair pending (lagged reconnects are throttled)")
         if status.progress_at is not None:

@@ -1,7 +1,8 @@
 """In-memory stand-ins for the event log and Redis, with the same semantics.
 
 The memory event log applies batches exactly as :class:`~durable_sse.eventlog.EventLog`
-does: rows deduplicated on ``(event_id, follower_key)``, the batch's gap changes applied in
+does: rows deduplicated on ``(event_id, follower_key)``, an event whose key is stored under
+another digest (a reused id) kept under its extended key, the batch's gap changes applied in
 the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
 chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
 :func:`durable_sse.gaps.lagging_target`. Retention takes the same decisions from
@@ -23,7 +24,7 @@ from datetime import datetime, timedelta
 
 from durable_sse.contracts import CheckpointState
 from durable_sse.eventlog import ConnectionStart, EventRecord, InsertResult, ReaderLease
-from durable_sse.followers import CARRIER_KEY
+from durable_sse.followers import CARRIER_KEY, reused_key
 from durable_sse.gaps import (
     Gap,
     GapChange,
@@ -53,11 +54,12 @@ from durable_sse.stored import StoredPage
 class Row:
     seq: int
     received_at: datetime
+    digest: bytes | None = None
     key: bytes | None = None
     """``id_key``: the id's sort key (None: no id)."""
     event_id: str = ""
     carrier: bool = False
-    """The row carries its id (``event_ord`` 0)."""
+    """The row carries its id (``event_ord`` 0) under the plain key (``_keys`` lists it)."""
 
 
 @dataclass
@@ -101,8 +103,10 @@ class MemoryEventLog:
     def commit(
         self, records: list[EventRecord], changes: list[GapChange], *, now: datetime
     ) -> InsertResult:
-        """One transaction: insert the rows (dedupe, the horizon), apply the gap changes."""
+        """One transaction: insert the rows (dedupe, reused ids kept under their extended
+        keys, the horizon), apply the gap changes."""
         new_rows = dropped = 0
+        reused: list[str] = []
         horizon = self.horizon[0] if self.horizon is not None else None
         for record in records:
             id_key = sort_key(record.event_id, self.order) if record.event_id else None
@@ -111,13 +115,26 @@ class MemoryEventLog:
                 continue
             # Carriers as (id, 0); followers by their content key, as the real log does.
             follower = 0 if record.event_ord == 0 else record.follower_key
-            key = (record.event_id, follower)
+            key: tuple[str, int | bytes | None] = (record.event_id, follower)
             if record.event_id and key in self.rows:
-                continue
+                stored = self.rows[key].digest
+                if stored is None or record.digest is None or stored == record.digest:
+                    continue
+                plain = record.follower_key if record.event_ord else CARRIER_KEY
+                key = (record.event_id, reused_key(record.digest, plain or CARRIER_KEY))
+                if key in self.rows:
+                    continue
+                if record.event_ord == 0:
+                    reused.append(record.event_id)
             self.seq += 1
-            carrier = bool(record.event_id) and record.event_ord == 0
+            carrier = bool(record.event_id) and key == (record.event_id, 0)
             self.rows[key if record.event_id else ("", -self.seq)] = Row(
-                self.seq, record.received_at, id_key, record.event_id, carrier
+                self.seq,
+                record.received_at,
+                record.digest,
+                key=id_key,
+                event_id=record.event_id,
+                carrier=carrier,
             )
             new_rows += 1
             if carrier:
@@ -149,6 +166,7 @@ class MemoryEventLog:
         return InsertResult(
             new_rows=new_rows,
             duplicates=len(records) - new_rows - dropped,
+            reused=tuple(reused),
             dropped_by_horizon=dropped,
         )
 
@@ -211,12 +229,14 @@ class MemoryEventLog:
                 sort_key(event_id, self.order),
                 event_id,
                 key if isinstance(key, bytes) else CARRIER_KEY,
+                row.digest,
             )
-            for (event_id, key) in self.rows
+            for (event_id, key), row in self.rows.items()
             if event_id and (low is None or sort_key(event_id, self.order) > low)
         )[:limit]
-        keys = [(event_id, key) for _, event_id, key in ahead]
-        return StoredPage(keys=keys, full=len(keys) >= limit)
+        keys = [(event_id, key) for _, event_id, key, _ in ahead]
+        digests = [digest for *_, digest in ahead]
+        return StoredPage(keys=keys, full=len(keys) >= limit, digests=digests)
 
     def open_gaps(self) -> list[Gap]:
         return [gap for gap in self.gaps.values() if gap.is_open]

@@ -811,7 +811,10 @@ class Attempt:
                 f"{[_described(change) for change in batch.gap_changes]}"
             )
         if self.intake.committed(
-            batch, new_rows=new_rows, dropped_by_horizon=inserted.dropped_by_horizon
+            batch,
+            new_rows=new_rows,
+            reused=inserted.reused,
+            dropped_by_horizon=inserted.dropped_by_horizon,
         ):
             cursor = self.intake.cursor
             assert cursor is not None
