@@ -21,6 +21,7 @@ from durable_sse.contracts import (
     StreamGaps,
     StreamRef,
 )
+from durable_sse.errors import IdOrderMismatchError
 from durable_sse.eventlog import EventLog
 
 logger = logging.getLogger(__name__)
@@ -35,14 +36,18 @@ class CheckpointActivities:
     @activity.defn
     async def advance_checkpoint(self, input: AdvanceInput) -> AdvanceResult:
         """Move the lagging id to the newest id persisted a replay window ago, never past
-        an open gap."""
+        an open gap; refused (nothing moves) under another ``id_order`` than the stream's
+        keys were made with."""
         now = _parse_time(input.now) if input.now else datetime.now(UTC)
-        result = await self._log.advance_lagging(
-            input.stream.name,
-            input.stream.id_order,
-            window=input.replay_window,
-            now=now,
-        )
+        try:
+            result = await self._log.advance_lagging(
+                input.stream.name,
+                input.stream.id_order,
+                window=input.replay_window,
+                now=now,
+            )
+        except IdOrderMismatchError as error:
+            raise refused(input.stream.name, "the lagging id not moved", error) from None
         logger.info(
             "checkpoint %s: lagging id %r (moved=%s, held by a gap=%s)",
             input.stream.name,
@@ -75,6 +80,12 @@ class CheckpointActivities:
             self.resolve_since,
             self.get_checkpoint,
         ]
+
+
+def refused(stream: str, what: str, error: IdOrderMismatchError) -> ApplicationError:
+    """Log a refusal loudly and make it the activity's non-retryable failure."""
+    logger.error("checkpoint %s refused, %s: %s", stream, what, error)
+    return ApplicationError(f"{what}: {error}", type="ConfigError", non_retryable=True)
 
 
 def _parse_time(value: str) -> datetime:

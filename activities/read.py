@@ -4,7 +4,10 @@ This module is the I/O around :class:`~durable_sse.intake.Intake`, which makes e
 decision about what a connection read (batches, drop signals, gaps, when to end):
 
 * the start cursor comes from :class:`~durable_sse.resolve.CursorResolver` together with
-  what the store knows of the stream (lagging id, floor, open gaps) in one read;
+  what the store knows of the stream (lagging id, floor, open gaps) in one read, which
+  also refuses an ``id_order`` other than the stream's keys were made with (the stream
+  parks) and registers the connection in ``sse_readers`` until it ends, so retention
+  keeps what it re-reads (:mod:`durable_sse.retention`);
 * bytes are read ahead by a pump task into a bounded queue, decoded, and handed to the
   intake; up to ``MAX_BATCHES_IN_FLIGHT`` batches commit while the next is parsed, in the
   order they were read (group commit, ``durable_sse.commits``), each with its gap changes
@@ -31,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import asdict, fields, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from secrets import token_hex
 from typing import Any, TypeVar
 
@@ -58,7 +61,7 @@ from durable_sse.errors import (
     StreamRefusedError,
     UnsendableIdError,
 )
-from durable_sse.eventlog import ConnectionStart, EventLog, InsertResult
+from durable_sse.eventlog import ConnectionStart, EventLog, InsertResult, ReaderLease
 from durable_sse.http import (
     REFUSAL_HINTS,
     StatusPolicy,
@@ -82,6 +85,7 @@ from durable_sse.logs import install_redaction
 from durable_sse.metrics import ReaderMetrics
 from durable_sse.nudge import Nudges
 from durable_sse.resolve import CursorResolver
+from durable_sse.retention import reader_expiry
 from durable_sse.secrets import DeclaredSecrets
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import SSEDecoder
@@ -121,6 +125,10 @@ A report is checked for whenever the connection wakes (a batch, or at most
 costs the workflow's history four events (docs/benchmarks.md)."""
 PROGRESS_TIMEOUT = 5.0
 """Seconds one report may take (store reads and the signal); a late one is dropped."""
+ATTEMPT_MARGIN = timedelta(seconds=60)
+"""Added to ``max_connection_age + connect_timeout + idle_timeout`` for a connection's
+registration when the attempt has no ``start_to_close`` timeout to go by (run outside a
+workflow); ``workflows/stream.py`` gives the read activity the same margin."""
 
 _EOF = object()
 T = TypeVar("T")
@@ -170,6 +178,7 @@ class StreamReader:
                 nudges.unregister(connection.stream, connection.nudged)
             await connection.stop_reports()
             await connection.stop_fetching_stored()
+            await connection.release()
 
     def heartbeat_interval(self, *, streaming: bool = True) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget.
@@ -273,6 +282,12 @@ class _Connection:
         self.context = contextvars.copy_context()
         """The activity's context: a nudge heartbeats from the worker's listener task."""
         self.fetching_stored: asyncio.Task[StoredPage] | None = None
+        self.lease: ReaderLease | None = None
+        """This attempt's registration in ``sse_readers`` (retention keeps its start)."""
+        self.horizon_logged = False
+        """An id dropped at the retention horizon was logged (once per connection)."""
+        self.hold: str | None = None
+        """What the registration holds now (moved forward with the reports)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -287,16 +302,24 @@ class _Connection:
                 type="ConfigError",
                 non_retryable=True,
             )
-        start = await self._heartbeating(
-            self.reader.resolver.resolve(
-                self.stream,
-                self.order,
-                self.route,
-                explicit=self.input.start_id,
-                retry_of=progress,
-                retried=activity.info().attempt > 1,
+        self.lease = self._lease()
+        try:
+            start = await self._heartbeating(
+                self.reader.resolver.resolve(
+                    self.stream,
+                    self.order,
+                    self.route,
+                    explicit=self.input.start_id,
+                    retry_of=progress,
+                    retried=activity.info().attempt > 1,
+                    reader=self.lease,
+                )
             )
-        )
+        except ConfigError as error:  # IdOrderMismatchError: nothing was touched
+            activity.logger.error("stream %s: %s; parked", self.stream, error)
+            raise ApplicationError(
+                f"{error}; the stream is parked", type="ConfigError", non_retryable=True
+            ) from None
         self._begin(start)
         intake = self.intake
         assert intake is not None
@@ -371,7 +394,7 @@ class _Connection:
         return await self._finish(self.intake.ending(outcome))
 
     def _begin(self, start: ConnectionStart) -> None:
-        self.start_cursor = start.cursor
+        self.start_cursor = self.hold = start.cursor
         self.result.start_cursor = start.cursor
         self.result.cursor_source = start.source
         try:
@@ -399,6 +422,43 @@ class _Connection:
 
     def _redact(self, url: str) -> str:
         return redact_url(url, self.secret_params)
+
+    def _lease(self) -> ReaderLease:
+        """This attempt's registration: its own id (a retry registers anew) and an expiry
+        past anything the attempt can still write (see ``retention.reader_expiry``)."""
+        info = activity.info()
+        spec = self.spec
+        timeout = info.start_to_close_timeout or (
+            timedelta(seconds=spec.max_connection_age + spec.connect_timeout + spec.idle_timeout)
+            + ATTEMPT_MARGIN
+        )
+        retry = info.retry_policy.maximum_interval if info.retry_policy is not None else None
+        return ReaderLease(
+            reader_id=f"{info.activity_id}.{info.attempt}.{token_hex(4)}",
+            expires_at=reader_expiry(
+                datetime.now(UTC),
+                attempt_timeout=timeout,
+                heartbeat_timeout=info.heartbeat_timeout,
+                retry_interval=retry,
+            ),
+        )
+
+    async def release(self) -> None:
+        """The connection ended: its start no longer holds retention. A failure only
+        delays deletes until the registration expires."""
+        lease = self.lease
+        if lease is None:
+            return
+        try:
+            await self.reader.event_log.release_reader(self.stream, lease.reader_id)
+        except StoreError as error:
+            activity.logger.warning(
+                "stream %s: the connection's registration stays until %s (retention keeps "
+                "its start until then): %s",
+                self.stream,
+                lease.expires_at.isoformat(),
+                error,
+            )
 
     async def _finish(self, outcome: Outcome) -> ReadResult:
         """The result, with the stream's gaps as they are now (read after the flush)."""
@@ -767,6 +827,8 @@ class _Connection:
         self.metrics.duplicates.add(inserted.duplicates + batch.skipped)
         if inserted.reused:
             self.metrics.ids_reused.add(len(inserted.reused))
+        if inserted.dropped_by_horizon:
+            self._dropped_by_horizon(inserted)
         if batch.recovered:
             self.metrics.events_recovered.add(inserted.new_rows)
         if batch.records:
@@ -775,7 +837,12 @@ class _Connection:
             self.commit_lag = round(lag, 2)
         first = self.first_id is None and self.start_cursor is None
         blind = self.intake.counts.reconnects_without_cursor
-        moved = self.intake.committed(batch, new_rows=inserted.new_rows, reused=inserted.reused)
+        moved = self.intake.committed(
+            batch,
+            new_rows=inserted.new_rows,
+            reused=inserted.reused,
+            dropped_by_horizon=inserted.dropped_by_horizon,
+        )
         if self.intake.counts.reconnects_without_cursor > blind:
             self.metrics.reconnects_without_cursor.add(1)
         if moved:
@@ -787,6 +854,22 @@ class _Connection:
                 # A retry of a connection with no cursor starts from its first id.
                 self.first_id = (batch.records[0].event_id if batch.records else "") or cursor
         self._heartbeat(force=first and self.first_id is not None)
+
+    def _dropped_by_horizon(self, inserted: InsertResult) -> None:
+        """Counted (``dropped_by_horizon``) and exported; logged once per connection."""
+        self.metrics.dropped_by_horizon.add(inserted.dropped_by_horizon)
+        if self.horizon_logged:
+            return
+        self.horizon_logged = True
+        activity.logger.warning(
+            "stream %s: id %r sorts at or before the retention horizon %r (the newest id "
+            "retention deleted) under id_order %r: not stored, counted as "
+            "dropped_by_horizon (this connection logs it once)",
+            self.stream,
+            (inserted.dropped_id or "")[:64],
+            (inserted.horizon_id or "")[:64],
+            self.order,
+        )
 
     def _heartbeat(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -837,6 +920,7 @@ class _Connection:
         )
         try:
             async with asyncio.timeout(PROGRESS_TIMEOUT):
+                await self._move_hold()
                 try:
                     report.gaps = await self.reader.event_log.gap_summary(self.stream, self.order)
                     checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
@@ -859,6 +943,24 @@ class _Connection:
             activity.logger.info("stream %s: progress not reported: %s", self.stream, error)
         finally:
             self.reporting = None
+
+    async def _move_hold(self) -> None:
+        """Let retention have what this connection no longer needs (``Intake.
+        retention_hold``): it read past it a replay window ago. Skipped on a store error
+        (the hold stays older: retention keeps more, a while longer)."""
+        intake, lease = self.intake, self.lease
+        assert intake is not None
+        if lease is None:
+            return
+        hold = intake.retention_hold(time.monotonic())
+        if hold is None or hold == self.hold:
+            return
+        try:
+            await self.reader.event_log.move_reader(self.stream, lease.reader_id, hold)
+        except StoreError as error:
+            activity.logger.debug("stream %s: retention hold not moved: %s", self.stream, error)
+            return
+        self.hold = hold
 
     async def stop_reports(self) -> None:
         """The connection ended: its result says it all, a late report would be ignored."""

@@ -5,7 +5,8 @@ Run by ``CheckpointAdvanceWorkflow`` right after it moves the lagging id, so the
 :mod:`durable_sse.retention`, the statements in
 :meth:`~durable_sse.eventlog.EventLog.apply_retention`; this activity picks the
 retention (the stream's own, else the worker's), heartbeats between the bounded
-batches, and records the metrics.
+batches, and records the metrics. A stream whose ``id_order`` is not the one its keys
+were made with is refused (nothing deleted, logged as an error, a non-retryable failure).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 
-from activities.checkpoint import _parse_time
+from activities.checkpoint import _parse_time, refused
 from durable_sse.contracts import RetentionInput, RetentionStatus
+from durable_sse.errors import IdOrderMismatchError
 from durable_sse.eventlog import EventLog
 from durable_sse.metrics import RetentionMetrics
 from durable_sse.retention import BATCH_ROWS, MAX_BATCHES, effective_retention
@@ -55,14 +57,17 @@ class RetentionActivities:
             if activity.in_activity():
                 activity.heartbeat(deleted)
 
-        run = await self._log.apply_retention(
-            name,
-            input.stream.id_order,
-            cutoff=now - timedelta(seconds=retention),
-            batch_rows=self._batch_rows,
-            max_batches=self._max_batches,
-            between=beat,
-        )
+        try:
+            run = await self._log.apply_retention(
+                name,
+                input.stream.id_order,
+                cutoff=now - timedelta(seconds=retention),
+                batch_rows=self._batch_rows,
+                max_batches=self._max_batches,
+                between=beat,
+            )
+        except IdOrderMismatchError as error:
+            raise refused(name, "nothing deleted", error) from None
         state = run.state
         status = RetentionStatus(
             retention=retention,

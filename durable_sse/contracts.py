@@ -97,6 +97,10 @@ class ReadCounts:
     reconnects_without_cursor: int = 0
     """Reconnects that could not resume (no id to send), each recorded as a gap of kind
     ``no_resume``; counted once its gap is committed."""
+    dropped_by_horizon: int = 0
+    """Events whose id sorts at or before the stream's retention horizon (the newest id
+    retention deleted): not stored, and not counted in ``duplicates`` either, since they
+    may never have been stored (see durable_sse/retention.py)."""
 
 
 @dataclass
@@ -231,7 +235,7 @@ class RetentionStatus:
     and the next run goes on)."""
     held_by: str | None = None
     """What keeps younger rows: ``lagging`` (the lagging id), ``gap`` (the oldest open
-    gap's start), ``no-lagging-id``."""
+    gap's start), ``reader`` (what a running connection may still need), ``no-lagging-id``."""
     keep_from: str | None = None
     """The fence: this id and every newer one stay whatever their age."""
     horizon_id: str | None = None
@@ -313,6 +317,9 @@ class StreamCounters:
     """Reconnects that could not resume (no id to send, on a stream that had read
     events): each lost what the server sent meanwhile, recorded as a ``no_resume`` gap
     of unknown size (so also in ``gaps_unknown_size``)."""
+    dropped_by_horizon: int = 0
+    """Events not stored because their id sorts at or before the retention horizon
+    (``ReadCounts.dropped_by_horizon``); never in ``duplicates``."""
 
 
 @dataclass

@@ -37,6 +37,7 @@ EVENTS_TABLE = "sse_events"
 CHECKPOINTS_TABLE = "sse_checkpoints"
 GAPS_TABLE = "sse_gaps"
 RETENTION_TABLE = "sse_retention"
+READERS_TABLE = "sse_readers"
 SCHEMA_TABLE = "sse_schema"
 SCHEMA_VERSION = 4
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
@@ -194,6 +195,25 @@ class SSERetention(SQLModel, table=True):
     updated_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
 
 
+class SSEReader(SQLModel, table=True):
+    """A running connection of a stream and the cursor it started from (see
+    :class:`durable_sse.retention.RunningReader`): retention keeps that row and every
+    newer one until the connection ends or ``expires_at`` passes.
+
+    Written when a connection resolves its start, deleted when it ends. A table of its
+    own, created on every start when missing, like ``sse_retention``: no schema version
+    step, and older versions of durable-sse simply ignore it.
+    """
+
+    __tablename__ = READERS_TABLE
+
+    stream: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
+    reader_id: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
+    start_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    started_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    expires_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+
+
 class SSESchema(SQLModel, table=True):
     """The schema version of this database (one row)."""
 
@@ -219,6 +239,7 @@ event.listen(
 checkpoints_table: sa.Table = SSECheckpoint.__table__  # type: ignore[attr-defined]
 gaps_table: sa.Table = SSEGap.__table__  # type: ignore[attr-defined]
 retention_table: sa.Table = SSERetention.__table__  # type: ignore[attr-defined]
+readers_table: sa.Table = SSEReader.__table__  # type: ignore[attr-defined]
 schema_table: sa.Table = SSESchema.__table__  # type: ignore[attr-defined]
 
 STAGING_COLUMNS = (
@@ -350,7 +371,7 @@ def _migrate(connection: Connection) -> None:
             connection, tables=[events_table, checkpoints_table, gaps_table, schema_table]
         )
         _set_version(connection, SCHEMA_VERSION)
-        retention_table.create(connection, checkfirst=True)
+        _create_side_tables(connection)
         return
     if version > SCHEMA_VERSION:
         raise StoreError(
@@ -361,7 +382,13 @@ def _migrate(connection: Connection) -> None:
         logger.info("migrating the schema from version %d to %d", step, step + 1)
         MIGRATIONS[step](connection)
         _set_version(connection, step + 1)
+    _create_side_tables(connection)
+
+
+def _create_side_tables(connection: Connection) -> None:
+    """Tables created when missing, whatever the version: older versions ignore them."""
     retention_table.create(connection, checkfirst=True)
+    readers_table.create(connection, checkfirst=True)
 
 
 def _set_version(connection: Connection, version: int) -> None:

@@ -2,8 +2,10 @@
 
     DurableSSEError
     ├── ConfigError            a setting or stream declaration is invalid (names the setting),
-    │                          or a stream names a secret the worker does not declare for
-    │                          its host, or a workflow id does not own the stream it names
+    │   │                      or a stream names a secret the worker does not declare for
+    │   │                      its host, or a workflow id does not own the stream it names
+    │   └── IdOrderMismatchError  a stream's ``id_order`` is not the one its stored keys
+    │                          were made with; the stream parks, retention deletes nothing
     ├── PlaintextPayloadError  (durable_sse.codec; also a non-retryable ApplicationError)
     │                          an unencrypted payload where a payload key is set
     ├── StoreError             a store (database, Redis) could not be reached or refused a write
@@ -33,6 +35,25 @@ class DurableSSEError(Exception):
 
 class ConfigError(DurableSSEError, ValueError):
     """An invalid setting; the message names the stream (if any) and the setting."""
+
+
+class IdOrderMismatchError(ConfigError):
+    """A stream's ``id_order`` differs from the one recorded in ``sse_checkpoints``.
+
+    Every key stored for the stream (``sse_events.id_key``, the lagging id's key, the
+    retention horizon) was made under the recorded order; compared with keys made under
+    another, new ids pass for duplicates and retention's fence sorts where it should not.
+    Retrying cannot help: the stream parks until it is started with the recorded order.
+
+    Attributes:
+        stored: the order the stream's keys were made with.
+        wanted: the order the caller asked for.
+    """
+
+    def __init__(self, message: str, *, stored: str, wanted: str) -> None:
+        super().__init__(message)
+        self.stored = stored
+        self.wanted = wanted
 
 
 class StoreError(DurableSSEError):

@@ -30,6 +30,7 @@ import functools
 import logging
 import sqlite3
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -58,6 +59,7 @@ from durable_sse.db import (
     from_db_time,
     gaps_table,
     make_engine,
+    readers_table,
     retention_table,
     to_utc,
 )
@@ -89,6 +91,12 @@ from durable_sse.retention import (
     HELD_BY_NO_LAGGING,
     MAX_BATCHES,
     Fence,
+    RunningReader,
+    after_horizon,
+    check_id_order,
+    choose_deletions,
+    live_starts,
+    opening_past_horizon,
     retention_fence,
 )
 from durable_sse.stored import StoredPage
@@ -146,8 +154,13 @@ _DIGEST_CHUNK = 500
 _EXTENDED_CHUNK = 1000
 """Rows one INSERT of extended keys holds (PostgreSQL binds at most 65,535 values)."""
 _HORIZONS_SQL = (
-    f"SELECT stream, horizon_key FROM {RETENTION_TABLE} WHERE horizon_key IS NOT NULL AND "
+    f"SELECT stream, horizon_key, horizon_id FROM {RETENTION_TABLE} "
+    "WHERE horizon_key IS NOT NULL AND "
 )
+_RETENTION_LOCK = zlib.crc32(b"durable-sse:retention") - 2**31
+"""First key of the PostgreSQL advisory lock that retention's deletes take exclusively and
+gap openings and connection starts take shared, per stream (the second key is the
+stream's; the two-key space is apart from the schema lock's single key)."""
 _WORKERS = 16
 """Threads for database calls: the commit lanes plus checkpoint reads and writes."""
 POSTGRES_LANES = 4
@@ -225,6 +238,26 @@ class StoredEvent:
 
 
 @dataclass(frozen=True)
+class ReaderLease:
+    """A running connection's registration (see :class:`~durable_sse.retention.RunningReader`):
+    who it is and until when, at most, its start holds retention's fence."""
+
+    reader_id: str
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class HorizonDrop:
+    """What the write path left out of one batch because of the retention horizon."""
+
+    count: int
+    first_id: str
+    """The first id it dropped (for the log line)."""
+    horizon_id: str | None
+    """The horizon: the newest id retention deleted."""
+
+
+@dataclass(frozen=True)
 class InsertResult:
     new_rows: int
     duplicates: int
@@ -233,6 +266,14 @@ class InsertResult:
     """Ids of the batch's events that carried an id stored with another type or data (a
     server that restarted its counter): kept under an extended key, so counted in
     ``new_rows``, never in ``duplicates``."""
+    dropped_by_horizon: int = 0
+    """Events of the batch whose id sorts at or before the stream's retention horizon:
+    neither stored nor duplicates (they may never have been stored; see
+    :mod:`durable_sse.retention`)."""
+    dropped_id: str | None = None
+    """The first id the horizon dropped."""
+    horizon_id: str | None = None
+    """The horizon they were dropped at."""
 
 
 class EventLog:
@@ -311,8 +352,17 @@ class EventLog:
     async def committed(self, job: CommitJob) -> InsertResult:
         """Wait for a submitted batch to commit; cancelling the wait leaves the batch be."""
         new_rows = await _outlast_cancellation(job.future)
+        drop = job.dropped
+        reused = tuple(job.reused)
+        if not isinstance(drop, HorizonDrop) or not drop.count:
+            return InsertResult(new_rows=new_rows, duplicates=job.rows - new_rows, reused=reused)
         return InsertResult(
-            new_rows=new_rows, duplicates=job.rows - new_rows, reused=tuple(job.reused)
+            new_rows=new_rows,
+            duplicates=job.rows - new_rows - drop.count,
+            reused=reused,
+            dropped_by_horizon=drop.count,
+            dropped_id=drop.first_id,
+            horizon_id=drop.horizon_id,
         )
 
     async def insert_batch(
@@ -395,15 +445,24 @@ class EventLog:
         source: str,
         repair: bool = False,
         from_oldest: bool = False,
+        reader: ReaderLease | None = None,
     ) -> ConnectionStart:
-        """One read as a connection starts: its cursor when the caches had none, and the
-        lagging id, floor, open gaps and witness of the cursor (see ``StreamContext``).
+        """One transaction as a connection starts: its cursor when the caches had none,
+        and the lagging id, floor, open gaps and witness of the cursor (see
+        ``StreamContext``).
 
         ``repair``: the lagged route. Start one stored id before the oldest open gap's
         resume point, so the first event re-delivered shows whether the server's history
         still reaches the gap; with no gap open, start from the lagging id.
         ``from_oldest``: with no cursor and no lagging id, start at the oldest stored id
         rather than the floor (see :func:`durable_sse.gaps.choose_start`).
+        ``reader``: register the connection in ``sse_readers`` with the cursor chosen, in
+        the same transaction (so no retention delete falls between choosing a cursor and
+        holding its rows); registering the same reader again moves its start.
+
+        The stream's ``id_order`` is recorded in ``sse_checkpoints`` by its first
+        connection; a later one under another order raises
+        :class:`~durable_sse.errors.IdOrderMismatchError` and touches nothing.
         """
         return await self._run(
             f"read the state of stream {stream!r}",
@@ -414,7 +473,25 @@ class EventLog:
             source,
             repair,
             from_oldest,
+            reader,
         )
+
+    async def move_reader(self, stream: str, reader_id: str, hold: str | None) -> None:
+        """A running connection needs less kept: from ``hold`` on (see
+        ``Intake.retention_hold``; it only moves forward). A released reader stays gone."""
+        await self._run(
+            f"move a reader of stream {stream!r}", self._move_sync, stream, reader_id, hold
+        )
+
+    async def release_reader(self, stream: str, reader_id: str) -> None:
+        """The connection ended: its start no longer holds retention."""
+        await self._run(
+            f"release a reader of stream {stream!r}", self._release_sync, stream, reader_id
+        )
+
+    async def readers(self, stream: str) -> list[RunningReader]:
+        """The stream's registered connections, expired ones included (tests, tools)."""
+        return await self._run(f"read the readers of stream {stream!r}", self._readers_sync, stream)
 
     async def gap_summary(self, stream: str, id_order: str) -> GapSummary:
         """The stream's open gaps by name and all its gaps by count."""
@@ -447,20 +524,26 @@ class EventLog:
         reads more than ``batch_rows`` rows. ``received_at`` has no index of its own (it
         would cost every insert); arrival order is time order to within a batch, and a
         row received out of that order merely waits for a later run.
+
+        Each transaction reads the fence again (the lagging id, the open gaps, the
+        running connections' start cursors) under the stream's retention lock, which a
+        batch that opens a gap and a connection that registers its start take too
+        (PostgreSQL: an advisory lock, exclusive here, shared there; SQLite: its one
+        writer, taken by each transaction's first statement, a write). So a gap or a
+        connection that appears while a run goes on holds the very next statement, and
+        one that appears during a statement is written after it, against the horizon it
+        left (:func:`durable_sse.retention.opening_past_horizon`).
+
+        Raises :class:`~durable_sse.errors.IdOrderMismatchError` (nothing deleted) when
+        ``id_order`` is not the one the stream's keys were made with.
         """
         order = IdOrder(id_order)
         cutoff = to_utc(cutoff)
-        plan = await self._run(
-            f"plan retention of stream {stream!r}",
-            self._retention_plan_sync,
-            stream,
-            order,
-            cutoff,
-        )
         deleted = statements = 0
         longest = 0.0
         after: int | None = None
-        complete = plan.nothing
+        complete = False
+        fence = Fence(None, HELD_BY_NO_LAGGING)
         while not complete and statements < max_batches:
             if statements and between is not None:
                 await between(deleted)
@@ -468,7 +551,8 @@ class EventLog:
                 f"delete old events of stream {stream!r}",
                 self._delete_batch_sync,
                 stream,
-                plan,
+                order,
+                cutoff,
                 after,
                 batch_rows,
             )
@@ -477,13 +561,14 @@ class EventLog:
             longest = max(longest, batch.longest)
             after = batch.last_seq
             complete = batch.done
+            fence = batch.fence
         state = await self.retention_state(stream)
         return RetentionRun(
             deleted=deleted,
             batches=statements,
             complete=complete,
-            held_by=plan.fence.held_by,
-            keep_from=plan.fence.keep_from,
+            held_by=fence.held_by,
+            keep_from=fence.keep_from,
             longest_statement=longest,
             state=state,
         )
@@ -623,9 +708,15 @@ class EventLog:
         """Write ``jobs`` in one transaction (see :data:`durable_sse.commits.GroupWriter`);
         raises ``_Rewrite`` when some of them must be left out."""
         newest: dict[str, bytes] = {}
+        dropped: list[HorizonDrop | None] = []
         with self._begin() as connection:
             insert = self._stage(
-                connection, jobs, clean=clean, optimistic=optimistic, newest=newest
+                connection,
+                jobs,
+                clean=clean,
+                optimistic=optimistic,
+                newest=newest,
+                dropped=dropped,
             )
             group.wait_for_previous_rows()
             counts, reused = insert()
@@ -636,8 +727,9 @@ class EventLog:
                 raise _Rewrite  # roll back: some batches must not commit
             if rows_written:
                 group.rows_written.set()
-        for index, (job, count) in enumerate(zip(jobs, counts, strict=True)):
+        for index, (job, count, drop) in enumerate(zip(jobs, counts, dropped, strict=True)):
             job.new_rows = count
+            job.dropped = drop
             if reused is not None:
                 job.reused = reused[index]
         for stream, key in newest.items():
@@ -686,6 +778,7 @@ class EventLog:
         clean: bool,
         optimistic: bool = False,
         newest: dict[str, bytes] | None = None,
+        dropped: list[HorizonDrop | None] | None = None,
     ) -> Callable[[], _Inserted]:
         """Prepare the rows (a large set goes into the staging table now); returns the
         call that inserts them into the log and counts each batch's new rows and reused
@@ -697,7 +790,8 @@ class EventLog:
         stored id (the common live case) cannot conflict, so it is COPYed straight into
         ``sse_events``, every row new; should it meet a stored key after all, the
         unique violation rolls it back and the caller writes it through staging.
-        ``newest`` receives each stream's newest id key in the group.
+        ``newest`` receives each stream's newest id key in the group, ``dropped`` what
+        the retention horizon left out of each batch (None: nothing), in job order.
         """
         rows: list[tuple[Any, ...]] = []
         spans: list[tuple[int, int]] = []
@@ -710,8 +804,16 @@ class EventLog:
             start = len(rows)
             batch_rows = _rows(job.stream, order, events, start=position, clean=clean)
             position += len(events)
+            drop = None
             if job.stream in horizons:
-                batch_rows = _after_horizon(batch_rows, horizons[job.stream])
+                horizon, horizon_id = horizons[job.stream]
+                kept = _after_horizon(batch_rows, horizon)
+                if len(kept) < len(batch_rows):
+                    first = next(row[2] for row in batch_rows if not after_horizon(row[5], horizon))
+                    drop = HorizonDrop(len(batch_rows) - len(kept), first, horizon_id)
+                batch_rows = kept
+            if dropped is not None:
+                dropped.append(drop)
             rows.extend(batch_rows)
             spans.append((start, len(rows)))
             if newest is not None:
@@ -1031,6 +1133,37 @@ class EventLog:
         )
         connection.execute(statement)
 
+    def _check_order(self, connection: Connection, stream: str, order: IdOrder) -> str | None:
+        """The stream's lagging id, after making sure its keys are made under ``order``
+        (raises :class:`~durable_sse.errors.IdOrderMismatchError` otherwise)."""
+        table = checkpoints_table
+        row = connection.execute(
+            sa.select(table.c.lagging_id, table.c.id_order).where(table.c.stream == stream)
+        ).first()
+        if row is None:
+            return None
+        check_id_order(stream, stored=row.id_order, wanted=order.value)
+        return row.lagging_id
+
+    def _hold_retention(self, connection: Connection, stream: str, *, exclusive: bool) -> None:
+        """Order this transaction with the stream's retention deletes (see
+        :meth:`apply_retention`): the deletes hold it ``exclusive``, gap openings and
+        connection starts shared. On SQLite a write statement is enough: it takes the
+        one write lock, so every read after it sees the last commit and nothing commits
+        meanwhile (a write that matches no row takes it all the same)."""
+        if self.dialect == "postgresql":
+            function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+            key = zlib.crc32(stream.encode("utf-8", "surrogatepass")) - 2**31
+            connection.execute(
+                sa.text(f"SELECT {function}(:a, :b)"), {"a": _RETENTION_LOCK, "b": key}
+            )
+        else:
+            connection.execute(
+                sa.update(retention_table)
+                .where(retention_table.c.stream == stream)
+                .values(stream=retention_table.c.stream)
+            )
+
     def _get_checkpoint_sync(self, stream: str) -> CheckpointState | None:
         table = checkpoints_table
         with self._begin() as connection:
@@ -1049,6 +1182,7 @@ class EventLog:
         with self._begin() as connection:
             # A write first: on SQLite this takes the write lock before anything is read.
             self._ensure_checkpoint(connection, stream, order)
+            self._check_order(connection, stream, order)
             candidate = connection.execute(
                 sa.select(events.c.event_id, events.c.received_at)
                 .where(
@@ -1115,9 +1249,22 @@ class EventLog:
     def _apply_gap_changes(
         self, connection: Connection, stream: str, payload: BatchPayload, new_rows: int
     ) -> None:
-        """Apply a batch's gap changes inside its transaction (see ``gaps.apply_change``)."""
+        """Apply a batch's gap changes inside its transaction (see ``gaps.apply_change``).
+
+        In order, each written before the next is applied: a gap closed earlier in the
+        batch is among the ranges a later one must not count again
+        (``_SqlStoredIds.counted_ranges`` reads them in this transaction). A batch that
+        opens a gap takes the retention lock first and opens it after the stream's
+        horizon (:func:`durable_sse.retention.opening_past_horizon`).
+        """
         order = payload.order
-        ids = sorted({change.gap_id for change in payload.gap_changes})
+        changes: list[GapChange] = list(payload.gap_changes)
+        if any(change.opened is not None for change in changes):
+            self._hold_retention(connection, stream, exclusive=False)
+            changes = self._past_horizon(connection, stream, order, changes)
+        ids = sorted({change.gap_id for change in changes})
+        if not ids:
+            return
         query = sa.select(gaps_table).where(
             gaps_table.c.stream == stream, gaps_table.c.gap_id.in_(ids)
         )
@@ -1130,9 +1277,10 @@ class EventLog:
         ).scalar_one_or_none()
         stored = _SqlStoredIds(connection, stream, order)
         now = datetime.now(UTC).isoformat()
-        for change in payload.gap_changes:
+        for change in changes:
+            before = records.get(change.gap_id)
             record = apply_change(
-                records.get(change.gap_id),
+                before,
                 change,
                 order=order,
                 lagging_id=lagging,
@@ -1140,10 +1288,20 @@ class EventLog:
                 now=now,
                 stored=stored,
             )
-            if record is None:
+            if record is None or record == before:
                 continue
             records[change.gap_id] = record
-            if record.state != GapState.OPEN:
+            values = _gap_values(record)
+            if change.gap_id in existing:
+                connection.execute(
+                    sa.update(gaps_table)
+                    .where(gaps_table.c.stream == stream, gaps_table.c.gap_id == change.gap_id)
+                    .values(**values)
+                )
+            else:
+                connection.execute(sa.insert(gaps_table).values(gap_id=change.gap_id, **values))
+                existing.add(change.gap_id)
+            if record.state != GapState.OPEN and (before is None or before.is_open):
                 loud = record.state == GapState.UNRECOVERABLE and record.kind != GapKind.NO_RESUME
                 logger.log(
                     logging.WARNING if loud else logging.INFO,  # no_resume: warned once
@@ -1156,19 +1314,37 @@ class EventLog:
                     "unknown" if record.missing is None else record.missing,
                     record.recovered,
                 )
-        for gap_id in ids:
-            record = records.get(gap_id)
-            if record is None:
-                continue
-            values = _gap_values(record)
-            if gap_id in existing:
-                connection.execute(
-                    sa.update(gaps_table)
-                    .where(gaps_table.c.stream == stream, gaps_table.c.gap_id == gap_id)
-                    .values(**values)
+
+    def _past_horizon(
+        self, connection: Connection, stream: str, order: IdOrder, changes: list[GapChange]
+    ) -> list[GapChange]:
+        """The batch's changes with its gap openings moved after the retention horizon."""
+        horizon_id = connection.execute(
+            sa.select(retention_table.c.horizon_id).where(retention_table.c.stream == stream)
+        ).scalar_one_or_none()
+        if horizon_id is None:
+            return changes
+        kept = []
+        for change in changes:
+            moved = opening_past_horizon(change, horizon_id, order)
+            if moved is not change:
+                opened = change.opened
+                assert opened is not None
+                logger.warning(
+                    "stream %s: a drop signal (%s) over ids after %r, at or before the "
+                    "retention horizon %r: %s",
+                    stream,
+                    opened.kind,
+                    opened.start_id,
+                    horizon_id,
+                    "the gap starts at the horizon (what lies before it was deleted by "
+                    "retention, or lost before anyone recorded it)"
+                    if moved is not None
+                    else "nothing of it lies after the horizon, no gap is recorded",
                 )
-            else:
-                connection.execute(sa.insert(gaps_table).values(gap_id=gap_id, **values))
+            if moved is not None:
+                kept.append(moved)
+        return kept
 
     def _context_sync(
         self,
@@ -1178,14 +1354,15 @@ class EventLog:
         source: str,
         repair: bool,
         from_oldest: bool,
+        reader: ReaderLease | None = None,
     ) -> ConnectionStart:
         events = events_table
         with self._begin() as connection:
-            lagging = connection.execute(
-                sa.select(checkpoints_table.c.lagging_id).where(
-                    checkpoints_table.c.stream == stream
-                )
-            ).scalar_one_or_none()
+            if reader is not None:
+                self._hold_retention(connection, stream, exclusive=False)
+            # A write first: on SQLite this takes the write lock before anything is read.
+            self._ensure_checkpoint(connection, stream, order)
+            lagging = self._check_order(connection, stream, order)
             open_gaps = self._open_gaps(connection, stream)
             floor = connection.execute(_newest_row(stream, events.c.event_id)).scalar_one_or_none()
             cursor, source, witness = choose_start(
@@ -1210,6 +1387,8 @@ class EventLog:
                 ).first()
                 is not None
             )
+            if reader is not None:
+                self._register(connection, stream, reader, cursor)
         context = StreamContext(
             lagging_id=lagging,
             floor=floor,
@@ -1218,6 +1397,57 @@ class EventLog:
             has_rows=has_rows,
         )
         return ConnectionStart(cursor=cursor, source=source, context=context)
+
+    def _register(
+        self, connection: Connection, stream: str, reader: ReaderLease, start: str | None
+    ) -> None:
+        """Upsert the reader's row (and forget the stream's expired ones)."""
+        table, now = readers_table, datetime.now(UTC)
+        connection.execute(
+            sa.delete(table).where(table.c.stream == stream, table.c.expires_at <= now)
+        )
+        values = {"start_id": start, "started_at": now, "expires_at": to_utc(reader.expires_at)}
+        connection.execute(
+            self._insert_stmt()(table)
+            .values(stream=stream, reader_id=reader.reader_id, **values)
+            .on_conflict_do_update(index_elements=["stream", "reader_id"], set_=values)
+        )
+
+    def _move_sync(self, stream: str, reader_id: str, hold: str | None) -> None:
+        table = readers_table
+        with self._begin() as connection:
+            connection.execute(
+                sa.update(table)
+                .where(table.c.stream == stream, table.c.reader_id == reader_id)
+                .values(start_id=hold)
+            )
+
+    def _release_sync(self, stream: str, reader_id: str) -> None:
+        table = readers_table
+        with self._begin() as connection:
+            connection.execute(
+                sa.delete(table).where(table.c.stream == stream, table.c.reader_id == reader_id)
+            )
+
+    def _readers_sync(self, stream: str) -> list[RunningReader]:
+        with self._begin() as connection:
+            return self._running_readers(connection, stream)
+
+    def _running_readers(self, connection: Connection, stream: str) -> list[RunningReader]:
+        table = readers_table
+        rows = connection.execute(
+            sa.select(table.c.reader_id, table.c.start_id, table.c.expires_at)
+            .where(table.c.stream == stream)
+            .order_by(table.c.started_at, table.c.reader_id)
+        )
+        return [
+            RunningReader(
+                reader_id=row.reader_id,
+                start_id=row.start_id,
+                expires_at=from_db_time(row.expires_at) or row.expires_at,
+            )
+            for row in rows
+        ]
 
     def _oldest(self, connection: Connection, stream: str) -> str | None:
         events = events_table
@@ -1283,8 +1513,11 @@ class EventLog:
 
     # -- retention ------------------------------------------------------------------
 
-    def _horizons(self, connection: Connection, jobs: list[CommitJob]) -> dict[str, bytes]:
-        """Each stream's retention horizon (streams retention never touched: absent).
+    def _horizons(
+        self, connection: Connection, jobs: list[CommitJob]
+    ) -> dict[str, tuple[bytes, str | None]]:
+        """Each stream's retention horizon, key and id (streams retention never touched:
+        absent).
 
         On the write path, once per group transaction: plain driver SQL, a fifth of what
         the same query costs through SQLAlchemy (about 50 us on PostgreSQL, see
@@ -1302,56 +1535,49 @@ class EventLog:
             rows = connection.exec_driver_sql(
                 _HORIZONS_SQL + f"stream IN ({marks})", tuple(streams)
             ).all()
-        return {stream: bytes(key) for stream, key in rows}
-
-    def _retention_plan_sync(self, stream: str, order: IdOrder, cutoff: datetime) -> _RetentionPlan:
-        events = events_table
-        with self._begin() as connection:
-            lagging = connection.execute(
-                sa.select(checkpoints_table.c.lagging_id).where(
-                    checkpoints_table.c.stream == stream
-                )
-            ).scalar_one_or_none()
-            fence = retention_fence(lagging, self._open_gaps(connection, stream), order)
-            if not fence.ids_deletable:
-                # Only a stream that never stored an id may lose rows without a fence
-                # (such rows are never replayed nor deduplicated): keep everything else.
-                has_ids = connection.execute(_newest_row(stream, events.c.seq)).scalar_one_or_none()
-                nothing = has_ids is not None or fence.held_by != HELD_BY_NO_LAGGING
-                return _RetentionPlan(fence, None, None, cutoff, nothing=nothing)
-            assert fence.keep_from is not None
-            key = sort_key(fence.keep_from, order)
-            end_seq = connection.execute(
-                sa.select(sa.func.min(events.c.seq)).where(
-                    events.c.stream == stream, events.c.id_key == key
-                )
-            ).scalar_one_or_none()
-            if end_seq is None:  # the fence id is not stored: the first id after it
-                end_seq = connection.execute(
-                    sa.select(events.c.seq)
-                    .where(events.c.stream == stream, events.c.id_key > key)
-                    .order_by(events.c.id_key)
-                    .limit(1)
-                ).scalar_one_or_none()
-        return _RetentionPlan(fence, key, end_seq, cutoff)
+        return {stream: (bytes(key), horizon_id) for stream, key, horizon_id in rows}
 
     def _delete_batch_sync(
-        self, stream: str, plan: _RetentionPlan, after: int | None, limit: int
+        self, stream: str, order: IdOrder, cutoff: datetime, after: int | None, limit: int
     ) -> _RetentionBatch:
-        """One transaction: read the next ``limit`` rows in ``seq`` order, delete those
-        older than the cutoff and before the fence, and count them with the horizon."""
-        events, cutoff = events_table, plan.cutoff
-        lower = [events.c.stream == stream]
-        if after is not None:
-            lower.append(events.c.seq > after)
-        where = list(lower)
-        if plan.end_seq is not None:
-            where.append(events.c.seq < plan.end_seq)
+        """One transaction: read the fence, then the next ``limit`` rows in ``seq`` order
+        before the fence row; delete those older than the cutoff and before the fence, and
+        count them with the horizon (see :meth:`apply_retention`)."""
+        events = events_table
         longest = 0.0
         with self._begin() as connection:
+            self._hold_retention(connection, stream, exclusive=True)
             # A write first: on SQLite the batch then reads and deletes under the write
             # lock, one snapshot (the DELETE re-checks every condition all the same).
             self._ensure_retention_row(connection, stream)
+            lagging = self._check_order(connection, stream, order)
+            readers = self._running_readers(connection, stream)
+            fence = retention_fence(
+                lagging,
+                self._open_gaps(connection, stream),
+                order,
+                live_starts(readers, datetime.now(UTC)),
+            )
+            fence_key = end_seq = None
+            if fence.ids_deletable:
+                assert fence.keep_from is not None
+                # The stored id before the fence stays too (see durable_sse.retention).
+                keep = fence.keep_from
+                keep = self._neighbour(connection, stream, order, keep, older=True) or keep
+                fence_key = sort_key(keep, order)
+                end_seq = self._fence_seq(connection, stream, fence_key)
+            else:
+                # Only a stream that never stored an id may lose rows without a fence
+                # (such rows are never replayed nor deduplicated): keep everything else.
+                has_ids = connection.execute(_newest_row(stream, events.c.seq)).scalar_one_or_none()
+                if has_ids is not None or fence.held_by != HELD_BY_NO_LAGGING:
+                    return _RetentionBatch(0, after, True, longest, fence)
+            where = [events.c.stream == stream]
+            if after is not None:
+                where.append(events.c.seq > after)
+            lower = list(where)
+            if end_seq is not None:
+                where.append(events.c.seq < end_seq)
             started = time.monotonic()
             rows = connection.execute(
                 sa.select(events.c.seq, events.c.id_key, events.c.received_at)
@@ -1360,45 +1586,66 @@ class EventLog:
                 .limit(limit)
             ).all()
             longest = time.monotonic() - started
-            last_seq, doomed, newest_key, young = after, 0, None, False
-            for row in rows:
-                if (from_db_time(row.received_at) or cutoff) >= cutoff:
-                    young = True
-                    break
-                last_seq = row.seq
-                key = None if row.id_key is None else bytes(row.id_key)
-                if key is None or (plan.fence_key is not None and key < plan.fence_key):
-                    doomed += 1
-                    if key is not None and (newest_key is None or key > newest_key):
-                        newest_key = key
-            done = young or len(rows) < limit
-            if not doomed:
-                return _RetentionBatch(0, last_seq, done, longest)
+            choice = choose_deletions(
+                (
+                    (
+                        row.seq,
+                        None if row.id_key is None else bytes(row.id_key),
+                        from_db_time(row.received_at) or cutoff,
+                    )
+                    for row in rows
+                ),
+                after=after,
+                fence_key=fence_key,
+                cutoff=cutoff,
+                limit=limit,
+            )
+            if not choice.doomed:
+                return _RetentionBatch(0, choice.last_seq, choice.done, longest, fence)
+            assert choice.last_seq is not None
             horizon_id = None
-            if newest_key is not None:
+            if choice.newest_key is not None:
                 horizon_id = connection.execute(
                     sa.select(events.c.event_id)
-                    .where(events.c.stream == stream, events.c.id_key == newest_key)
+                    .where(events.c.stream == stream, events.c.id_key == choice.newest_key)
                     .limit(1)
                 ).scalar_one()
             kept = (
                 events.c.id_key.is_(None)
-                if plan.fence_key is None
-                else sa.or_(events.c.id_key.is_(None), events.c.id_key < plan.fence_key)
+                if fence_key is None
+                else sa.or_(events.c.id_key.is_(None), events.c.id_key < fence_key)
             )
             started = time.monotonic()
             result = connection.execute(
                 sa.delete(events).where(
                     *lower,
-                    events.c.seq <= last_seq,
+                    events.c.seq <= choice.last_seq,
                     events.c.received_at < cutoff,
                     kept,
                 )
             )
             longest = max(longest, time.monotonic() - started)
             deleted = max(result.rowcount, 0)
-            self._count_deleted(connection, stream, deleted, newest_key, horizon_id)
-        return _RetentionBatch(deleted, last_seq, done, longest)
+            self._count_deleted(connection, stream, deleted, choice.newest_key, horizon_id)
+        return _RetentionBatch(deleted, choice.last_seq, choice.done, longest, fence)
+
+    def _fence_seq(self, connection: Connection, stream: str, key: bytes) -> int | None:
+        """The ``seq`` of the fence id's row (else of the first id after it): rows from
+        there on in arrival order stay (None: no such row, no bound)."""
+        events = events_table
+        end_seq = connection.execute(
+            sa.select(sa.func.min(events.c.seq)).where(
+                events.c.stream == stream, events.c.id_key == key
+            )
+        ).scalar_one_or_none()
+        if end_seq is None:  # the fence id is not stored: the first id after it
+            end_seq = connection.execute(
+                sa.select(events.c.seq)
+                .where(events.c.stream == stream, events.c.id_key > key)
+                .order_by(events.c.id_key)
+                .limit(1)
+            ).scalar_one_or_none()
+        return end_seq
 
     def _count_deleted(
         self,
@@ -1481,29 +1728,20 @@ class RetentionRun:
 
 
 @dataclass(frozen=True)
-class _RetentionPlan:
-    fence: Fence
-    fence_key: bytes | None
-    end_seq: int | None
-    """Rows from this seq on stay (the fence row's); None: no bound from the fence."""
-    cutoff: datetime
-    nothing: bool = False
-    """Nothing may go at all (ids stored but no fence yet)."""
-
-
-@dataclass(frozen=True)
 class _RetentionBatch:
     deleted: int
     last_seq: int | None
     done: bool
     longest: float
+    fence: Fence
+    """The fence this statement kept (read inside its transaction)."""
 
 
 def _after_horizon(rows: list[tuple[Any, ...]], horizon: bytes) -> list[tuple[Any, ...]]:
-    """The staging rows whose id key sorts after the retention horizon (or that carry no
-    id): the others were deleted by retention, and storing them again would make them new
+    """The staging rows :func:`durable_sse.retention.after_horizon` lets through: the
+    others sort at or before what retention deleted, and storing them would make them new
     rows. (``pos`` may skip numbers afterwards: it only orders the rows.)"""
-    return [row for row in rows if row[5] is None or row[5] > horizon]
+    return [row for row in rows if after_horizon(row[5], horizon)]
 
 
 class _SqlStoredIds:

@@ -34,7 +34,12 @@ re-reads continuously: every open gap whose resume point is at or after C moves 
 end. Repairs resume from ``reread_to``, so a disconnect mid-replay continues the replay.
 
 Counts. With ``contiguous_ids`` a closing gap counts the integers in its range that are
-not stored and not already counted by another unrecoverable gap: exact. Otherwise a gap
+not stored and not already counted by another unrecoverable gap: exact, each lost id in
+one gap's ``missing`` only, whether the gaps close in one batch (the store applies a
+batch's changes in order, each seeing the records closed before it) or in several. A gap
+whose missing ids are all counted already by another (they overlap) is not repaired, its
+ids are still missing: it is unrecoverable with ``missing`` 0, so the gap counts as
+unrecoverable and its ids count once, in the gap that closed first. Otherwise a gap
 opened while reading new ids keeps the count its notice announced, and its loss is the
 announced count minus what repairs recovered inside it; a gap whose size nobody stated
 is unrecoverable with ``missing`` NULL, reported as such (never as 0).
@@ -253,13 +258,16 @@ def _close(record: Gap, *, order: IdOrder | str, now: str, stored: StoredIds | N
     if stored is not None:
         span = numeric_span(record)
         if span is not None:
-            missing = count_missing(
-                *span,
-                stored=stored.stored_numbers_between,
-                excluded=stored.counted_ranges(except_gap=record.gap_id),
-            )
+            counted = stored.counted_ranges(except_gap=record.gap_id)
+            missing = count_missing(*span, stored=stored.stored_numbers_between, excluded=counted)
+            if not missing and counted:
+                # Nothing of its own to count: repaired only if nothing at all is missing
+                # (ids another gap counted are still lost; see the module docstring).
+                lost = count_missing(*span, stored=stored.stored_numbers_between) > 0
+            else:
+                lost = missing > 0
             record.missing = missing
-            record.state = GapState.UNRECOVERABLE if missing else GapState.REPAIRED
+            record.state = GapState.UNRECOVERABLE if lost else GapState.REPAIRED
             return
     if not record.truncated:
         record.missing = 0

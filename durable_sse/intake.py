@@ -31,7 +31,7 @@ from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts,
 from durable_sse.eventlog import EventRecord
 from durable_sse.followers import FollowerKeys, data_digest
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext, no_resume
-from durable_sse.ids import contiguous_number, is_newer, key_function
+from durable_sse.ids import contiguous_number, is_newer, key_function, newest
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, Event
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
@@ -263,15 +263,24 @@ class Intake:
 
     # -- commits -----------------------------------------------------------------------
 
-    def committed(self, batch: Batch, *, new_rows: int, reused: Sequence[str] = ()) -> bool:
+    def committed(
+        self,
+        batch: Batch,
+        *,
+        new_rows: int,
+        reused: Sequence[str] = (),
+        dropped_by_horizon: int = 0,
+    ) -> bool:
         """``batch`` committed (call in submission order); True when the cursor moved.
 
         ``reused``: ids of the batch that the store holds with other data and kept anyway
         (their rows are in ``new_rows``): counted as ``ids_reused``, never as duplicates,
-        and warned of once per connection.
+        and warned of once per connection. ``dropped_by_horizon``: records the store left
+        out at the retention horizon (counted apart, never as duplicates).
         """
         self.counts.new_rows += new_rows
-        self.counts.duplicates += len(batch.records) - new_rows + batch.skipped
+        self.counts.duplicates += len(batch.records) - new_rows - dropped_by_horizon + batch.skipped
+        self.counts.dropped_by_horizon += dropped_by_horizon
         if self._no_resume_gap is not None and any(
             change.opened is not None and change.gap_id == self._no_resume_gap
             for change in batch.gap_changes
@@ -297,6 +306,19 @@ class Intake:
                     self.order,
                 )
         return moved
+
+    def retention_hold(self, now: float) -> str | None:
+        """The oldest id this connection may still need stored (retention keeps it and
+        every newer one while the connection runs; see :mod:`durable_sse.retention`).
+
+        Its start cursor (or, with none, its first id), moved forward to the id it read
+        one replay window ago once it has read for longer: it never re-reads what lies
+        before the ids it read, and every gap it can still open starts at or after this
+        (a notice speaks of the last window, a hole in contiguous ids of what it reads
+        now). None: no id read yet and no cursor, keep every id.
+        """
+        start = self.start_cursor or self.gaps.first_id
+        return newest([start, self._read_a_window_ago(now)], self.order)
 
     @property
     def ids_out_of_order(self) -> int:

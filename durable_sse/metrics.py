@@ -5,6 +5,7 @@ serves both the SDK's metrics and these. Labels are the stream name and small en
 (route, drop kind); never URLs or event ids, whose cardinality is unbounded.
 
 Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
+``dropped_by_horizon`` (events not stored: their id sorts at or before the retention horizon),
 ``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
 ``events_unrecoverable``, ``gaps_unrecoverable``, ``ids_out_of_order``, ``ids_reused``,
 ``reconnects_without_cursor`` (reconnects that could not resume: a ``no_resume`` gap each),
@@ -44,6 +45,10 @@ class ReaderMetrics:
         )
         self.duplicates = meter.create_counter(
             PREFIX + "duplicates", "Events re-delivered and already stored"
+        )
+        self.dropped_by_horizon = meter.create_counter(
+            PREFIX + "dropped_by_horizon",
+            "Events not stored: their id sorts at or before the retention horizon",
         )
         self.events_recovered = meter.create_counter(
             PREFIX + "events_recovered", "Events a replay stored that were missing"

@@ -17,7 +17,9 @@ left no heartbeat, a repair starts at its gap again, and anything else at the la
 or at the oldest stored id of a stream younger than one window.
 
 The read of the store that answers the chain also tells the connection what it needs to
-know about its stream (:class:`~durable_sse.gaps.StreamContext`): one round trip.
+know about its stream (:class:`~durable_sse.gaps.StreamContext`), checks the stream's
+``id_order`` against the one its keys were made with, and registers the connection with
+the cursor chosen, so retention keeps what it will re-read (``reader``): one round trip.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from durable_sse.contracts import ReadProgress, Route
-from durable_sse.eventlog import ConnectionStart, EventLog
+from durable_sse.eventlog import ConnectionStart, EventLog, ReaderLease
 from durable_sse.ids import IdOrder, is_newer
 from durable_sse.l1 import LocalCursors
 from durable_sse.l2 import RedisCursors
@@ -56,6 +58,7 @@ class CursorResolver:
         explicit: str | None = None,
         retry_of: ReadProgress | None = None,
         retried: bool = False,
+        reader: ReaderLease | None = None,
     ) -> ConnectionStart:
         """The cursor to send and the stream's context.
 
@@ -63,24 +66,26 @@ class CursorResolver:
             explicit: the cursor of an EXPLICIT route.
             retry_of: heartbeat details of the attempt that died (when ``retried``).
             retried: this is not the first attempt of the activity.
+            reader: register the connection with the cursor chosen (each read that
+                chooses one registers it again, so the last one stands).
         """
         order = IdOrder(id_order)
         if retried:
-            return await self._retry(stream, order, route, explicit, retry_of)
+            return await self._retry(stream, order, route, explicit, retry_of, reader)
         if route is Route.EXPLICIT:
-            return await self._context(stream, order, explicit, "explicit")
+            return await self._context(stream, order, explicit, "explicit", reader)
         if route is Route.LAGGED:
             start = await self._event_log.connection_context(
-                stream, order, cursor=None, source="none", repair=True
+                stream, order, cursor=None, source="none", repair=True, reader=reader
             )
             if start.cursor is not None:
                 return start
             # No gap open and no lagging id yet: the live chain (caches, then the floor),
             # with the witness of the cursor it finds.
             cursor, source = await self._caches(stream, order)
-            return await self._context(stream, order, cursor, source)
+            return await self._context(stream, order, cursor, source, reader)
         cursor, source = await self._caches(stream, order)
-        return await self._context(stream, order, cursor, source)
+        return await self._context(stream, order, cursor, source, reader)
 
     async def _retry(
         self,
@@ -89,6 +94,7 @@ class CursorResolver:
         route: Route,
         explicit: str | None,
         progress: ReadProgress | None,
+        reader: ReaderLease | None,
     ) -> ConnectionStart:
         begun = None
         if progress is not None:
@@ -98,7 +104,7 @@ class CursorResolver:
             # says, again; a repair or a live one from the oldest open gap, else the
             # lagging id, else the oldest stored id (the stream is younger than a window).
             if route is Route.EXPLICIT:
-                return await self._context(stream, order, explicit, "explicit")
+                return await self._context(stream, order, explicit, "explicit", reader)
             return await self._event_log.connection_context(
                 stream,
                 order,
@@ -106,8 +112,9 @@ class CursorResolver:
                 source="none",
                 repair=route is Route.LAGGED,
                 from_oldest=True,
+                reader=reader,
             )
-        start = await self._context(stream, order, begun, "retry")
+        start = await self._context(stream, order, begun, "retry", reader)
         lagging = start.context.lagging_id
         if is_newer(lagging, begun, order):
             if route is Route.LAGGED:
@@ -117,12 +124,15 @@ class CursorResolver:
                 # is the gap's end, and a history that starts inside the gap would look
                 # continuous (the gap closed as repaired with ids lost). The repair's own
                 # start bounds a retried repair instead.
+                # (Asked without registering: ``start`` registered ``begun`` already.)
                 repair = await self._event_log.connection_context(
                     stream, order, cursor=None, source="none", repair=True
                 )
                 if repair.source == "gap" and repair.cursor is not None:
-                    return repair if is_newer(repair.cursor, begun, order) else start
-            return await self._context(stream, order, lagging, "lagging")
+                    if is_newer(repair.cursor, begun, order):
+                        return await self._context(stream, order, repair.cursor, "gap", reader)
+                    return start
+            return await self._context(stream, order, lagging, "lagging", reader)
         return start
 
     async def _caches(self, stream: str, order: IdOrder) -> tuple[str | None, str]:
@@ -136,6 +146,13 @@ class CursorResolver:
         return None, "none"
 
     async def _context(
-        self, stream: str, order: IdOrder, cursor: str | None, source: str
+        self,
+        stream: str,
+        order: IdOrder,
+        cursor: str | None,
+        source: str,
+        reader: ReaderLease | None = None,
     ) -> ConnectionStart:
-        return await self._event_log.connection_context(stream, order, cursor=cursor, source=source)
+        return await self._event_log.connection_context(
+            stream, order, cursor=cursor, source=source, reader=reader
+        )

@@ -310,6 +310,25 @@ def test_close_does_not_count_twice_what_another_gap_counted() -> None:
     assert record is not None and record.missing == 5
 
 
+def test_overlapping_gaps_closed_in_turn_count_a_lost_id_once() -> None:
+    """21..29 stored but 25; gaps (20, 30) and (22, 28) both hold 25. The first to close
+    counts it; the second, seeing the first among the counted ranges, counts nothing of
+    its own but is not repaired: 25 is still missing."""
+    present = Ids(set(range(21, 30)) - {25})
+    first = apply(gap("a", "20", "30"), GapChange("a", close=True, contiguous=True), stored=present)
+    assert first is not None and (first.state, first.missing) == (GapState.UNRECOVERABLE, 1)
+    present.counted.append(("a", 20, 30))
+    second = apply(
+        gap("b", "22", "28"), GapChange("b", close=True, contiguous=True), stored=present
+    )
+    assert second is not None
+    assert (second.state, second.missing) == (GapState.UNRECOVERABLE, 0)
+    # Nothing missing at all: repaired, whatever other gaps counted around it.
+    whole = Ids(range(21, 30), counted=[("a", 20, 30)])
+    clean = apply(gap("c", "22", "28"), GapChange("c", close=True, contiguous=True), stored=whole)
+    assert clean is not None and (clean.state, clean.missing) == (GapState.REPAIRED, 0)
+
+
 def test_close_without_an_end_counts_up_to_the_notice_id() -> None:
     close = GapChange("g", close=True, contiguous=True)
     record = apply(gap(end=None, notice="25"), close, stored=Ids({25}))

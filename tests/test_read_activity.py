@@ -16,7 +16,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -47,7 +47,7 @@ from durable_sse.contracts import (
     ReadResult,
     Route,
 )
-from durable_sse.eventlog import EventLog
+from durable_sse.eventlog import EventLog, EventRecord
 from durable_sse.gaps import GapTotals
 from durable_sse.ids import sort_key
 from durable_sse.l1 import LocalCursors
@@ -56,7 +56,7 @@ from durable_sse.nudge import Nudges
 from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.spec import StreamSpec
-from workflows.stream import READ_HEARTBEAT_TIMEOUT
+from workflows.stream import READ_HEARTBEAT_TIMEOUT, READ_MARGIN, READ_RETRY
 
 SECRET = "Bearer sup3r-s3cret-t0ken"
 GUARD = 30.0
@@ -1192,6 +1192,110 @@ async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
     assert sum(written) == 3  # 4 and 5 were skipped as stored, 1..3 written
     assert replay.counts == ReadCounts(events_read=5, new_rows=3, duplicates=2, ids_reused=3)
     assert replay.last_cursor == "5"
+
+
+# -- retention (issue 24) ---------------------------------------------------------------------
+
+
+async def retained(log: EventLog, stream: str) -> None:
+    """Ids 1..40 stored under ``numeric`` an hour ago, the lagging id 30, 1..28 deleted."""
+    start = datetime.now(UTC) - timedelta(hours=1)
+    rows = [
+        EventRecord(str(i), 0, "message", "x", start + timedelta(seconds=i)) for i in range(1, 41)
+    ]
+    await log.insert_batch(stream, "numeric", rows)
+    moved = await log.advance_lagging(
+        stream, "numeric", window=1.0, now=start + timedelta(seconds=31)
+    )
+    assert moved.lagging_id == "30"
+    run = await log.apply_retention(stream, "numeric", cutoff=datetime.now(UTC))
+    assert (run.deleted, run.state.horizon_id) == (28, "28")
+
+
+async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
+    reader: StreamReader,
+    pg_event_log: EventLog,
+    stream_name: str,
+    caplog: pytest.LogCaptureFixture,
+    metrics: tuple[Runtime, MetricBuffer],
+) -> None:
+    """Issue 24, item 3: under ``numeric`` an id that is no number sorts before every
+    number, so after a delete the horizon drops it; so it does a re-sent deleted id. Both
+    are counted as dropped_by_horizon (not duplicates), logged once with the id and the
+    horizon, and exported; the connection's registration is gone when it ends."""
+    await retained(pg_event_log, stream_name)
+    runtime, buffer = metrics
+    buffer.retrieve_updates()
+    env = ActivityEnvironment()
+    env.metric_meter = runtime.metric_meter
+    caplog.set_level(logging.WARNING)
+    async with CannedServer(events("tick-a", "5", "41", "tick-b", "42")) as server:
+        result, _ = await read(reader, make_spec(server.url, stream_name), env=env)
+    assert result.start_cursor == "30"  # the lagging id: the caches know nothing
+    assert result.counts == ReadCounts(
+        events_read=5, new_rows=2, dropped_by_horizon=3, ids_out_of_order=1
+    )
+    assert (await stored_ids(pg_event_log, stream_name))[-2:] == ["41", "42"]
+    logged = [r.getMessage() for r in caplog.records if "retention horizon" in r.getMessage()]
+    assert len(logged) == 1 and "'tick-a'" in logged[0] and "'28'" in logged[0]
+    exported = [
+        update.value
+        for update in buffer.retrieve_updates()
+        if update.metric.name == "durable_sse_dropped_by_horizon"
+        and update.attributes.get("stream") == stream_name
+    ]
+    assert sum(exported) == 3
+    assert await pg_event_log.readers(stream_name) == []
+
+
+async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
+    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.1, paused=True))
+    spec = make_spec(source.url(stream_name), stream_name)
+    env = ActivityEnvironment()
+    # The timeouts StreamWorkflow gives the read activity.
+    lifetime = timedelta(seconds=spec.max_connection_age + spec.connect_timeout + spec.idle_timeout)
+    env.info = dataclasses.replace(
+        env.info,
+        start_to_close_timeout=lifetime + READ_MARGIN,
+        heartbeat_timeout=READ_HEARTBEAT_TIMEOUT,
+        retry_policy=READ_RETRY,
+    )
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="7"))
+    )
+    async with asyncio.timeout(GUARD):
+        while not (registered := await pg_event_log.readers(stream_name)):
+            await asyncio.sleep(0.05)
+    (running,) = registered
+    assert running.start_id == "7"
+    # Past the attempt's own life, and the wait before a retry would register anew.
+    assert running.expires_at > datetime.now(UTC) + lifetime + READ_MARGIN
+    assert running.expires_at < datetime.now(UTC) + lifetime + timedelta(minutes=5)
+    env.cancel()
+    assert (await task).outcome is Outcome.CANCELLED
+    assert await pg_event_log.readers(stream_name) == []
+
+
+async def test_a_stream_under_another_id_order_parks_before_it_connects(
+    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+) -> None:
+    """Issue 24, item 1: its keys were made under ``numeric``; read under ``natural``
+    (the default) every new id would key below the horizon and be dropped. The stream
+    parks, naming both orders and what to do; nothing is asked of the server."""
+    await retained(pg_event_log, stream_name)
+    before = await stored_ids(pg_event_log, stream_name)
+    async with CannedServer(events("41", "42")) as server:
+        with pytest.raises(ApplicationError) as refused:
+            await read(reader, make_spec(server.url, stream_name, id_order="natural"))
+        assert server.requests == []
+    error = refused.value
+    assert error.type == "ConfigError" and error.non_retryable
+    assert "id_order 'natural'" in error.message and "('numeric')" in error.message
+    assert "start it with id_order = 'numeric'" in error.message
+    assert await stored_ids(pg_event_log, stream_name) == before
+    assert await pg_event_log.readers(stream_name) == []
 
 
 # -- heartbeats (issue 13, item 6) -----------------------------------------------------------

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from durable_sse import gaps, intake
+from durable_sse import gaps, intake, retention
 from durable_sse.gaps import GapState
+from tests.sim import stores
 from tests.sim.server import Profile, ScriptedDrop
 from tests.sim.world import Faults, Violation, World
 
@@ -165,6 +166,19 @@ async def test_a_retried_repair_whose_gap_starts_at_the_lagging_id_keeps_its_wit
         assert world.tally.counts["attempt crashed"] >= 1
 
 
+@pytest.mark.parametrize("seed", [975716697, 975717808])
+async def test_retention_keeps_the_row_a_repair_starts_from(seed: int) -> None:
+    """Seeds 975716697, 975717808: retention deleted the stored id just before an open
+    gap's start (the fence kept the start row only). The repair then started at the gap's
+    start itself, took the gap's end for the witness, and called "repaired" a gap whose
+    first ids the history no longer held: ids lost, counted nowhere. The row before the
+    fence stays now."""
+    world = World(seed)
+    await world.run()
+    world.verdict()
+    assert world.retention is not None and world.log.deleted_rows > 0
+
+
 # -- the checker is trusted only after it has been seen failing ----------------------
 
 
@@ -228,6 +242,32 @@ MUTATIONS = [
         intake.Intake,
         "_comment",
         _notices_ignored_while_ending,
+    ),
+]
+
+
+def _fence_without_gaps(lagging, open_gaps, order, readers=()):  # noqa: ANN001, ANN202
+    return retention.retention_fence(lagging, [], order, readers)
+
+
+def _gaps_open_where_they_start(change, horizon_id, order):  # noqa: ANN001, ANN202
+    return change
+
+
+def _no_horizon(key, horizon):  # noqa: ANN001, ANN202
+    return True
+
+
+MUTATIONS += [
+    # Retention (issue 24): the memory store takes its decisions from these names.
+    Mutation("retention ignores open gaps", stores, "retention_fence", _fence_without_gaps, 300),
+    Mutation("the write path ignores the horizon", stores, "after_horizon", _no_horizon, 300),
+    Mutation(
+        "gaps opened behind the horizon keep their start",
+        stores,
+        "opening_past_horizon",
+        _gaps_open_where_they_start,
+        300,
     ),
 ]
 

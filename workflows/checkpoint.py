@@ -8,9 +8,12 @@ bound to (``sse-checkpoint:<name>``, see :mod:`durable_sse.ownership`): a run wh
 names another stream fails at once without touching anything.
 
 Then retention (:mod:`activities.retention`): the stream's events older than its
-retention go, in bounded batches, never one at or after the lagging id just set or the
-oldest open gap. What it did is signalled to the stream's workflow (``retention``) for its
-``status``. A run of a schedule built before retention existed skips the step (see
+retention go, in bounded batches, never one at or after the lagging id just set, the
+oldest open gap or what a running connection may still need. Under another ``id_order``
+than the stream's keys were made with, both activities refuse (a non-retryable
+``ConfigError``; the run fails, nothing moves, nothing is deleted). What it did is
+signalled to the stream's workflow (``retention``) for its ``status``. A run of a
+schedule built before retention existed skips the step (see
 ``AdvanceInput.retention_declared``), and histories from before it replay without it
 (``workflow.patched``).
 """

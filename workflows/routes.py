@@ -482,6 +482,7 @@ def _add_reading(
     counters.ids_out_of_order += counts.ids_out_of_order
     counters.ids_reused += counts.ids_reused
     counters.reconnects_without_cursor += counts.reconnects_without_cursor
+    counters.dropped_by_horizon += counts.dropped_by_horizon
     state.live_cursor = newest([state.live_cursor, cursor], id_order)
     if lagging_id is not None:
         state.lagging_id = lagging_id

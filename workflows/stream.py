@@ -717,6 +717,11 @@ class StreamWorkflow:
                 f"{r.deleted_rows} · oldest kept `{_shown(r.oldest_kept_id)}` at "
                 f"{r.oldest_kept_at or '-'} · kept from `{_shown(r.keep_from)}` ({r.held_by})"
             )
+        if c.dropped_by_horizon:
+            lines.append(
+                f"dropped by the retention horizon {c.dropped_by_horizon} (ids at or before "
+                "the newest id retention deleted: not stored)"
+            )
         if status.next_reconnect_at:
             lines.append(f"next reconnect: {status.next_reconnect_at}")
         if status.retry_capped_from_ms is not None:

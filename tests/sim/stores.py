@@ -5,7 +5,15 @@ does: rows deduplicated on ``(event_id, follower_key)``, an event whose key is s
 another digest (a reused id) kept under its extended key, the batch's gap changes applied in
 the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
 chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
-:func:`durable_sse.gaps.lagging_target`. Only the storage is different.
+:func:`durable_sse.gaps.lagging_target`. Retention takes the same decisions from
+:mod:`durable_sse.retention`: the fence (lagging id, open gaps, running connections'
+starts) read for every delete statement, the rows one statement deletes, the horizon the
+write path drops rows at, and where a gap opened behind it starts. Only the storage is
+different.
+
+What retention deletes stays in the oracle's view (:meth:`MemoryEventLog.stored_numbers`:
+stored once, then deleted and counted); storing such an id again, or counting it as
+missing, is recorded in :attr:`MemoryEventLog.anomalies` for the oracle.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from durable_sse.contracts import CheckpointState
-from durable_sse.eventlog import ConnectionStart, EventRecord
+from durable_sse.eventlog import ConnectionStart, EventRecord, InsertResult, ReaderLease
 from durable_sse.followers import CARRIER_KEY, reused_key
 from durable_sse.gaps import (
     Gap,
@@ -29,6 +37,16 @@ from durable_sse.gaps import (
     summarize,
 )
 from durable_sse.ids import IdOrder, contiguous_number, is_newer, sort_key
+from durable_sse.retention import (
+    HELD_BY_NO_LAGGING,
+    RunningReader,
+    after_horizon,
+    choose_deletions,
+    live_starts,
+    opening_past_horizon,
+    retention_fence,
+    row_deletable,
+)
 from durable_sse.stored import StoredPage
 
 
@@ -37,6 +55,20 @@ class Row:
     seq: int
     received_at: datetime
     digest: bytes | None = None
+    key: bytes | None = None
+    """``id_key``: the id's sort key (None: no id)."""
+    event_id: str = ""
+    carrier: bool = False
+    """The row carries its id (``event_ord`` 0) under the plain key (``_keys`` lists it)."""
+
+
+@dataclass
+class RetentionBatch:
+    """One delete statement (``EventLog._delete_batch_sync``)."""
+
+    deleted: int
+    last_seq: int | None
+    done: bool
 
 
 class MemoryEventLog:
@@ -54,17 +86,33 @@ class MemoryEventLog:
         self.commits = 0
         self.counted_missing: dict[str, set[int]] = {}
         """Per gap closed as unrecoverable, the ids it counted (the oracle's view)."""
+        self.readers: dict[str, RunningReader] = {}
+        """``sse_readers``: running connections and their start cursors."""
+        self.horizon: tuple[bytes, str] | None = None
+        """``sse_retention``: the newest id key retention deleted, and its id."""
+        self.deleted: set[int] = set()
+        """Ids whose carrier row retention deleted."""
+        self.deleted_rows = 0
+        self.dropped_by_horizon = 0
+        self.anomalies: list[str] = []
+        """What retention must never cause: an id stored again after it was deleted, or
+        counted as missing by a gap although it was stored (and then deleted)."""
 
     # -- the write path ------------------------------------------------------------
 
     def commit(
         self, records: list[EventRecord], changes: list[GapChange], *, now: datetime
-    ) -> tuple[int, list[str]]:
+    ) -> InsertResult:
         """One transaction: insert the rows (dedupe, reused ids kept under their extended
-        keys), apply the gap changes. Returns the new rows and the reused ids kept."""
-        new_rows = 0
+        keys, the horizon), apply the gap changes."""
+        new_rows = dropped = 0
         reused: list[str] = []
+        horizon = self.horizon[0] if self.horizon is not None else None
         for record in records:
+            id_key = sort_key(record.event_id, self.order) if record.event_id else None
+            if not after_horizon(id_key, horizon):
+                dropped += 1
+                continue
             # Carriers as (id, 0); followers by their content key, as the real log does.
             follower = 0 if record.event_ord == 0 else record.follower_key
             key: tuple[str, int | bytes | None] = (record.event_id, follower)
@@ -79,12 +127,26 @@ class MemoryEventLog:
                 if record.event_ord == 0:
                     reused.append(record.event_id)
             self.seq += 1
+            carrier = bool(record.event_id) and key == (record.event_id, 0)
             self.rows[key if record.event_id else ("", -self.seq)] = Row(
-                self.seq, record.received_at, record.digest
+                self.seq,
+                record.received_at,
+                record.digest,
+                key=id_key,
+                event_id=record.event_id,
+                carrier=carrier,
             )
             new_rows += 1
-            if record.event_id and key == (record.event_id, 0):
-                bisect.insort(self._keys, (sort_key(record.event_id, self.order), record.event_id))
+            if carrier:
+                assert id_key is not None
+                bisect.insort(self._keys, (id_key, record.event_id))
+                number = contiguous_number(record.event_id)
+                if number is not None and number in self.deleted:
+                    self.anomalies.append(f"{number} stored again after retention deleted it")
+        self.dropped_by_horizon += dropped
+        if self.horizon is not None and any(change.opened is not None for change in changes):
+            moved = (opening_past_horizon(c, self.horizon[1], self.order) for c in changes)
+            changes = [change for change in moved if change is not None]
         for change in changes:
             updated = apply_change(
                 self.gaps.get(change.gap_id),
@@ -101,7 +163,12 @@ class MemoryEventLog:
                 if updated.state == "unrecoverable" and (before is None or before.is_open):
                     self._note_counted(updated)
         self.commits += 1
-        return new_rows, reused
+        return InsertResult(
+            new_rows=new_rows,
+            duplicates=len(records) - new_rows - dropped,
+            reused=tuple(reused),
+            dropped_by_horizon=dropped,
+        )
 
     def _note_counted(self, gap: Gap) -> None:
         span = numeric_span(gap)
@@ -120,6 +187,12 @@ class MemoryEventLog:
         self.counted_missing[gap.gap_id] = {
             n for n in range(low + 1, high) if (str(n), 0) not in self.rows and n not in counted
         }
+        retained = self.counted_missing[gap.gap_id] & self.deleted
+        if retained:
+            self.anomalies.append(
+                f"gap {gap.gap_id} counted {sorted(retained)[:10]} as missing; they were "
+                "stored and retention deleted them"
+            )
 
     # -- gaps.StoredIds ------------------------------------------------------------
 
@@ -177,6 +250,7 @@ class MemoryEventLog:
         source: str,
         repair: bool = False,
         from_oldest: bool = False,
+        reader: ReaderLease | None = None,
     ) -> ConnectionStart:
         open_gaps = self.open_gaps()
         cursor, source, witness = choose_start(
@@ -197,7 +271,84 @@ class MemoryEventLog:
             open_gaps=[Gap(**vars(gap)) for gap in open_gaps],
             has_rows=bool(self.rows),
         )
+        if reader is not None:
+            self.readers[reader.reader_id] = RunningReader(
+                reader.reader_id, cursor, reader.expires_at
+            )
         return ConnectionStart(cursor=cursor, source=source, context=context)
+
+    def move_reader(self, reader_id: str, hold: str | None) -> None:
+        reader = self.readers.get(reader_id)
+        if reader is not None:
+            self.readers[reader_id] = RunningReader(reader_id, hold, reader.expires_at)
+
+    def release_reader(self, reader_id: str) -> None:
+        self.readers.pop(reader_id, None)
+
+    # -- retention -------------------------------------------------------------------
+
+    def retention_batch(
+        self, *, cutoff: datetime, after: int | None, limit: int, now: datetime
+    ) -> RetentionBatch:
+        """One delete statement, as ``EventLog._delete_batch_sync`` takes it: the fence
+        read now, the next ``limit`` rows before the fence row's in ``seq`` order."""
+        fence = retention_fence(
+            self.lagging_id,
+            self.open_gaps(),
+            self.order,
+            live_starts(self.readers.values(), now),
+        )
+        fence_key = end_seq = None
+        if fence.ids_deletable:
+            assert fence.keep_from is not None
+            keep = self.neighbour(fence.keep_from, True) or fence.keep_from
+            fence_key = sort_key(keep, self.order)
+            end_seq = self._fence_seq(fence_key)
+        elif fence.held_by != HELD_BY_NO_LAGGING or any(r.key for r in self.rows.values()):
+            return RetentionBatch(0, after, True)
+        rows = [
+            (row.seq, row.key, row.received_at)
+            for row in self.rows.values()
+            if (after is None or row.seq > after) and (end_seq is None or row.seq < end_seq)
+        ][:limit]
+        choice = choose_deletions(
+            rows, after=after, fence_key=fence_key, cutoff=cutoff, limit=limit
+        )
+        if not choice.doomed:
+            return RetentionBatch(0, choice.last_seq, choice.done)
+        assert choice.last_seq is not None
+        doomed = [
+            (name, row)
+            for name, row in self.rows.items()
+            if (after is None or row.seq > after)
+            and row.seq <= choice.last_seq
+            and row_deletable(row.key, row.received_at, fence_key=fence_key, cutoff=cutoff)
+        ]
+        for name, row in doomed:
+            del self.rows[name]
+            if row.carrier:
+                self._keys.remove((row.key, row.event_id))  # type: ignore[arg-type]
+                number = contiguous_number(row.event_id)
+                if number is not None:
+                    self.deleted.add(number)
+        if choice.newest_key is not None and (
+            self.horizon is None or choice.newest_key > self.horizon[0]
+        ):
+            newest = next(row for _, row in doomed if row.key == choice.newest_key)
+            self.horizon = (choice.newest_key, newest.event_id)
+        self.deleted_rows += len(doomed)
+        return RetentionBatch(len(doomed), choice.last_seq, choice.done)
+
+    def _fence_seq(self, key: bytes) -> int | None:
+        """``EventLog._fence_seq``: the fence id's row, else the first id after it."""
+        at = [row.seq for row in self.rows.values() if row.key == key]
+        if at:
+            return min(at)
+        after = [row for row in self.rows.values() if row.key is not None and row.key > key]
+        if not after:
+            return None
+        first = min(row.key for row in after)  # type: ignore[type-var]
+        return min(row.seq for row in after if row.key == first)
 
     async def gap_summary(self, stream: str, id_order: str) -> GapSummary:
         return summarize(list(self.gaps.values()), self.order)
@@ -226,7 +377,8 @@ class MemoryEventLog:
         return best
 
     def stored_numbers(self) -> set[int]:
-        numbers = set()
+        """Ids stored once: still stored, or deleted by retention after."""
+        numbers = set(self.deleted)
         for event_id, ordinal in self.rows:
             number = contiguous_number(event_id)
             if number is not None and ordinal == 0:

@@ -13,6 +13,11 @@ the end every id the server could still replay must be stored exactly once, ever
 could not must be counted exactly (or lie in a gap reported as of unknown size), and no
 gap may be left open. During the run, no cursor may pass a drop notice before its gap is
 recorded, and the lagging id may never pass an open gap.
+
+Most schedules (70%) run retention (both phases), at random moments, one delete statement
+per step so that statements interleave with commits and connection starts: a row it
+deletes counts as stored once (the oracle is the same), and storing it again or counting
+it as missing is a violation.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from durable_sse.contracts import (
     ReplaySignal,
     Route,
 )
+from durable_sse.eventlog import ReaderLease
 from durable_sse.gaps import GapChange, GapState
 from durable_sse.ids import compare_ids, is_newer
 from durable_sse.intake import Batch, Intake
 from durable_sse.l1 import LocalCursors
 from durable_sse.resolve import CursorResolver
+from durable_sse.retention import RunningReader, effective_retention
 from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Comment, SSEDecoder
 from durable_sse.stored import StoredAhead, StoredPage
@@ -56,6 +63,11 @@ STEP = 0.05
 """Virtual seconds per step."""
 QUIET_GENERATING_STEPS = 60
 """Steps the server keeps generating once the faults stop."""
+RETENTION_CHANCE = 0.1
+"""Chance per step that a retention run starts (when the schedule has retention)."""
+NEVER = datetime(9999, 1, 1, tzinfo=UTC)
+"""A running attempt's registration: it is released when the attempt ends, and a dead
+attempt's is made to expire (see ``World.crash``)."""
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 STREAM = "sim"
 
@@ -165,6 +177,18 @@ class World:
         self.shots = random.Random(f"{seed}:one-shots")
         """One-shot drops draw from their own generator: a schedule none hits runs as it
         did before they existed."""
+        self.deletes = random.Random(f"{seed}:retention")
+        """Retention draws from its own generator too."""
+        self.retention: float | None = None
+        """Seconds kept (None: this schedule runs no retention)."""
+        if self.deletes.random() < 0.7:
+            self.retention, _ = effective_retention(
+                self.spec.replay_window * self.deletes.choice([0.5, 1.0, 1.2, 2.0]),
+                None,
+                self.spec.replay_window,
+            )
+        self.deleting: RetentionRun | None = None
+        self._attempts = count(1)
 
     def maybe_inject_drop(self, chance: float) -> None:
         """A one-shot drop of up to one and a half history windows (larger than the
@@ -214,6 +238,7 @@ class World:
                 self.redis.values.clear()
                 self.tally.add("redis emptied")
         self.maybe_inject_drop(faults.one_shot_tick)
+        self.delete_some()
         for zombie in list(self.zombies):
             zombie.lifetime -= 1
             outcome = zombie.step()
@@ -223,6 +248,34 @@ class World:
 
     def new_gap_id(self) -> str:
         return f"g{next(self._ids)}"
+
+    def new_reader(self) -> ReaderLease:
+        return ReaderLease(f"a{next(self._attempts)}", NEVER)
+
+    def delete_some(self) -> None:
+        """Retention at random moments: a run takes one statement per step, so commits,
+        gap openings and connection starts fall between its statements."""
+        if self.retention is None:
+            return
+        run = self.deleting
+        if run is None:
+            if self.deletes.random() >= RETENTION_CHANCE:
+                return
+            run = self.deleting = RetentionRun(
+                cutoff=self.now - timedelta(seconds=self.retention),
+                limit=self.deletes.choice([1, 3, 10, 50, 200]),
+                statements=self.deletes.randint(1, 10),
+            )
+            self.tally.add("retention runs")
+        batch = self.log.retention_batch(
+            cutoff=run.cutoff, after=run.after, limit=run.limit, now=self.now
+        )
+        run.after, run.statements = batch.last_seq, run.statements - 1
+        if batch.deleted:
+            self.tally.counts["rows deleted by retention"] += batch.deleted
+            self.note(f"retention deleted {batch.deleted} rows, horizon {self.log.horizon}")
+        if batch.done or run.statements <= 0:
+            self.deleting = None
 
     # -- the oracle's running checks --------------------------------------------------
 
@@ -411,6 +464,13 @@ class World:
         self.tally.add("attempt crashed")
         if self.rng.random() >= self.faults.zombie:
             attempt.inflight_lost()  # the process is gone with what it had not committed
+            # Its registration stays until it expires, some time after its death.
+            reader = self.log.readers.get(attempt.reader.reader_id)
+            if reader is not None:
+                expires = self.now + timedelta(seconds=self.deletes.uniform(0, 2.0))
+                self.log.readers[reader.reader_id] = RunningReader(
+                    reader.reader_id, reader.start_id, expires
+                )
             if not attempt.committed_any:
                 # It committed nothing, so nothing durable shows that it read anything:
                 # a notice it took died with it, like a notice lost with its connection.
@@ -576,7 +636,11 @@ class World:
                 f"{totals.gaps_unrecoverable} gaps unrecoverable; the records say "
                 f"{everything} / {len(unrecoverable)}"
             )
+        if self.log.anomalies:
+            raise Violation(f"retention: {self.log.anomalies[:3]}")
         self.tally.counts["ids generated"] = self.server.newest
+        if self.log.dropped_by_horizon:
+            self.tally.counts["events dropped by the horizon"] += self.log.dropped_by_horizon
         self.tally.counts["ids lost for good"] = len(lost)
         self.tally.counts["gaps"] = len(gaps)
         self.tally.counts["gaps unrecoverable"] = len(unrecoverable)
@@ -604,6 +668,8 @@ class Attempt:
         self.page_coming: StoredPage | None = None
         """A page of stored keys read from the log, not yet handed over (a fetch in
         flight: the log may take more rows meanwhile, never lose one)."""
+        self.reader = world.new_reader()
+        """Its registration (``sse_readers``): retention keeps its start while it runs."""
 
     @classmethod
     async def start(
@@ -622,6 +688,7 @@ class Attempt:
             explicit=read_input.start_id,
             retry_of=progress,
             retried=retried,
+            reader=attempt.reader,
         )
         attempt.start_cursor = start.cursor
         attempt.source = start.source
@@ -696,6 +763,11 @@ class Attempt:
         self._collect()
         while self.inflight and (len(self.inflight) > 3 or self.rng.random() < 0.6):
             self._commit_one()
+        if self.world.deletes.random() < 0.2:
+            # The progress report moves the registration's hold (read.py, _move_hold).
+            hold = intake.retention_hold(self.world.clock)
+            if hold is not None:
+                self.world.log.move_reader(self.reader.reader_id, hold)
         return intake.outcome
 
     def _take(self, chunk: bytes) -> None:
@@ -728,7 +800,10 @@ class Attempt:
     def _commit_one(self) -> None:
         batch = self.inflight.pop(0)
         world = self.world
-        new_rows, reused = world.log.commit(batch.records, batch.gap_changes, now=world.now)
+        inserted = world.log.commit(batch.records, batch.gap_changes, now=world.now)
+        new_rows = inserted.new_rows
+        if world.log.anomalies:
+            raise Violation(f"retention: {world.log.anomalies[:3]}")
         self.committed_any = True
         if batch.skipped:
             world.tally.add("events skipped as stored")
@@ -740,7 +815,12 @@ class Attempt:
                 f"commit {[r.event_id for r in batch.records]} changes "
                 f"{[_described(change) for change in batch.gap_changes]}"
             )
-        if self.intake.committed(batch, new_rows=new_rows, reused=reused):
+        if self.intake.committed(
+            batch,
+            new_rows=new_rows,
+            reused=inserted.reused,
+            dropped_by_horizon=inserted.dropped_by_horizon,
+        ):
             cursor = self.intake.cursor
             assert cursor is not None
             if not self.zombie:
@@ -766,6 +846,7 @@ class Attempt:
             self._commit_one()
         self.finished = True
         log = self.world.log
+        log.release_reader(self.reader.reader_id)
         return ReadResult(
             outcome=intake.ending(outcome),
             start_cursor=self.start_cursor,
@@ -776,6 +857,16 @@ class Attempt:
             lagging_id=log.lagging_id,
             retry_ms=self.decoder.retry,
         )
+
+
+@dataclass
+class RetentionRun:
+    """A retention run in progress (``EventLog.apply_retention``, one statement a step)."""
+
+    cutoff: datetime
+    limit: int
+    statements: int
+    after: int | None = None
 
 
 def _described(change: GapChange) -> dict[str, object]:
