@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 import pydantic
@@ -122,6 +123,34 @@ def retention_fence(
         if compare_ids(gap.start_id, fence, order) < 0:
             fence, held_by = gap.start_id, HELD_BY_GAP
     return Fence(fence, held_by)
+
+
+@dataclass(frozen=True)
+class ConsumerHold:
+    """One consumer group's term of the fence (a separate term: the fence above is the
+    reader's, this one the consumers' of the log; see :mod:`durable_sse.consume`).
+
+    A group that holds retention keeps every row it has not consumed (``seq`` after its
+    position), until the row is older than the group's ``max_hold``: then it goes, and
+    the group meets ``Truncated`` (or an error) instead, so one stuck consumer cannot
+    fill the disk forever.
+    """
+
+    group: str
+    position: int
+    """The group's position in the stream: rows up to this ``seq`` are consumed."""
+    until: datetime | None = None
+    """Rows received before this time go all the same (now - ``max_hold``; None: kept
+    for as long as the group needs them)."""
+
+    def keeps(self, seq: int, received_at: datetime) -> bool:
+        return seq > self.position and (self.until is None or received_at >= self.until)
+
+
+def held_by_consumers(holds: Iterable[ConsumerHold], seq: int, received_at: datetime) -> bool:
+    """Whether a group keeps this row (retention deletes in ``seq`` order and stops at the
+    first row kept, like at the first row younger than the cutoff)."""
+    return any(hold.keeps(seq, received_at) for hold in holds)
 
 
 def describe(status: Mapping[str, object] | None) -> str:
