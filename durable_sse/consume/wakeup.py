@@ -1,0 +1,196 @@
+"""Wake a consumer when its streams may have something new.
+
+PostgreSQL: the writer's group transaction queues one ``NOTIFY`` per stream it wrote
+(``EventLog._order_and_notify``; delivered on commit, never for a rollback). A consumer
+process keeps one ``LISTEN`` connection (psycopg's own async notifications, no polling)
+and marks the stream named in each payload. Notifications are not durable: one sent
+while the connection was down is gone. So after every (re)``LISTEN`` every stream is
+read once (the catch-up), and a slow poll marks every stream now and then (a safety net
+for anything else that was missed, e.g. a transaction that wrote rows without going
+through the writer). The slow poll also proves the connection alive: a connection that
+died silently (a network partition) would never raise.
+
+SQLite: no notifications between processes, so a poll; but one that costs nothing when
+idle. ``PRAGMA data_version`` changes when another connection commits, and reading it
+touches no table: only when it changed does the poller ask which streams got rows after
+the newest ``seq`` it saw (a rowid range, so an index-free, instant read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from durable_sse.db import EVENTS_CHANNEL, EVENTS_TABLE
+from durable_sse.settings import sqlite_path
+
+logger = logging.getLogger(__name__)
+
+RECONNECT_DELAYS = (0.1, 0.5, 1.0, 2.0, 5.0)
+"""Seconds between attempts to listen again (the last one repeats)."""
+SQLITE_CHECK_INTERVAL = 0.02
+"""Seconds between two ``PRAGMA data_version`` reads (each a few microseconds)."""
+
+OnStream = Callable[[str], None]
+OnAll = Callable[[], None]
+
+
+class Wakeups:
+    """Calls ``on_stream(name)`` when a stream may have news, ``on_all()`` when any may."""
+
+    def __init__(self, on_stream: OnStream, on_all: OnAll, *, poll_interval: float) -> None:
+        self._on_stream = on_stream
+        self._on_all = on_all
+        self.poll_interval = poll_interval
+        self.listening = asyncio.Event()
+        """Set while notifications arrive (PostgreSQL) or the poller runs (SQLite)."""
+        self.listens = 0
+        """(Re)connections so far: a test sees the listener come back."""
+        self.notifications = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        raise NotImplementedError
+
+
+def wakeups_for(
+    database_url: str, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
+) -> Wakeups:
+    url = make_url(database_url)
+    if url.get_backend_name() == "postgresql":
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        return PostgresListener(conninfo, on_stream, on_all, poll_interval=poll_interval)
+    return SqlitePoller(sqlite_path(database_url), on_stream, on_all, poll_interval=poll_interval)
+
+
+class PostgresListener(Wakeups):
+    """One ``LISTEN`` connection (see the module docstring)."""
+
+    def __init__(
+        self, conninfo: str, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
+    ) -> None:
+        super().__init__(on_stream, on_all, poll_interval=poll_interval)
+        self._conninfo = conninfo
+        self.backend_pid: int | None = None
+        """The listening connection's server process (tests terminate it)."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                await self._listen(stop)
+                return
+            except (psycopg.Error, OSError) as error:
+                self.listening.clear()
+                delay = RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)]
+                failures += 1
+                logger.warning(
+                    "consumer wake-ups: the LISTEN connection failed (%s); listening again "
+                    "in %.1f s, and reading every stream then",
+                    str(error).strip().splitlines()[0] if str(error).strip() else error,
+                    delay,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        connection = await psycopg.AsyncConnection.connect(
+            self._conninfo, autocommit=True, connect_timeout=5
+        )
+        try:
+            await connection.execute(f"LISTEN {EVENTS_CHANNEL}")
+            self.backend_pid = connection.info.backend_pid
+            self.listens += 1
+            self.listening.set()
+            self._on_all()  # the catch-up: what was committed while nobody listened
+            polled = time.monotonic()
+            while not stop.is_set():
+                async for notify in connection.notifies(timeout=0.5):
+                    self.notifications += 1
+                    self._on_stream(notify.payload)
+                if time.monotonic() - polled >= self.poll_interval:
+                    polled = time.monotonic()
+                    await connection.execute("SELECT 1")  # alive? raises if not
+                    self._on_all()
+        finally:
+            self.listening.clear()
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+
+class SqlitePoller(Wakeups):
+    """``PRAGMA data_version`` polling (see the module docstring)."""
+
+    def __init__(
+        self, path: str | None, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
+    ) -> None:
+        super().__init__(on_stream, on_all, poll_interval=poll_interval)
+        self._path = path
+        self.checks = 0
+        self.queries = 0
+        """Reads of ``sse_events`` the poller made (only after a change)."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self._path is None:  # in-memory: one connection, nobody else writes
+            self.listening.set()
+            while not stop.is_set():
+                self._on_all()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval)
+            return
+        connection = await asyncio.to_thread(self._open)
+        try:
+            newest = await asyncio.to_thread(self._newest_seq, connection)
+            version = await asyncio.to_thread(self._data_version, connection)
+            self.listens += 1
+            self.listening.set()
+            self._on_all()
+            polled = time.monotonic()
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), SQLITE_CHECK_INTERVAL)
+                self.checks += 1
+                current = self._data_version(connection)  # microseconds: no thread hop
+                if current != version:
+                    version = current
+                    streams, newest = await asyncio.to_thread(
+                        self._streams_after, connection, newest
+                    )
+                    for stream in streams:
+                        self._on_stream(stream)
+                if time.monotonic() - polled >= self.poll_interval:
+                    polled = time.monotonic()
+                    self._on_all()
+        finally:
+            self.listening.clear()
+            connection.close()
+
+    def _open(self) -> sqlite3.Connection:
+        assert self._path is not None
+        connection = sqlite3.connect(self._path, timeout=30, check_same_thread=False)
+        connection.isolation_level = None  # autocommit: each read sees the newest commit
+        return connection
+
+    @staticmethod
+    def _data_version(connection: sqlite3.Connection) -> int:
+        return int(connection.execute("PRAGMA data_version").fetchone()[0])
+
+    @staticmethod
+    def _newest_seq(connection: sqlite3.Connection) -> int:
+        row = connection.execute(f"SELECT max(seq) FROM {EVENTS_TABLE}").fetchone()
+        return int(row[0] or 0)
+
+    def _streams_after(self, connection: sqlite3.Connection, newest: int) -> tuple[list[str], int]:
+        self.queries += 1
+        rows = connection.execute(
+            f"SELECT stream, max(seq) FROM {EVENTS_TABLE} WHERE seq > ? GROUP BY stream",
+            (newest,),
+        ).fetchall()
+        top = max((int(seq) for _, seq in rows), default=newest)
+        return [stream for stream, _ in rows], top
