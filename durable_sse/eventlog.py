@@ -448,6 +448,7 @@ class EventLog:
         longest = 0.0
         after: int | None = None
         complete = plan.nothing
+        held_by_consumers: tuple[str, ...] = ()
         while not complete and statements < max_batches:
             if statements and between is not None:
                 await between(deleted)
@@ -464,6 +465,7 @@ class EventLog:
             longest = max(longest, batch.longest)
             after = batch.last_seq
             complete = batch.done
+            held_by_consumers = batch.held_by_consumers
         state = await self.retention_state(stream)
         return RetentionRun(
             deleted=deleted,
@@ -473,6 +475,7 @@ class EventLog:
             keep_from=plan.fence.keep_from,
             longest_statement=longest,
             state=state,
+            held_by_consumers=held_by_consumers,
         )
 
     async def retention_state(self, stream: str) -> RetentionState:
@@ -1303,9 +1306,11 @@ class EventLog:
             holds = self._holds_of_consumers(connection, stream)
             last_seq, doomed, newest_key, young = after, 0, None, False
             deleted_to: int | None = None
+            held: tuple[str, ...] = ()
             for row in rows:
                 received = from_db_time(row.received_at) or cutoff
                 if received >= cutoff or held_by_consumers(holds, row.seq, received):
+                    held = tuple(h.group for h in holds if h.keeps(row.seq, received))
                     young = True
                     break
                 last_seq = row.seq
@@ -1317,7 +1322,7 @@ class EventLog:
                         newest_key = key
             done = young or len(rows) < limit
             if not doomed:
-                return _RetentionBatch(0, last_seq, done, longest)
+                return _RetentionBatch(0, last_seq, done, longest, held)
             horizon_id = None
             if newest_key is not None:
                 horizon_id = connection.execute(
@@ -1343,7 +1348,7 @@ class EventLog:
             deleted = max(result.rowcount, 0)
             self._count_deleted(connection, stream, deleted, newest_key, horizon_id)
             self._record_deleted_to(connection, stream, deleted_to)
-        return _RetentionBatch(deleted, last_seq, done, longest)
+        return _RetentionBatch(deleted, last_seq, done, longest, held)
 
     def _holds_of_consumers(self, connection: Connection, stream: str) -> list[ConsumerHold]:
         """The consumer groups' term of the fence, read in the delete's own transaction:
@@ -1453,6 +1458,8 @@ class RetentionRun:
     longest_statement: float
     """Seconds of the longest statement of the run (a select or a delete)."""
     state: RetentionState
+    held_by_consumers: tuple[str, ...] = ()
+    """Consumer groups that kept rows this run would have deleted (``ConsumerHold``)."""
 
 
 @dataclass(frozen=True)
@@ -1472,6 +1479,7 @@ class _RetentionBatch:
     last_seq: int | None
     done: bool
     longest: float
+    held_by_consumers: tuple[str, ...] = ()
 
 
 def _after_horizon(rows: list[tuple[Any, ...]], horizon: bytes) -> list[tuple[Any, ...]]:

@@ -162,4 +162,7 @@ def describe(status: Mapping[str, object] | None) -> str:
     oldest = status.get("oldest_kept_at")
     if oldest:
         text += f", oldest kept {str(oldest)[:19]}Z"
+    groups = status.get("held_by_consumers")
+    if groups:
+        text += f", held by consumers {', '.join(map(str, groups))}"  # type: ignore[call-overload]
     return text

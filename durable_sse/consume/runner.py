@@ -401,6 +401,7 @@ class Consumer:
                 return
             moved = await self._db(self._ack_sync, stream, claim, read)
             if not moved:
+                self._dirty[stream] = None  # delivered again (here, if nobody took it over)
                 raise LeaseLostError(
                     f"group {self.group.name!r}, stream {stream!r}: this process "
                     f"({self.owner}) no longer holds the lease (it expired or another "
