@@ -238,7 +238,7 @@ class Group:
     max_hold: float | None = None
     """Seconds: rows older than this go even if unread (None: kept while needed)."""
     on_max_hold: OnMaxHold = OnMaxHold.TRUNCATE
-    lease: float = 30.0
+    lease: float = 10.0
     """Seconds a process owns a stream without renewing it; then another may take it
     over (and an acknowledgement of the old owner is refused)."""
 
