@@ -321,3 +321,53 @@ def describe_item(item: Item) -> str:
     if isinstance(item, GapClosed):
         return f"closing of gap {item.gap_id} after seq {item.after_seq}"
     return f"truncation after seq {item.after_seq} through {item.through_seq}"
+
+
+def item_json(item: Item) -> dict[str, object]:
+    """An item as JSON-ready values (``durable-sse tail`` prints one per line): an event
+    as ``stream, seq, id, event, data, received_at``; a gap marker, a closing or a
+    truncation under a key of its own, so a reader tells them apart by key."""
+    if isinstance(item, Event):
+        return {
+            "stream": item.stream,
+            "seq": item.seq,
+            "id": item.event_id,
+            "event": item.event_type,
+            "data": item.data,
+            "received_at": _iso(item.received_at),
+        }
+    if isinstance(item, Gap):
+        return {
+            "stream": item.stream,
+            "after_seq": item.after_seq,
+            "gap": {
+                "id": item.gap_id,
+                "kind": item.kind,
+                "start_id": item.start_id,
+                "end_id": item.end_id,
+                "announced": item.announced,
+                "seen_at": _iso(item.seen_at),
+            },
+        }
+    if isinstance(item, GapClosed):
+        return {
+            "stream": item.stream,
+            "after_seq": item.after_seq,
+            "gap_closed": {
+                "id": item.gap_id,
+                "state": item.state,
+                "recovered": item.recovered,
+                "missing": item.missing,
+                "closed_at": _iso(item.closed_at),
+            },
+        }
+    return {
+        "stream": item.stream,
+        "truncated": {"after_seq": item.after_seq, "through_seq": item.through_seq},
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

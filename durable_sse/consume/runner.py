@@ -61,6 +61,7 @@ from durable_sse.consume.model import (
 from durable_sse.consume.positions import Claim, Refused
 from durable_sse.consume.reader import Read, read_items
 from durable_sse.consume.schema import create_consumer_tables
+from durable_sse.consume.status import lag_events
 from durable_sse.consume.wakeup import Wakeups, wakeups_for
 from durable_sse.db import EVENTS_TABLE, create_schema, error_summary, make_engine
 from durable_sse.errors import LeaseLostError, StoreError
@@ -78,7 +79,6 @@ POLL_INTERVAL = {"postgresql": 30.0, "sqlite": 5.0}
 BACKOFF = (0.05, 0.2, 1.0, 2.0, 5.0, 10.0)
 """Seconds before a stream whose batch failed is delivered again, by attempt."""
 LAG_SAMPLE_INTERVAL = 15.0
-LAG_SAMPLE_CAP = 1_000_000
 
 
 def normalize_url(database_url: str) -> str:
@@ -757,20 +757,6 @@ class Consumer:
             # The transaction runs in a thread: let it end (commit or roll back) first.
             await asyncio.wait([future])
             raise
-
-
-def lag_events(
-    connection: Connection, stream: str, after_seq: int, cap: int = LAG_SAMPLE_CAP
-) -> int:
-    """Events stored after ``after_seq`` (counted up to ``cap``)."""
-    inner = (
-        sa.select(sa.literal(1))
-        .select_from(sa.table(EVENTS_TABLE, sa.column("stream"), sa.column("seq")))
-        .where(sa.column("stream") == stream, sa.column("seq") > after_seq)
-        .limit(cap)
-        .subquery()
-    )
-    return int(connection.execute(sa.select(sa.func.count()).select_from(inner)).scalar_one())
 
 
 def _all_streams_sync(engine: sa.Engine) -> list[str]:
