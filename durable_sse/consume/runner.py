@@ -258,7 +258,7 @@ class Consumer:
             if stream is None:
                 return
             try:
-                await self._drain_exactly_once(stream, handler)
+                await self._drain_exactly_once(stream, handler, stop)
             except StoreError as error:
                 logger.warning(
                     "consumer %s, stream %s: %s; trying again", self.group.name, stream, error
@@ -268,9 +268,15 @@ class Consumer:
                 self._busy.discard(stream)
                 self._news.set()
 
-    async def _drain_exactly_once(self, stream: str, handler: Handler) -> None:
+    async def _drain_exactly_once(self, stream: str, handler: Handler, stop: asyncio.Event) -> None:
         claim: Claim | None = None
-        while not self._stop.is_set():
+        while True:
+            if stop.is_set() or self._stop.is_set():
+                if claim is not None:
+                    # Stopping with more to deliver: let another process take it now.
+                    with contextlib.suppress(StoreError):
+                        await self._db(self._release_sync, stream, claim)
+                return
             if claim is None:
                 claim = await self._db(self._claim_sync, stream)
                 if claim is None:
