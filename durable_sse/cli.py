@@ -598,7 +598,7 @@ class _TailCommitter:
                 epoch=self._claim.epoch,
                 end=read.end,
                 items=len(read.items),
-                continuing=True,
+                keep=True,
                 narrow_items=0,
                 now=datetime.now(UTC),
                 newest_received_at=read.newest_received_at,

@@ -19,8 +19,11 @@ transaction there writes first (taking the write lock) and then reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+import functools
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,7 +33,12 @@ from sqlalchemy.engine import Connection
 
 from durable_sse.consume.model import Event, Gap, GapClosed, Group, Item, Position, describe_item
 from durable_sse.consume.reader import event_row_values, start_position
-from durable_sse.consume.schema import consumers_table, dead_letters_table, groups_table
+from durable_sse.consume.schema import (
+    CONSUMERS_TABLE,
+    consumers_table,
+    dead_letters_table,
+    groups_table,
+)
 from durable_sse.db import from_db_time
 
 MAX_ERROR_CHARS = 2000
@@ -72,6 +80,8 @@ class Claim:
     narrow_items: int
     """Items still to deliver one at a time (a batch kept failing)."""
     last_error: str | None = None
+    since: float = field(default_factory=time.monotonic)
+    """When this process took the stream (monotonic): it gives it back now and then."""
 
     def poison(self, max_attempts: int) -> bool:
         """One item alone failed ``max_attempts`` times: park it or move it aside."""
@@ -167,20 +177,64 @@ def _key(group: str, stream: str) -> list[Any]:
     return [table.c.group_name == group, table.c.stream == stream]
 
 
+_COLUMNS = [column.name for column in consumers_table.columns]
+_LOCK_SQL = (
+    f"SELECT {', '.join(_COLUMNS)} FROM {CONSUMERS_TABLE} WHERE group_name = ? AND stream = ?"
+)
+_TOUCH_SQL = f"UPDATE {CONSUMERS_TABLE} SET epoch = epoch WHERE group_name = ? AND stream = ?"
+
+
+def _driver(connection: Connection, sql: str, params: tuple[Any, ...]) -> tuple[list[Any], int]:
+    """One statement straight through the driver (rows, rowcount): the per-batch
+    statements, where SQLAlchemy's statement building would cost more than the
+    round trip. ``sql`` uses ``?``; psycopg gets ``%s``."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    if connection.dialect.name == "postgresql":
+        with driver.cursor() as cursor:
+            cursor.execute(sql.replace("?", "%s"), params)
+            rows = cursor.fetchall() if cursor.description else []
+            return rows, cursor.rowcount
+    cursor = driver.cursor()
+    try:
+        cursor.execute(sql, params)
+        return (cursor.fetchall() if cursor.description else []), cursor.rowcount
+    finally:
+        cursor.close()
+
+
+def _bind_time(connection: Connection, moment: datetime | None) -> Any:
+    """A time for a driver parameter, stored as SQLAlchemy stores it (SQLite: UTC text
+    in its format, so that stored times compare as text)."""
+    if moment is None or connection.dialect.name == "postgresql":
+        return moment
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _read_time(value: Any) -> datetime | None:
+    if isinstance(value, str):
+        return datetime.fromisoformat(value).replace(tzinfo=UTC)
+    return from_db_time(value)
+
+
 def lock_row(
     connection: Connection, group: str, stream: str, *, wait: bool = False
 ) -> PositionRow | None:
     """The row, locked for this transaction; None when another transaction holds it
     (PostgreSQL, unless ``wait``) or it does not exist."""
-    table = consumers_table
+    sql = _LOCK_SQL
     if connection.dialect.name == "sqlite":
         # Write first: the transaction takes SQLite's write lock before it reads.
-        connection.execute(sa.update(table).where(*_key(group, stream)).values(epoch=table.c.epoch))
-    query = sa.select(table).where(*_key(group, stream))
-    if connection.dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=not wait)
-    row = connection.execute(query).first()
-    return None if row is None else _row(row)
+        _driver(connection, _TOUCH_SQL, (group, stream))
+    else:
+        sql += " FOR UPDATE" if wait else " FOR UPDATE SKIP LOCKED"
+    rows, _ = _driver(connection, sql, (group, stream))
+    if not rows:
+        return None
+    values = dict(zip(_COLUMNS, rows[0], strict=True))
+    for name in ("lease_until", "parked_at", "consumed_at", "consumed_received_at"):
+        values[name] = _read_time(values[name])
+    return _row(SimpleNamespace(**values))
 
 
 def read_row(connection: Connection, group: str, stream: str) -> PositionRow | None:
@@ -252,7 +306,7 @@ def move(
     epoch: int,
     end: Position,
     items: int,
-    continuing: bool,
+    keep: bool,
     narrow_items: int,
     now: datetime,
     newest_received_at: datetime | None,
@@ -261,36 +315,46 @@ def move(
     """Move the position to ``end`` under ``owner``'s lease of ``epoch``; False (nothing
     moved) when the lease is no longer this owner's (or, with ``check_lease``, expired).
 
-    ``continuing``: the stream has more at once and the owner keeps it; the next
-    delivery is counted here (one transaction per batch). Otherwise the lease is
-    released, and the next delivery is claimed and counted afresh.
+    ``keep``: the owner keeps the stream (renews the lease), and the next delivery is
+    counted here, so a busy stream costs one transaction per batch. (Should the process
+    die before that delivery starts, it counts all the same: one attempt too many, never
+    one too few.) Otherwise the lease is released: the next delivery is claimed and
+    counted afresh, by whichever process of the group gets there first.
     """
-    table = consumers_table
-    where = [*_key(group.name, stream), table.c.owner == owner, table.c.epoch == epoch]
-    if check_lease:
-        where.append(table.c.lease_until >= now)
-    values: dict[str, Any] = {
-        "position_seq": end.seq,
-        "position_mark": end.mark,
-        "truncated_to": end.truncated,
-        "narrow_items": max(narrow_items - items, 0) if narrow_items else 0,
-        "last_error": None,
-        "consumed_at": now,
-        "updated_at": now,
-    }
-    if newest_received_at is not None:
-        values["consumed_received_at"] = newest_received_at
-    if continuing:
-        values.update(
-            lease_until=now + timedelta(seconds=group.lease),
-            attempts=1,
-            attempt_seq=end.seq,
-            attempt_mark=end.mark,
-        )
+    bind = functools.partial(_bind_time, connection)
+    sets = [
+        "position_seq = ?",
+        "position_mark = ?",
+        "truncated_to = ?",
+        "narrow_items = ?",
+        "last_error = NULL",
+        "consumed_at = ?",
+        "updated_at = ?",
+        "consumed_received_at = COALESCE(?, consumed_received_at)",
+    ]
+    params: list[Any] = [
+        end.seq,
+        end.mark,
+        end.truncated,
+        max(narrow_items - items, 0) if narrow_items else 0,
+        bind(now),
+        bind(now),
+        bind(newest_received_at),
+    ]
+    if keep:
+        sets += ["lease_until = ?", "attempts = 1", "attempt_seq = ?", "attempt_mark = ?"]
+        params += [bind(now + timedelta(seconds=group.lease)), end.seq, end.mark]
     else:
-        values.update(owner=None, lease_until=None, attempts=0, attempt_seq=None)
-    result = connection.execute(sa.update(table).where(*where).values(**values))
-    return result.rowcount == 1
+        sets += ["owner = NULL", "lease_until = NULL", "attempts = 0", "attempt_seq = NULL"]
+    where = "group_name = ? AND stream = ? AND owner = ? AND epoch = ?"
+    params += [group.name, stream, owner, epoch]
+    if check_lease:
+        where += " AND lease_until >= ?"
+        params.append(bind(now))
+    _, count = _driver(
+        connection, f"UPDATE {CONSUMERS_TABLE} SET {', '.join(sets)} WHERE {where}", tuple(params)
+    )
+    return count == 1
 
 
 def release(connection: Connection, group: str, stream: str, *, owner: str, epoch: int) -> None:

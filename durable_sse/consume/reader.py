@@ -21,7 +21,7 @@ caller decides (the exactly-once handler's transaction, or a plain read).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,12 +37,19 @@ from durable_sse.consume.model import (
     StartKind,
     Truncated,
 )
-from durable_sse.db import EVENTS_TABLE, events_table, from_db_time, gaps_table, retention_table
+from durable_sse.db import (
+    EVENTS_TABLE,
+    GAPS_TABLE,
+    RETENTION_TABLE,
+    events_table,
+    gaps_table,
+    retention_table,
+)
 from durable_sse.eventlog import stored_data
 
 _EVENTS_SQL = (
     "SELECT seq, event_id, event_ord, event_type, data, data_bytes, received_at "
-    f"FROM {EVENTS_TABLE} WHERE stream = %s AND seq > %s ORDER BY seq LIMIT %s"
+    f"FROM {EVENTS_TABLE} WHERE stream = ? AND seq > ? ORDER BY seq LIMIT ?"
 )
 
 
@@ -64,13 +71,14 @@ def read_items(connection: Connection, stream: str, position: Position, *, limit
     """The first ``limit`` items after ``position``, in the stream's order."""
     items: list[Item] = []
     truncated = position.truncated
-    deleted_to = deleted_through(connection, stream)
+    events = read_events(connection, stream, position.seq, limit)
+    bound = events[-1].seq if events else position.seq
+    markers, markers_full, deleted_to = read_markers(
+        connection, stream, position.mark, bound, limit
+    )
     if deleted_to is not None and deleted_to > max(position.seq, position.truncated):
         items.append(Truncated(stream=stream, after_seq=position.seq, through_seq=deleted_to))
         truncated = deleted_to
-    events = read_events(connection, stream, position.seq, limit)
-    bound = events[-1].seq if events else position.seq
-    markers, markers_full = read_markers(connection, stream, position.mark, bound, limit)
     end_seq, end_mark = position.seq, position.mark
     i = j = 0
     while len(items) < limit and (i < len(events) or j < len(markers)):
@@ -95,32 +103,38 @@ def read_items(connection: Connection, stream: str, position: Position, *, limit
     )
 
 
+def _driver_rows(connection: Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """Plain tuples from the driver: a batch is hundreds of rows, and SQLAlchemy's row
+    processing (and statement building) would cost more than the read itself. ``sql``
+    is written with ``?`` and becomes ``%s`` for psycopg."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    if connection.dialect.name == "postgresql":
+        with driver.cursor() as cursor:
+            cursor.execute(sql.replace("?", "%s"), params)
+            return cursor.fetchall()
+    cursor = driver.cursor()
+    try:
+        return cursor.execute(sql, params).fetchall()
+    finally:
+        cursor.close()
+
+
+def _utc(value: Any) -> datetime:
+    """A stored time as a tz-aware datetime: PostgreSQL's driver returns one already
+    (in the session's zone: a conversion per row would cost more than the row), SQLite's
+    the text SQLAlchemy stored, UTC."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value).replace(tzinfo=UTC)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
 def read_events(connection: Connection, stream: str, after: int, limit: int) -> list[Event]:
     """Events after ``seq`` ``after``, by ``seq``, their data exact."""
-    if connection.dialect.name == "postgresql":
-        # Plain tuples from the driver: a batch is hundreds of rows, and SQLAlchemy's
-        # row processing would cost more than the read itself.
-        driver = connection.connection.driver_connection
-        assert driver is not None
-        with driver.cursor() as cursor:
-            cursor.execute(_EVENTS_SQL, (stream, after, limit))
-            rows: list[Any] = cursor.fetchall()
-    else:
-        events = events_table
-        rows = connection.execute(
-            sa.select(
-                events.c.seq,
-                events.c.event_id,
-                events.c.event_ord,
-                events.c.event_type,
-                events.c.data,
-                events.c.data_bytes,
-                events.c.received_at,
-            )
-            .where(events.c.stream == stream, events.c.seq > after)
-            .order_by(events.c.seq)
-            .limit(limit)
-        ).all()
+    rows = _driver_rows(connection, _EVENTS_SQL, (stream, after, limit))
+    sqlite = connection.dialect.name == "sqlite"
     return [
         Event(
             stream,
@@ -128,7 +142,7 @@ def read_events(connection: Connection, stream: str, after: int, limit: int) -> 
             event_id,
             event_type,
             data if data_bytes is None else stored_data(data, data_bytes),
-            from_db_time(received_at),  # type: ignore[arg-type]
+            _utc(received_at) if sqlite else received_at,
             event_ord,
         )
         for seq, event_id, event_ord, event_type, data, data_bytes, received_at in rows
@@ -137,57 +151,78 @@ def read_events(connection: Connection, stream: str, after: int, limit: int) -> 
 
 def read_markers(
     connection: Connection, stream: str, after_mark: int, bound: int, limit: int
-) -> tuple[list[Gap | GapClosed], bool]:
+) -> tuple[list[Gap | GapClosed], bool, int | None]:
     """Gap markers after ``after_mark`` that come after no event past ``bound``, by mark;
-    and whether there may be more (a limit was reached)."""
-    gaps = gaps_table
+    whether there may be more (a limit was reached); and the newest ``seq`` retention
+    deleted from the stream. One round trip: it runs once per batch."""
+    rows = _driver_rows(
+        connection,
+        _MARKERS_SQL,
+        (stream, after_mark, bound, limit, stream, after_mark, bound, limit, stream),
+    )
     found: list[Gap | GapClosed] = []
-    caps: list[int] = []
-    for seq_column, mark_column, opened in (
-        (gaps.c.opened_seq, gaps.c.opened_mark, True),
-        (gaps.c.closed_seq, gaps.c.closed_mark, False),
-    ):
-        rows = connection.execute(
-            sa.select(gaps)
-            .where(gaps.c.stream == stream, mark_column > after_mark, seq_column <= bound)
-            .order_by(mark_column)
-            .limit(limit)
-        ).all()
-        found += [_opened(row) if opened else _closed(row) for row in rows]
-        if len(rows) >= limit:
-            caps.append(rows[-1].opened_mark if opened else rows[-1].closed_mark)
+    counts = {"o": 0, "c": 0}
+    last = {"o": 0, "c": 0}
+    deleted_to: int | None = None
+    for row in rows:
+        kind = row[0]
+        if kind == "t":
+            deleted_to = None if row[12] is None else int(row[12])
+            continue
+        counts[kind] += 1
+        last[kind] = int(row[13])
+        found.append(_opened(stream, row) if kind == "o" else _closed(stream, row))
     found.sort(key=lambda marker: marker.mark)
+    caps = [last[kind] for kind in ("o", "c") if counts[kind] >= limit]
     if caps:
         # A full list may leave out markers numbered below the other list's last ones.
         found = [marker for marker in found if marker.mark <= min(caps)]
-    return found, bool(caps)
+    return found, bool(caps), deleted_to
 
 
-def _opened(row: Any) -> Gap:
+_GAP_COLUMNS = (
+    "gap_id, kind, state, start_id, end_id, announced, seen_at, detail, recovered, missing, "
+    "closed_at"
+)
+_MARKERS_SQL = (
+    f"SELECT * FROM (SELECT 'o' AS k, {_GAP_COLUMNS}, opened_seq AS at, opened_mark AS mark "
+    f"FROM {GAPS_TABLE} WHERE stream = ? AND opened_mark > ? AND opened_seq <= ? "
+    "ORDER BY opened_mark LIMIT ?) AS o "
+    f"UNION ALL SELECT * FROM (SELECT 'c' AS k, {_GAP_COLUMNS}, closed_seq, closed_mark "
+    f"FROM {GAPS_TABLE} WHERE stream = ? AND closed_mark > ? AND closed_seq <= ? "
+    "ORDER BY closed_mark LIMIT ?) AS c "
+    "UNION ALL SELECT 't', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    f"deleted_to_seq, NULL FROM {RETENTION_TABLE} WHERE stream = ?"
+)
+"""The stream's gap openings and closings after a mark (each list in mark order, each
+served by its ``(stream, …_mark)`` index), and retention's deleted-to seq."""
+
+
+def _opened(stream: str, row: Any) -> Gap:
     return Gap(
-        stream=row.stream,
-        gap_id=row.gap_id,
-        kind=row.kind,
-        start_id=row.start_id,
-        end_id=row.end_id,
-        announced=row.announced,
-        seen_at=from_db_time(row.seen_at),
-        detail=row.detail,
-        after_seq=int(row.opened_seq),
-        mark=int(row.opened_mark),
+        stream=stream,
+        gap_id=row[1],
+        kind=row[2],
+        start_id=row[4],
+        end_id=row[5],
+        announced=row[6],
+        seen_at=None if row[7] is None else _utc(row[7]),
+        detail=row[8],
+        after_seq=int(row[12]),
+        mark=int(row[13]),
     )
 
 
-def _closed(row: Any) -> GapClosed:
+def _closed(stream: str, row: Any) -> GapClosed:
     return GapClosed(
-        stream=row.stream,
-        gap_id=row.gap_id,
-        state=row.state,
-        recovered=int(row.recovered),
-        missing=row.missing,
-        closed_at=from_db_time(row.closed_at),
-        after_seq=int(row.closed_seq),
-        mark=int(row.closed_mark),
+        stream=stream,
+        gap_id=row[1],
+        state=row[3],
+        recovered=int(row[9]),
+        missing=row[10],
+        closed_at=None if row[11] is None else _utc(row[11]),
+        after_seq=int(row[12]),
+        mark=int(row[13]),
     )
 
 

@@ -108,8 +108,9 @@ class _Outcome:
 
     batch: Batch | None = None
     next_claim: Claim | None = None
-    """The stream has more at once and this process keeps it (the next delivery is
-    already counted)."""
+    """This process keeps the stream (the next delivery is already counted)."""
+    full: bool = False
+    """The stream has more at once."""
 
 
 @dataclass
@@ -269,7 +270,7 @@ class Consumer:
                 self._news.set()
 
     async def _drain_exactly_once(self, stream: str, handler: Handler, stop: asyncio.Event) -> None:
-        claim: Claim | None = None
+        claim: Claim | None = self._claims.pop(stream, None)
         while True:
             if stop.is_set() or self._stop.is_set():
                 if claim is not None:
@@ -294,12 +295,20 @@ class Consumer:
             except _Lost:
                 self._retry_later(stream, 1)
                 return
-            if outcome.batch is None:
-                return
-            self._count(outcome.batch)
+            if outcome.batch is not None:
+                self._count(outcome.batch)
             claim = outcome.next_claim
             if claim is None:
                 return
+            if not outcome.full:
+                self._claims[stream] = claim  # kept for the next wake-up: no claim then
+                return
+
+    def _keeps(self, claim: Claim) -> bool:
+        """Whether to keep a drained stream (its next delivery then needs no claim) or
+        give it back so that every process of the group gets its share: a stream is
+        kept for half a lease at most, then goes back to whoever comes first."""
+        return time.monotonic() - claim.since < self.group.lease / 2
 
     def _deliver_sync(self, stream: str, claim: Claim, handler: Handler) -> _Outcome:
         group, now = self.group, _now()
@@ -312,6 +321,8 @@ class Consumer:
             limit = 1 if row.narrow_items else group.batch_size
             read = read_items(connection, stream, row.position, limit=limit)
             if not read.items:
+                if self._keeps(claim):
+                    return _Outcome(next_claim=claim)
                 positions.release(
                     connection, group.name, stream, owner=self.owner, epoch=claim.epoch
                 )
@@ -324,6 +335,7 @@ class Consumer:
                 handler(connection, batch)
             except Exception as error:
                 raise HandlerError(str(error)) from error
+            keep = read.full or self._keeps(claim)
             if not positions.move(
                 connection,
                 group,
@@ -332,17 +344,17 @@ class Consumer:
                 epoch=claim.epoch,
                 end=read.end,
                 items=len(read.items),
-                continuing=read.full,
+                keep=keep,
                 narrow_items=row.narrow_items,
                 now=now,
                 newest_received_at=read.newest_received_at,
             ):
                 raise _Lost
         next_claim = None
-        if read.full:
+        if keep:
             narrow = max(row.narrow_items - len(read.items), 0) if row.narrow_items else 0
-            next_claim = Claim(stream, claim.epoch, read.end, 1, narrow)
-        return _Outcome(batch=batch, next_claim=next_claim)
+            next_claim = Claim(stream, claim.epoch, read.end, 1, narrow, since=claim.since)
+        return _Outcome(batch=batch, next_claim=next_claim, full=read.full)
 
     # -- at least once --------------------------------------------------------------
 
@@ -384,7 +396,10 @@ class Consumer:
             limit = 1 if claim.narrow_items else self.group.batch_size
             read = await self._db(self._read_sync, stream, claim.position, limit)
             if not read.items:
-                await self._db(self._release_sync, stream, claim)
+                if self._keeps(claim):
+                    self._claims[stream] = claim
+                else:
+                    await self._db(self._release_sync, stream, claim)
                 return None
             if read.items and isinstance(read.items[0], Truncated):
                 if await self._db(self._truncation_parks_sync, stream, claim, read):
@@ -405,7 +420,8 @@ class Consumer:
                 batch.settled = "nacked"
                 await self._failed(stream, claim, error)
                 return
-            moved = await self._db(self._ack_sync, stream, claim, read)
+            keep = read.full or self._keeps(claim)
+            moved = await self._db(self._ack_sync, stream, claim, read, keep)
             if not moved:
                 self._dirty[stream] = None  # delivered again (here, if nobody took it over)
                 raise LeaseLostError(
@@ -415,15 +431,18 @@ class Consumer:
                 )
             batch.settled = "acked"
             self._count(batch)
-            if read.full:
+            if keep:
                 narrow = max(claim.narrow_items - len(read.items), 0) if claim.narrow_items else 0
-                self._claims[stream] = Claim(stream, claim.epoch, read.end, 1, narrow)
+                self._claims[stream] = Claim(
+                    stream, claim.epoch, read.end, 1, narrow, since=claim.since
+                )
+            if read.full:
                 self._mark(stream)
         finally:
             self._busy.discard(stream)
             self._news.set()
 
-    def _ack_sync(self, stream: str, claim: Claim, read: Read) -> bool:
+    def _ack_sync(self, stream: str, claim: Claim, read: Read, keep: bool) -> bool:
         with self._engine.begin() as connection:
             return positions.move(
                 connection,
@@ -433,7 +452,7 @@ class Consumer:
                 epoch=claim.epoch,
                 end=read.end,
                 items=len(read.items),
-                continuing=read.full,
+                keep=keep,
                 narrow_items=claim.narrow_items,
                 now=_now(),
                 newest_received_at=read.newest_received_at,
@@ -546,7 +565,7 @@ class Consumer:
                     epoch=claim.epoch,
                     end=read.end,
                     items=1,
-                    continuing=False,
+                    keep=False,
                     narrow_items=row.narrow_items,
                     now=now,
                     newest_received_at=read.newest_received_at,
