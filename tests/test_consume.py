@@ -550,3 +550,62 @@ async def test_retention_keeps_what_a_holding_group_has_not_consumed_up_to_max_h
             await until(lambda: _row(log, erring.name, stream_name)["parked_at"] is not None)
     finally:
         await log.close()
+
+
+# -- the rest: every stream, metrics ---------------------------------------------------------
+
+
+async def test_a_group_of_every_stream_finds_new_streams(tmp_path: Path, stream_name: str) -> None:
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    log = EventLog(url)
+    await log.create_schema()
+    try:
+        await log.insert_batch(stream_name + "-a", "numeric", records(1, 2))
+        handler = Collector()
+        consumer = Consumer(url, Group(group_name()), poll_interval=0.3)
+        async with running(consumer, handler):
+            await until(lambda: len(handler.seqs) == 2)
+            await log.insert_batch(stream_name + "-b", "numeric", records(1, 3))
+            await until(lambda: len(handler.seqs) == 5)
+        assert {item.stream for item in handler.items} == {stream_name + "-a", stream_name + "-b"}
+    finally:
+        await log.close()
+
+
+async def test_a_consumer_process_serves_its_metrics(pg_url: str, stream_name: str) -> None:
+    import socket
+    import urllib.request
+
+    from durable_sse.consume import serve_metrics
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    meter = serve_metrics(port, host="127.0.0.1")
+    log = EventLog(pg_url)
+    await log.create_schema()
+    try:
+        await log.insert_batch(stream_name, "numeric", records(1, 4))
+        handler = Collector(fail=lambda batch: batch.attempt == 1)  # one redelivery
+        group = Group(group_name(), streams=[stream_name])
+        async with running(Consumer(pg_url, group, metrics=meter), handler):
+            await until(lambda: len(handler.seqs) == 4)
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+                return page.read().decode()
+
+        text = await asyncio.to_thread(scrape)
+    finally:
+        await log.close()
+    mine = [line for line in text.splitlines() if group.name in line]
+    for name in (
+        "durable_sse_consumer_events",
+        "durable_sse_consumer_batches",
+        "durable_sse_consumer_redeliveries",
+        "durable_sse_consumer_handler_latency_seconds_bucket",
+        "durable_sse_consumer_lag_seconds",
+    ):
+        assert any(line.startswith(name) for line in mine), name
+    events = next(line for line in mine if line.startswith("durable_sse_consumer_events"))
+    assert events.endswith(" 4") and f'stream="{stream_name}"' in events

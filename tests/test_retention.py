@@ -358,3 +358,10 @@ async def test_the_streams_own_retention_overrides_the_workers(
         RetentionInput(stream=ref, replay_window=600.0, now=now.isoformat())
     )
     assert forever.retention is None and forever.deleted_rows == 0
+
+
+def test_the_status_line_names_the_consumer_groups_that_hold_rows() -> None:
+    from durable_sse.retention import describe
+
+    status = {"retention": 86400.0, "deleted_rows": 3, "held_by_consumers": ["billing"]}
+    assert describe(status) == "1d: 3 deleted, held by consumers billing"

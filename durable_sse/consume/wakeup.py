@@ -24,6 +24,8 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -144,10 +146,18 @@ class SqlitePoller(Wakeups):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_interval)
             return
-        connection = await asyncio.to_thread(self._open)
+        # One thread owns the connection: every call on it, its closing included, runs
+        # there in turn (closing it under a query still running would crash the process).
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sse-poll")
+        loop = asyncio.get_running_loop()
+
+        def call(function: Callable[..., Any], *args: Any) -> Any:
+            return loop.run_in_executor(executor, function, *args)
+
+        connection = await call(self._open)
         try:
-            newest = await asyncio.to_thread(self._newest_seq, connection)
-            version = await asyncio.to_thread(self._data_version, connection)
+            newest = await call(self._newest_seq, connection)
+            version = await call(self._data_version, connection)
             self.listens += 1
             self.listening.set()
             self._on_all()
@@ -156,12 +166,10 @@ class SqlitePoller(Wakeups):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), SQLITE_CHECK_INTERVAL)
                 self.checks += 1
-                current = self._data_version(connection)  # microseconds: no thread hop
+                current = await call(self._data_version, connection)
                 if current != version:
                     version = current
-                    streams, newest = await asyncio.to_thread(
-                        self._streams_after, connection, newest
-                    )
+                    streams, newest = await call(self._streams_after, connection, newest)
                     for stream in streams:
                         self._on_stream(stream)
                 if time.monotonic() - polled >= self.poll_interval:
@@ -169,7 +177,8 @@ class SqlitePoller(Wakeups):
                     self._on_all()
         finally:
             self.listening.clear()
-            connection.close()
+            executor.submit(connection.close)
+            executor.shutdown(wait=False)
 
     def _open(self) -> sqlite3.Connection:
         assert self._path is not None
