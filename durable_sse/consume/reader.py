@@ -20,6 +20,7 @@ caller decides (the exactly-once handler's transaction, or a plain read).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -81,6 +82,10 @@ def read_items(connection: Connection, stream: str, position: Position, *, limit
         truncated = deleted_to
     end_seq, end_mark = position.seq, position.mark
     i = j = 0
+    if not markers and events:  # the common case: no merge, one slice
+        i = min(len(events), limit - len(items))
+        items.extend(events[:i])
+        end_seq = events[i - 1].seq if i else end_seq
     while len(items) < limit and (i < len(events) or j < len(markers)):
         if j < len(markers) and (i >= len(events) or markers[j].after_seq < events[i].seq):
             marker = markers[j]
@@ -134,7 +139,9 @@ def _utc(value: Any) -> datetime:
 def read_events(connection: Connection, stream: str, after: int, limit: int) -> list[Event]:
     """Events after ``seq`` ``after``, by ``seq``, their data exact."""
     rows = _driver_rows(connection, _EVENTS_SQL, (stream, after, limit))
-    sqlite = connection.dialect.name == "sqlite"
+    times: Callable[[Any], datetime] = (
+        _SqliteTimes() if connection.dialect.name == "sqlite" else _same
+    )
     return [
         Event(
             stream,
@@ -142,11 +149,30 @@ def read_events(connection: Connection, stream: str, after: int, limit: int) -> 
             event_id,
             event_type,
             data if data_bytes is None else stored_data(data, data_bytes),
-            _utc(received_at) if sqlite else received_at,
+            times(received_at),
             event_ord,
         )
         for seq, event_id, event_ord, event_type, data, data_bytes, received_at in rows
     ]
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class _SqliteTimes:
+    """SQLite's stored text to datetimes, the last one remembered: the reader stamps one
+    time per chunk it reads, so a batch's rows mostly repeat the time before them."""
+
+    def __init__(self) -> None:
+        self._text: str | None = None
+        self._time: datetime | None = None
+
+    def __call__(self, value: str) -> datetime:
+        if value != self._text:
+            self._text, self._time = value, _utc(value)
+        assert self._time is not None
+        return self._time
 
 
 def read_markers(
