@@ -609,3 +609,20 @@ async def test_a_consumer_process_serves_its_metrics(pg_url: str, stream_name: s
         assert any(line.startswith(name) for line in mine), name
     events = next(line for line in mine if line.startswith("durable_sse_consumer_events"))
     assert events.endswith(" 4") and f'stream="{stream_name}"' in events
+
+
+async def test_consumers_in_one_process_share_one_listen_connection(
+    pg_url: str, stream_name: str
+) -> None:
+    log = EventLog(pg_url)
+    await log.create_schema()
+    first, second = Collector(), Collector()
+    a = Consumer(pg_url, Group(group_name(), streams=[stream_name]), poll_interval=3600)
+    b = Consumer(pg_url, Group(group_name(), streams=[stream_name]), poll_interval=3600)
+    try:
+        async with running(a, first), running(b, second):
+            assert a.wakeups.backend_pid == b.wakeups.backend_pid is not None  # type: ignore[attr-defined]
+            await log.insert_batch(stream_name, "numeric", records(1, 3))
+            await until(lambda: len(first.seqs) == 3 and len(second.seqs) == 3, timeout=5)
+    finally:
+        await log.close()

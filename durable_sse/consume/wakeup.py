@@ -2,13 +2,14 @@
 
 PostgreSQL: the writer's group transaction queues one ``NOTIFY`` per stream it wrote
 (``EventLog._order_and_notify``; delivered on commit, never for a rollback). A consumer
-process keeps one ``LISTEN`` connection (psycopg's own async notifications, no polling)
-and marks the stream named in each payload. Notifications are not durable: one sent
-while the connection was down is gone. So after every (re)``LISTEN`` every stream is
-read once (the catch-up), and a slow poll marks every stream now and then (a safety net
-for anything else that was missed, e.g. a transaction that wrote rows without going
-through the writer). The slow poll also proves the connection alive: a connection that
-died silently (a network partition) would never raise.
+process keeps one ``LISTEN`` connection, shared by every consumer in it (psycopg's own
+async notifications, no polling), and marks the stream named in each payload.
+Notifications are not durable: one sent while the connection was down is gone. So after
+every (re)``LISTEN`` every stream is read once (the catch-up), and a slow poll marks every
+stream now and then (a safety net for anything else that was missed, e.g. a transaction
+that wrote rows without going through the writer). A ``SELECT 1`` as often proves the
+connection alive: a connection that died silently (a network partition) would never
+raise.
 
 SQLite: no notifications between processes, so a poll; but one that costs nothing when
 idle. ``PRAGMA data_version`` changes when another connection commits, and reading it
@@ -67,20 +68,118 @@ def wakeups_for(
     url = make_url(database_url)
     if url.get_backend_name() == "postgresql":
         conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        return PostgresListener(conninfo, on_stream, on_all, poll_interval=poll_interval)
+        return Subscription(conninfo, on_stream, on_all, poll_interval=poll_interval)
     return SqlitePoller(sqlite_path(database_url), on_stream, on_all, poll_interval=poll_interval)
 
 
-class PostgresListener(Wakeups):
-    """One ``LISTEN`` connection (see the module docstring)."""
+class Subscription(Wakeups):
+    """One consumer's share of its process's ``LISTEN`` connection.
+
+    Every consumer (and ``tail``) of one database in one event loop shares a single
+    :class:`PostgresListener`: one connection per process however many groups it runs.
+    The listener starts with its first subscriber and ends with its last; each
+    subscriber keeps its own slow poll.
+    """
 
     def __init__(
         self, conninfo: str, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
     ) -> None:
         super().__init__(on_stream, on_all, poll_interval=poll_interval)
         self._conninfo = conninfo
+        self._listener: PostgresListener | None = None
+
+    def _attach(self) -> PostgresListener:
+        if self._listener is None:
+            self._listener = PostgresListener.shared(self._conninfo)
+            self._listener.subscribe(self)
+        return self._listener
+
+    @property
+    def listening(self) -> asyncio.Event:  # type: ignore[override]
+        """The shared connection's: set while it listens (needs a running loop)."""
+        return self._attach().listening
+
+    @listening.setter
+    def listening(self, value: asyncio.Event) -> None:
+        pass  # the shared listener's event stands
+
+    @property
+    def listens(self) -> int:  # type: ignore[override]
+        return 0 if self._listener is None else self._listener.listens
+
+    @listens.setter
+    def listens(self, value: int) -> None:
+        pass  # the shared listener counts
+
+    @property
+    def backend_pid(self) -> int | None:
+        return None if self._listener is None else self._listener.backend_pid
+
+    async def run(self, stop: asyncio.Event) -> None:
+        listener = self._attach()
+        listener.ensure_running(self.poll_interval)
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval)
+                if not stop.is_set():
+                    self._on_all()  # the safety net
+        finally:
+            listener.unsubscribe(self)
+            self._listener = None
+
+
+class PostgresListener:
+    """One ``LISTEN`` connection (see the module docstring), shared per event loop and
+    database by :class:`Subscription` s."""
+
+    _shared: dict[tuple[int, str], PostgresListener] = {}
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._subscribers: list[Subscription] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._check_interval = 30.0
+        self.listening = asyncio.Event()
+        self.listens = 0
+        self.notifications = 0
         self.backend_pid: int | None = None
         """The listening connection's server process (tests terminate it)."""
+
+    @classmethod
+    def shared(cls, conninfo: str) -> PostgresListener:
+        key = (id(asyncio.get_running_loop()), conninfo)
+        listener = cls._shared.get(key)
+        if listener is None:
+            listener = cls._shared[key] = cls(conninfo)
+        return listener
+
+    def subscribe(self, subscriber: Subscription) -> None:
+        self._subscribers.append(subscriber)
+
+    def unsubscribe(self, subscriber: Subscription) -> None:
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(subscriber)
+        if not self._subscribers:
+            self._stop.set()
+            for key, listener in list(self._shared.items()):
+                if listener is self:
+                    del self._shared[key]
+
+    def ensure_running(self, poll_interval: float) -> None:
+        self._check_interval = min(self._check_interval, poll_interval)
+        if self._task is None or self._task.done():
+            self._stop.clear()
+            self._task = asyncio.create_task(self.run(self._stop))
+
+    def _on_stream(self, stream: str) -> None:
+        for subscriber in list(self._subscribers):
+            subscriber._on_stream(stream)
+
+    def _on_all(self) -> None:
+        for subscriber in list(self._subscribers):
+            subscriber._on_all()
 
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
@@ -111,15 +210,14 @@ class PostgresListener(Wakeups):
             self.listens += 1
             self.listening.set()
             self._on_all()  # the catch-up: what was committed while nobody listened
-            polled = time.monotonic()
+            checked = time.monotonic()
             while not stop.is_set():
                 async for notify in connection.notifies(timeout=0.5):
                     self.notifications += 1
                     self._on_stream(notify.payload)
-                if time.monotonic() - polled >= self.poll_interval:
-                    polled = time.monotonic()
+                if time.monotonic() - checked >= self._check_interval:
+                    checked = time.monotonic()
                     await connection.execute("SELECT 1")  # alive? raises if not
-                    self._on_all()
         finally:
             self.listening.clear()
             with contextlib.suppress(Exception):
