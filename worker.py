@@ -30,6 +30,7 @@ from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
 from durable_sse import temporal_client
 from durable_sse.codec import data_converter_from_env
+from durable_sse.consume.retention import retention_holds
 from durable_sse.errors import ConfigError
 from durable_sse.eventlog import EventLog
 from durable_sse.l1 import LocalCursors
@@ -65,7 +66,8 @@ class WorkerResources:
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerResources:
         return cls(
-            event_log=EventLog(settings.database_url),
+            # Retention keeps what consumer groups that hold it have not consumed.
+            event_log=EventLog(settings.database_url, consumer_holds=retention_holds),
             l1=LocalCursors(),
             l2=RedisCursors(
                 settings.redis_url,

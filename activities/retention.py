@@ -81,6 +81,7 @@ class RetentionActivities:
             oldest_kept_id=state.oldest_kept_id,
             oldest_kept_at=state.oldest_kept_at.isoformat() if state.oldest_kept_at else None,
             run_at=now.isoformat(),
+            held_by_consumers=list(run.held_by_consumers),
         )
         if activity.in_activity():
             RetentionMetrics(activity.metric_meter(), name).record(

@@ -1,7 +1,8 @@
 """Run every benchmark and print one table (``bench/run``; ``bench/run --quick``).
 
 Sections: 1 parse ceiling, 2 hot stream end to end, 3 many streams, 4 reconnect
-overhead, 5 replay, 6 cost per event, 7 naive consumer. Each figure is the median of
+overhead, 5 replay, 6 cost per event, 7 naive consumer, 8 consumers of the log
+(``--only consume``: bench/consume.py). Each figure is the median of
 several runs with min-max; each ratio is against a baseline measured in this run.
 Children's logs and the probe counters go to a work directory (``--workdir``).
 """
@@ -23,13 +24,13 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import hot, many, parse, reconnect  # noqa: E402
+from bench import consume, hot, many, parse, reconnect  # noqa: E402
 from bench.common import Figures, Row, print_table, stack, verdict  # noqa: E402
 from bench.temporal_stack import temporal  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-SECTIONS = ("parse", "hot", "many", "reconnect", "replay", "naive")
+SECTIONS = ("parse", "hot", "many", "reconnect", "replay", "naive", "consume")
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Sizes:
     reconnects: int
     replay_window: int
     naive_events: int
+    consume_rows: int = 1_000_000
+    writer_events: int = 100_000
 
 
 QUICK = Sizes(
@@ -53,6 +56,8 @@ QUICK = Sizes(
     reconnects=30,
     replay_window=20_000,
     naive_events=2_000,
+    consume_rows=100_000,
+    writer_events=30_000,
 )
 DEFAULT = Sizes(
     parse_events=200_000,
@@ -84,6 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reconnects", type=int, help="reconnect samples per route")
     parser.add_argument("--replay-window", type=int)
     parser.add_argument("--naive-events", type=int)
+    parser.add_argument("--consume-rows", type=int, help="rows the consumer benchmark reads")
     parser.add_argument("--batch-events", type=int, default=1000, help="StreamSpec setting")
     parser.add_argument("--batch-delay", type=float, default=0.05, help="StreamSpec setting")
     parser.add_argument(
@@ -105,6 +111,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
         reconnects=args.reconnects or base.reconnects,
         replay_window=args.replay_window or base.replay_window,
         naive_events=args.naive_events or base.naive_events,
+        consume_rows=args.consume_rows or base.consume_rows,
+        writer_events=base.writer_events,
     )
 
 
@@ -145,6 +153,17 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
             _progress(rows)
         if "naive" in only:
             rows += await _naive_rows(running, sizes, ceiling)
+            _progress(rows)
+        if "consume" in only:
+            sqlite_dir = workdir / "consume-sqlite"
+            sqlite_dir.mkdir(exist_ok=True)
+            rows += await consume.consume_rows(
+                running.database_url,
+                sqlite_dir,
+                rows=sizes.consume_rows,
+                runs=sizes.runs,
+                writer_events=sizes.writer_events,
+            )
             _progress(rows)
         await redis.aclose()
     return rows

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import os
+import select
 import shutil
 import sys
 import textwrap
@@ -20,7 +22,7 @@ from typing import Any
 from temporalio.client import Client
 
 from durable_sse import control
-from durable_sse.errors import ConfigError, DurableSSEError
+from durable_sse.errors import ConfigError, ConsumerError, DurableSSEError
 from durable_sse.http import host_allowed, redact_url
 from durable_sse.retention import describe as retention_text
 from durable_sse.settings import Settings
@@ -171,6 +173,64 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         command(name, text, CLIENT_VARIABLES).add_argument("name", metavar="NAME")
 
+    tail = command(
+        "tail",
+        "print a stream's stored events (and gaps) as JSON lines, like tail; -f follows",
+        ("DATABASE_URL",),
+    )
+    tail.add_argument("stream", metavar="STREAM")
+    tail.add_argument("-f", "--follow", action="store_true", help="wait for new events")
+    tail.add_argument(
+        "-n",
+        "--lines",
+        type=int,
+        default=10,
+        metavar="N",
+        help="start with the stream's last N events (default %(default)s)",
+    )
+    start_at = tail.add_mutually_exclusive_group()
+    start_at.add_argument("--from-seq", type=int, metavar="N", help="from the event with seq N")
+    start_at.add_argument(
+        "--since",
+        metavar="TIME",
+        help="events received at or after TIME: ISO 8601 with Z or an offset",
+    )
+    start_at.add_argument(
+        "--group", metavar="GROUP", help="from the consumer group's position (read-only)"
+    )
+    tail.add_argument(
+        "--commit",
+        action="store_true",
+        help="with --group: move the group's position past each line printed (refused "
+        "while one of the group's consumers holds the stream)",
+    )
+
+    consumers = command(
+        "consumers",
+        "list consumer groups: position, lag, owner, dead letters, retention held",
+        ("DATABASE_URL",),
+    )
+    consumers.add_argument("--group", metavar="GROUP", help="only this group")
+    consumers.add_argument("--json", action="store_true", help="print JSON")
+    actions = consumers.add_subparsers(dest="action", metavar="ACTION")
+    reset = actions.add_parser(
+        "reset",
+        help="move a group's position (a dry run unless --yes)",
+        description="Move a consumer group's position in its streams (all, or the ones "
+        "named): back to deliver events again, forward to skip them; unparks. A dry run "
+        "unless --yes; refused while a consumer of the group holds one of the streams.",
+    )
+    reset.add_argument("reset_group", metavar="GROUP")
+    reset.add_argument("streams", nargs="*", metavar="STREAM")
+    reset.add_argument(
+        "--to",
+        required=True,
+        metavar="WHERE",
+        help="earliest, latest, a seq (the position: events after it are delivered), or "
+        "an ISO 8601 time with Z or an offset",
+    )
+    reset.add_argument("--yes", action="store_true", help="do it (without: show the plan)")
+
     commands.add_parser(
         "source", help="run the demo SSE source alone (see its --help)", add_help=False
     )
@@ -204,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "worker":
             return _worker(args)
+        if args.command in ("tail", "consumers"):
+            return asyncio.run(_consume_command(args))
         return asyncio.run(_run(args))
     except ConfigError as error:
         print(f"durable-sse: {error}", file=sys.stderr)
@@ -348,6 +410,301 @@ def format_status_table(statuses: list[dict[str, Any]], *, width: int | None = N
             break_on_hyphens=False,
         )
     return "\n".join(lines)
+
+
+# -- consumers of the log: tail, consumers -------------------------------------------
+
+
+async def _consume_command(args: argparse.Namespace) -> int:
+    """``tail`` and ``consumers``: the database only (no Temporal)."""
+    from durable_sse.consume.runner import normalize_url
+    from durable_sse.db import make_engine
+    from durable_sse.settings import database_url_from_env
+
+    url = normalize_url(database_url_from_env())
+    if args.command == "tail":
+        if args.commit and not args.group:
+            raise ConfigError("--commit moves a group's position: name the group (--group)")
+        if args.lines < 0:
+            raise ConfigError(f"-n must not be negative, got {args.lines}")
+        since = _parse_since(args.since) if args.since else None
+        engine = make_engine(url)
+        try:
+            return await _tail(args, url, engine, since)
+        finally:
+            engine.dispose()
+    engine = make_engine(url)
+    try:
+        if args.action == "reset":
+            return await asyncio.to_thread(_reset_consumers, engine, args)
+        return await asyncio.to_thread(_list_consumers, engine, args)
+    finally:
+        engine.dispose()
+
+
+def _parse_since(text: str) -> Any:
+    from datetime import datetime
+
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"--since {text!r}: expected ISO 8601, e.g. 2026-05-01T12:00:00Z"
+        ) from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ConfigError(f"--since {text!r}: no time zone; add Z or an offset (+02:00)")
+    return moment
+
+
+async def _tail(args: argparse.Namespace, url: str, engine: Any, since: Any) -> int:
+    """Print JSON lines; exit 0 when done (or the reader closed the pipe)."""
+    position = await asyncio.to_thread(_tail_start, engine, args, since)
+    committer = None
+    if args.commit:
+        committer = _TailCommitter(engine, args.group, args.stream)
+        await asyncio.to_thread(committer.claim)
+    closed = asyncio.create_task(_stdout_closed()) if args.follow else None
+    printing = asyncio.create_task(_print_reads(args, url, engine, position, committer))
+    try:
+        waiting = {printing} if closed is None else {printing, closed}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if printing.done():
+            return printing.result()
+        printing.cancel()  # the reader went away while tail waited for events
+        with contextlib.suppress(asyncio.CancelledError):
+            await printing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        for task in (printing, closed):
+            if task is not None:
+                task.cancel()
+        if committer is not None:
+            await asyncio.to_thread(committer.release)
+
+
+async def _stdout_closed() -> None:
+    """Return once nobody reads stdout any more (a pipe whose reader exited): ``tail -f
+    | head -1`` must end even when no event comes to fail a write."""
+    if not hasattr(select, "poll"):
+        await asyncio.Event().wait()
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), 0)  # errors and hang-ups are always reported
+    while not any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
+        await asyncio.sleep(0.2)
+
+
+async def _print_reads(
+    args: argparse.Namespace, url: str, engine: Any, position: Any, committer: Any
+) -> int:
+    from durable_sse.consume.follow import follow
+    from durable_sse.consume.model import item_json
+
+    async for read in follow(engine, url, args.stream, position, forever=args.follow):
+        lines = "".join(
+            json.dumps(item_json(item), ensure_ascii=False) + "\n" for item in read.items
+        )
+        try:
+            sys.stdout.write(lines)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # `| head -1`: the reader has what it wanted. Nothing more is written
+            # (not even at exit), nothing is committed past what it read.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        if committer is not None:
+            await asyncio.to_thread(committer.commit, read)
+    return 0
+
+
+def _tail_start(engine: Any, args: argparse.Namespace, since: Any) -> Any:
+    import sqlalchemy as sa
+
+    from durable_sse.consume import positions
+    from durable_sse.consume.model import Start
+    from durable_sse.consume.reader import start_position
+    from durable_sse.db import events_table
+
+    with engine.connect() as connection:
+        if args.group:
+            row = positions.read_row(connection, args.group, args.stream)
+            if row is None:
+                raise ConsumerError(
+                    f"consumer group {args.group!r} has no position in stream {args.stream!r}"
+                )
+            return row.position
+        if since is not None:
+            start = Start.at_time(since)
+        elif args.from_seq is not None:
+            start = Start.after_seq(max(args.from_seq - 1, 0))
+        else:
+            events = events_table
+            before = connection.execute(
+                sa.select(events.c.seq)
+                .where(events.c.stream == args.stream)
+                .order_by(events.c.seq.desc())
+                .offset(args.lines)
+                .limit(1)
+            ).scalar_one_or_none()
+            start = Start.after_seq(int(before or 0))
+        return start_position(connection, args.stream, start)
+
+
+class _TailCommitter:
+    """``tail --group G --commit``: move the group's position past what was printed,
+    under a lease of the stream as any consumer of the group would (at least once)."""
+
+    def __init__(self, engine: Any, group: str, stream: str) -> None:
+        from durable_sse.consume.runner import default_owner
+
+        self._engine = engine
+        self._group_name = group
+        self._stream = stream
+        self._owner = "tail:" + default_owner()
+        self._claim: Any = None
+        self._group: Any = None
+
+    def claim(self) -> None:
+        from datetime import UTC, datetime
+
+        from durable_sse.consume import positions
+        from durable_sse.consume.status import load_group
+
+        with self._engine.begin() as connection:
+            self._group = load_group(connection, self._group_name, (self._stream,))
+            claim = positions.claim(
+                connection, self._group, self._stream, self._owner, datetime.now(UTC)
+            )
+        if not isinstance(claim, positions.Claim):
+            held = "parked" if claim.parked else "held by one of its consumers"
+            raise ConsumerError(
+                f"consumer group {self._group_name!r}, stream {self._stream!r} is {held}: "
+                "--commit is refused (stop the group's consumers, or tail without --commit)"
+            )
+        self._claim = claim
+
+    def commit(self, read: Any) -> None:
+        from datetime import UTC, datetime
+
+        from durable_sse.consume import positions
+
+        self.claim()  # renews the lease (tail may have waited longer than it)
+        with self._engine.begin() as connection:
+            moved = positions.move(
+                connection,
+                self._group,
+                self._stream,
+                owner=self._owner,
+                epoch=self._claim.epoch,
+                end=read.end,
+                items=len(read.items),
+                keep=True,
+                narrow_items=0,
+                now=datetime.now(UTC),
+                newest_received_at=read.newest_received_at,
+                check_lease=True,
+            )
+        if not moved:
+            raise ConsumerError(f"lost the lease of {self._group_name}/{self._stream}")
+
+    def release(self) -> None:
+        from durable_sse.consume import positions
+
+        if self._claim is None:
+            return
+        with self._engine.begin() as connection:
+            positions.release(
+                connection,
+                self._group_name,
+                self._stream,
+                owner=self._owner,
+                epoch=self._claim.epoch,
+            )
+
+
+CONSUMER_COLUMNS = (
+    ("group", lambda s: s.group),
+    ("stream", lambda s: s.stream),
+    ("state", lambda s: s.state),
+    ("position", lambda s: s.position),
+    ("lag", lambda s: f"{s.lag_events}+" if s.lag_events >= _lag_cap() else s.lag_events),
+    ("lag s", lambda s: f"{s.lag_seconds:.1f}"),
+    ("owner", lambda s: s.owner or "-"),
+    ("dead letters", lambda s: s.dead_letters),
+    ("holds retention", lambda s: _hold_text(s)),
+)
+
+
+def _lag_cap() -> int:
+    from durable_sse.consume.status import LAG_CAP
+
+    return LAG_CAP
+
+
+def _hold_text(status: Any) -> str:
+    if not status.holds_retention:
+        return "-"
+    if status.max_hold is None:
+        return "yes"
+    from durable_sse.spec import format_duration
+
+    return f"up to {format_duration(status.max_hold)}"
+
+
+def format_consumers_table(statuses: list[Any]) -> str:
+    """One row per group and stream; why a stream is parked on the line below it."""
+    if not statuses:
+        return "no consumer groups"
+    rows = [[name for name, _ in CONSUMER_COLUMNS]]
+    rows += [[str(value(status)) for _, value in CONSUMER_COLUMNS] for status in statuses]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(CONSUMER_COLUMNS))]
+    lines = []
+    for number, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        status = statuses[number - 1] if number else None
+        if status is not None and status.parked_reason:
+            lines.append(f"{ERROR_INDENT}parked: {status.parked_reason}")
+        elif status is not None and status.last_error:
+            lines.append(f"{ERROR_INDENT}last error: {status.last_error.splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def _list_consumers(engine: Any, args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from durable_sse.consume.status import consumer_statuses
+
+    with engine.connect() as connection:
+        statuses = consumer_statuses(connection, args.group)
+    if args.json:
+        print(
+            json.dumps([{**asdict(s), "state": s.state} for s in statuses], indent=2, default=str)
+        )
+    else:
+        print(format_consumers_table(statuses))
+    return 0
+
+
+def _reset_consumers(engine: Any, args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from durable_sse.consume.model import Start
+    from durable_sse.consume.status import apply_reset, plan_reset
+
+    try:
+        start = Start.parse(args.to)
+    except ValueError as error:
+        raise ConfigError(f"--to: {error}") from None
+    with engine.begin() as connection:
+        plans = plan_reset(connection, args.reset_group, args.streams or None, start)
+        for plan in plans:
+            print(("" if args.yes else "would move ") + plan.describe())
+        if not args.yes:
+            print("dry run: nothing changed (--yes does it)")
+            return 0
+        apply_reset(connection, plans, now=datetime.now(UTC))
+    print(f"{args.reset_group}: reset")
+    return 0
 
 
 def entry() -> None:

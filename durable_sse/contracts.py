@@ -244,6 +244,9 @@ class RetentionStatus:
     oldest_kept_at: str | None = None
     """ISO receive time of the oldest row still stored."""
     run_at: str | None = None
+    held_by_consumers: list[str] = field(default_factory=list)
+    """Consumer groups that kept rows old enough to go (they hold retention and have not
+    consumed them yet, see ``durable_sse.consume``)."""
 
 
 @dataclass

@@ -39,12 +39,15 @@ GAPS_TABLE = "sse_gaps"
 RETENTION_TABLE = "sse_retention"
 READERS_TABLE = "sse_readers"
 SCHEMA_TABLE = "sse_schema"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
 replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold;
 id-less followers are keyed by content (``follower_key``), not position; the event log
 keeps only the indexes a query needs (PostgreSQL: primary key ``(stream, seq)``).
-4: ``sse_events.digest`` tells a reused id from a re-sent event (NULL on older rows)."""
+4: ``sse_events.digest`` tells a reused id from a re-sent event (NULL on older rows).
+5: gaps carry their place in the stream's order (``opened_seq``/``opened_mark``,
+``closed_seq``/``closed_mark``) and ``sse_retention.deleted_to_seq`` says how far
+retention deleted, for consumers of the log (:mod:`durable_sse.consume`)."""
 STAGING_TABLE = "sse_events_staging"
 """Per-connection temporary table that PostgreSQL batches are COPYed into."""
 
@@ -53,6 +56,25 @@ _MIGRATION_PAGE = 5000
 DEFAULT_CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 30.0
 _SCHEMA_LOCK_ID = zlib.crc32(b"durable-sse:schema")
+EVENTS_CHANNEL = "sse_events"
+"""PostgreSQL ``NOTIFY`` channel: every group transaction that writes a stream's rows or
+gaps notifies it once, the payload the stream's name (:mod:`durable_sse.consume.wakeup`
+listens)."""
+
+
+def _int4(value: int) -> int:
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+STREAM_LOCK_CLASS = _int4(zlib.crc32(b"durable-sse:stream-order"))
+"""First key of the per-stream advisory locks (the two-int4 key space, apart from the
+one-bigint space the schema lock and applications use)."""
+
+
+def stream_lock_key(stream: str) -> int:
+    """Second key of a stream's advisory lock: a hash of its name. Two streams that
+    collide merely serialise their writers; they never share rows."""
+    return _int4(zlib.crc32(stream.encode("utf-8", "surrogatepass")))
 
 
 class SSEEvent(SQLModel, table=True):
@@ -153,7 +175,13 @@ class SSEGap(SQLModel, table=True):
     """
 
     __tablename__ = GAPS_TABLE
-    __table_args__ = (sa.Index("ix_sse_gaps_stream_state", "stream", "state"),)
+    __table_args__ = (
+        sa.Index("ix_sse_gaps_stream_state", "stream", "state"),
+        # A consumer's read asks for the markers after its position: gaps are few, but a
+        # stream that drops often piles up thousands of closed ones over its life.
+        sa.Index("ix_sse_gaps_stream_opened_mark", "stream", "opened_mark"),
+        sa.Index("ix_sse_gaps_stream_closed_mark", "stream", "closed_mark"),
+    )
 
     stream: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
     gap_id: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
@@ -173,6 +201,16 @@ class SSEGap(SQLModel, table=True):
         default=None, sa_column=sa.Column(sa.DateTime(timezone=True), nullable=True)
     )
     detail: str = Field(default="", sa_column=sa.Column(sa.String, nullable=False))
+    opened_seq: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    """The stream's newest ``seq`` when the gap was recorded: a consumer meets the gap
+    after that event and before every later one (NULL: recorded before schema 4)."""
+    opened_mark: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    """The opening's number among the stream's gap markers (openings and closings, in
+    commit order): orders markers at one ``seq`` and lets a consumer's position count
+    them (see :mod:`durable_sse.consume.reader`)."""
+    closed_seq: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
+    """The stream's newest ``seq`` when the gap closed (NULL: open)."""
+    closed_mark: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
 
 
 class SSERetention(SQLModel, table=True):
@@ -193,6 +231,11 @@ class SSERetention(SQLModel, table=True):
     )
     deleted_rows: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
     updated_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    deleted_to_seq: int | None = Field(
+        default=None, sa_column=sa.Column(sa.BigInteger, nullable=True)
+    )
+    """The newest ``seq`` retention deleted from the stream: a consumer whose position is
+    older learns that rows it had not read are gone (``Truncated``)."""
 
 
 class SSEReader(SQLModel, table=True):
@@ -554,7 +597,40 @@ def _migrate_3_to_4(connection: Connection) -> None:
         connection.exec_driver_sql(f"ALTER TABLE {EVENTS_TABLE} ADD COLUMN digest {blob}")
 
 
-MIGRATIONS = {1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
+def _migrate_4_to_5(connection: Connection) -> None:
+    """Gap markers and retention's deleted-to seq, for consumers of the log.
+
+    Only new nullable columns and two indexes on the small ``sse_gaps``: no row is
+    rewritten. Gaps recorded before have no place in the order (NULL marks), so a
+    consumer meets only those that close from now on. (``sse_gaps`` may already have
+    the columns: a schema-1 database creates it at today's definition in step 1.)
+    """
+    inspector = sa.inspect(connection)
+    big = sa.BigInteger().compile(dialect=connection.dialect)
+    columns = {
+        GAPS_TABLE: ("opened_seq", "opened_mark", "closed_seq", "closed_mark"),
+        RETENTION_TABLE: ("deleted_to_seq",),
+    }
+    for table, names in columns.items():
+        if not inspector.has_table(table):
+            continue  # created at today's definition when missing
+        present = {column["name"] for column in inspector.get_columns(table)}
+        for name in names:
+            if name not in present:
+                connection.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {big}")
+    for column in ("opened_mark", "closed_mark"):
+        connection.exec_driver_sql(
+            f"CREATE INDEX IF NOT EXISTS ix_sse_gaps_stream_{column} "
+            f"ON {GAPS_TABLE} (stream, {column})"
+        )
+
+
+MIGRATIONS = {
+    1: _migrate_1_to_2,
+    2: _migrate_2_to_3,
+    3: _migrate_3_to_4,
+    4: _migrate_4_to_5,
+}
 """``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction."""
 
 

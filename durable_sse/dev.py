@@ -48,6 +48,11 @@ from durable_sse.temporal_client import TemporalTarget
 log = logging.getLogger(__name__)
 
 EXAMPLE_STREAMS = Path(__file__).resolve().parent.parent / "examples" / "streams.toml"
+EXAMPLE_CONSUMER = EXAMPLE_STREAMS.parent / "consumer.py"
+"""An exactly-once consumer of the demo streams (its own process, like a user's service):
+``dev`` runs it, so the summary shows events handled all the way through."""
+CONSUMER_GROUP = "demo-ledger"
+CONSUMER_LEDGER = "demo_ledger"
 DEMO_SOURCE_PORT = 8765
 """The source address the example stream file names; dev rewrites it to the real port."""
 DEMO_SOURCE_STREAMS = {
@@ -97,7 +102,9 @@ class DevStack:
     options: DevOptions
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, name: str, argv: list[str], *, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log_file = open(self.options.state_dir / f"{name}.log", "ab")  # noqa: SIM115
         process = subprocess.Popen(
             argv,
@@ -105,6 +112,7 @@ class DevStack:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches us, and we stop children in order
+            env=None if env is None else {**os.environ, **env},
         )
         log_file.close()
         (self.options.state_dir / f"{name}.pid").write_text(str(process.pid))
@@ -275,6 +283,35 @@ def summary_line(statuses: list[dict]) -> str:
     return time.strftime("%H:%M:%S ") + " | ".join(parts)
 
 
+class ConsumerProgress:
+    """What the example consumer has handled, for the summary line."""
+
+    def __init__(self, database_url: str) -> None:
+        from durable_sse.db import make_engine
+
+        self._engine = make_engine(database_url)
+
+    def describe(self) -> str:
+        """``consumer demo-ledger: handled 1234, lag 3`` (empty until it has started)."""
+        from durable_sse.consume.status import consumer_statuses
+
+        try:
+            with self._engine.connect() as connection:
+                handled = connection.exec_driver_sql(
+                    f"SELECT count(*) FROM {CONSUMER_LEDGER}"
+                ).scalar_one()
+                statuses = consumer_statuses(connection, CONSUMER_GROUP)
+        except Exception:  # not started yet: no table
+            return ""
+        lag = sum(status.lag_events for status in statuses)
+        parked = [status.stream for status in statuses if status.parked_reason]
+        text = f"consumer {CONSUMER_GROUP}: handled={handled} lag={lag}"
+        return text + (f" parked on {', '.join(parked)}" if parked else "")
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
 async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
     import worker
 
@@ -288,6 +325,7 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
     worker_task: asyncio.Task[None] | None = None
     drops: asyncio.Task[None] | None = None
     postgres: EmbeddedPostgres | None = None
+    consumed: ConsumerProgress | None = None
     try:
         address, ui = await start_temporal(stack, env)
         redis_url = await start_redis(stack, env)
@@ -325,6 +363,19 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
         print(f"Redis: {redis_url}   event log: {database_url}", flush=True)
         print(f"state directory: {options.state_dir} (Ctrl-C stops everything)", flush=True)
         drops = asyncio.create_task(arm_demo_drops(source, specs, database_url))
+        consumed = ConsumerProgress(database_url)
+        if EXAMPLE_CONSUMER.exists():
+            stack.spawn(
+                "consumer",
+                [sys.executable, str(EXAMPLE_CONSUMER)],
+                env={"DATABASE_URL": database_url},
+            )
+            print(
+                f"consumer: {EXAMPLE_CONSUMER.name} writes every event to table "
+                f"{CONSUMER_LEDGER} exactly once (log: {options.state_dir / 'consumer.log'}; "
+                f"`durable-sse tail ticks -f` follows a stream)",
+                flush=True,
+            )
         first_event_reported = False
         while not stop.is_set() and not worker_task.done():
             statuses = []
@@ -332,7 +383,9 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
                 with contextlib.suppress(Exception):
                     statuses.append(await control.stream_status(client, spec.name))
             if statuses:
-                print(summary_line(statuses), flush=True)
+                line = summary_line(statuses)
+                progress = await asyncio.to_thread(consumed.describe)
+                print(f"{line} | {progress}" if progress else line, flush=True)
                 persisted = sum(control.current_counts(s)[1] for s in statuses)
                 if persisted and not first_event_reported:
                     first_event_reported = True
@@ -341,6 +394,8 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), options.summary_interval)
     finally:
+        if consumed is not None:
+            consumed.close()
         # Whatever ended the loop (Ctrl-C, a closed stdout, an error), stop in order:
         # the worker flushes its connections, then the source, then the child processes.
         if drops is not None:

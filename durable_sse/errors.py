@@ -12,6 +12,9 @@
     │   └── BatchRefusedError  the database refused a batch for its own rows (a trigger, a
     │                          constraint, a value it cannot hold); the stream parks
     ├── EmbeddedServiceError   a throwaway PostgreSQL or redis-server could not start or stop
+    ├── ConsumerError          a consumer of the log (durable_sse.consume) cannot go on
+    │   └── LeaseLostError     an acknowledgement from a process that no longer owns the
+    │                          stream (its lease expired, another took it over): refused
     └── StreamError            the SSE server or the bytes it sent cannot be consumed
         ├── LineTooLongError   a line exceeded ``max_line_bytes``
         ├── EventTooLargeError one event's data exceeded ``max_event_bytes``
@@ -68,6 +71,16 @@ class BatchRefusedError(StoreError):
 
 class EmbeddedServiceError(DurableSSEError):
     """A throwaway server from a wheel (tests, ``dev --postgres``) could not start or stop."""
+
+
+class ConsumerError(DurableSSEError):
+    """A consumer of the log cannot do what was asked (see :mod:`durable_sse.consume`)."""
+
+
+class LeaseLostError(ConsumerError):
+    """An acknowledgement came from a process that no longer owns the stream: its lease
+    expired, and another process may have taken the stream over. Nothing moved; the batch
+    is delivered again (at least once: the handler's effect must be idempotent)."""
 
 
 class StreamError(DurableSSEError):

@@ -47,10 +47,12 @@ from sqlalchemy.engine import Connection
 from durable_sse.commits import CommitGroup, CommitJob, CommitQueue
 from durable_sse.contracts import AdvanceResult, CheckpointState
 from durable_sse.db import (
+    EVENTS_CHANNEL,
     EVENTS_TABLE,
     RETENTION_TABLE,
     STAGING_COLUMNS,
     STAGING_TABLE,
+    STREAM_LOCK_CLASS,
     checkpoints_table,
     create_schema,
     describe_database,
@@ -61,6 +63,7 @@ from durable_sse.db import (
     make_engine,
     readers_table,
     retention_table,
+    stream_lock_key,
     to_utc,
 )
 from durable_sse.errors import BatchRefusedError, StoreError
@@ -90,6 +93,7 @@ from durable_sse.retention import (
     BATCH_ROWS,
     HELD_BY_NO_LAGGING,
     MAX_BATCHES,
+    ConsumerHold,
     Fence,
     RunningReader,
     after_horizon,
@@ -171,6 +175,9 @@ MAX_GROUP_ROWS = 5000
 SMALL_BATCH = 64
 """Up to this many rows, one multi-row INSERT beats COPY into the staging table (two
 statements more per commit); above it COPY wins (see bench/insert_rate.py)."""
+ConsumerHolds = Callable[[Connection, str, datetime], Sequence[ConsumerHold]]
+"""``(connection, stream, now)`` -> what consumer groups hold of the stream (a hook: the
+consumer package sits above the event log)."""
 _UNSTORABLE_TEXT = (UnicodeEncodeError, psycopg.DataError)
 _BATCH_FAULTS = ("22", "23", "54", "P0")
 """SQLSTATE classes an error of one batch's own making raises: data exception,
@@ -284,8 +291,18 @@ class EventLog:
     Database failures surface as :class:`~durable_sse.errors.StoreError`.
     """
 
-    def __init__(self, database_url: str, *, connect_timeout: int = 5) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        connect_timeout: int = 5,
+        consumer_holds: ConsumerHolds | None = None,
+    ) -> None:
+        """``consumer_holds``: what consumer groups keep of a stream, read in each
+        retention delete's transaction (:func:`durable_sse.consume.retention_holds`;
+        the worker, which runs retention, passes it). None: retention ignores consumers."""
         self._engine = make_engine(database_url, connect_timeout=connect_timeout)
+        self._consumer_holds = consumer_holds
         self._where = describe_database(self._engine.url)
         self._executor = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="sse-db")
         self._closed = False
@@ -298,6 +315,13 @@ class EventLog:
         A hint only: a stale one costs one rolled-back attempt, never a row."""
         self.direct_copies = 0
         """Groups COPYed straight into ``sse_events`` and committed."""
+        self.order_commits = True
+        """PostgreSQL: a group transaction locks its streams before writing their rows, so
+        each stream's rows become visible in ``seq`` order even with two writers (see
+        :meth:`_order_and_notify`). Only benchmarks turn it off, to measure its cost."""
+        self.notify_commits = True
+        """PostgreSQL: a group transaction notifies each stream it writes once
+        (:data:`~durable_sse.db.EVENTS_CHANNEL`). Only benchmarks turn it off."""
         self.optimistic_fallbacks = 0
         """Optimistic COPYs that met a stored key and were written again through staging."""
         self._commits = CommitQueue(
@@ -544,6 +568,7 @@ class EventLog:
         after: int | None = None
         complete = False
         fence = Fence(None, HELD_BY_NO_LAGGING)
+        held_by_consumers: tuple[str, ...] = ()
         while not complete and statements < max_batches:
             if statements and between is not None:
                 await between(deleted)
@@ -562,6 +587,7 @@ class EventLog:
             after = batch.last_seq
             complete = batch.done
             fence = batch.fence
+            held_by_consumers = batch.held_by_consumers
         state = await self.retention_state(stream)
         return RetentionRun(
             deleted=deleted,
@@ -571,6 +597,7 @@ class EventLog:
             keep_from=fence.keep_from,
             longest_statement=longest,
             state=state,
+            held_by_consumers=held_by_consumers,
         )
 
     async def retention_state(self, stream: str) -> RetentionState:
@@ -719,6 +746,7 @@ class EventLog:
                 dropped=dropped,
             )
             group.wait_for_previous_rows()
+            self._order_and_notify(connection, jobs)
             counts, reused = insert()
             for job, count in zip(jobs, counts, strict=True):
                 if job.payload.gap_changes:
@@ -739,6 +767,53 @@ class EventLog:
             known = self._newest.get(stream, _UNKNOWN)  # lanes share it: no check-then-get
             if known is not _UNKNOWN and (known is None or key > known):
                 self._newest[stream] = key
+
+    def _order_and_notify(self, connection: Connection, jobs: list[CommitJob]) -> None:
+        """PostgreSQL: lock the group's streams, and queue one ``NOTIFY`` per stream.
+
+        Why the lock: ``seq`` comes from one sequence shared by every stream and is taken
+        as a row is inserted, long before its commit. Two writers of one stream (a retried
+        attempt and its predecessor, two workers during a handover) could otherwise
+        commit a later ``seq`` first, and a consumer reading ``seq > position`` would pass
+        the earlier one for good. A transaction-scoped advisory lock per stream, taken
+        before any row of the stream is inserted and held to the commit, makes a stream's
+        rows enter and become visible in ``seq`` order across processes (within one
+        process the commit queue already does). Gap markers are placed under it too.
+
+        Why it cannot deadlock: the locks are taken in one statement, in key order, so
+        two transactions never wait for each other's locks in a cycle; and they are taken
+        only after :meth:`CommitGroup.wait_for_previous_rows`, so while a transaction
+        holds them the one in-process wait left (``wait_turn``: the previous group's
+        commit) is for a transaction that has taken all its locks, written all its rows
+        and is committing, which waits for no lock of anyone's. A cycle through an
+        in-process wait, which PostgreSQL could not detect, therefore cannot form.
+
+        The ``NOTIFY`` (delivered on commit, dropped on rollback, deduplicated per
+        transaction) wakes consumers (:mod:`durable_sse.consume.wakeup`); it rides the
+        same statement, so a group pays one round trip for both.
+        """
+        if self.dialect != "postgresql" or not (self.order_commits or self.notify_commits):
+            return
+        streams = sorted(
+            {job.stream for job in jobs}, key=lambda name: (stream_lock_key(name), name)
+        )
+        calls = []
+        if self.order_commits:
+            calls.append("count(pg_advisory_xact_lock(%s, t.k))")
+        if self.notify_commits:
+            calls.append("count(pg_notify(%s, t.s))")
+        params: list[Any] = []
+        if self.order_commits:
+            params.append(STREAM_LOCK_CLASS)
+        if self.notify_commits:
+            params.append(EVENTS_CHANNEL)
+        params += [[stream_lock_key(name) for name in streams], streams]
+        with _driver(connection).cursor() as cursor:
+            # unnest yields the arrays in order: the locks are taken in key order.
+            cursor.execute(
+                f"SELECT {', '.join(calls)} FROM unnest(%s::int4[], %s::text[]) AS t(k, s)",
+                params,
+            )
 
     def _write_alone(
         self, group: CommitGroup, jobs: list[CommitJob], error: Exception, *, clean: bool
@@ -1272,6 +1347,8 @@ class EventLog:
             query = query.with_for_update()
         records = {row.gap_id: _gap_from_row(row) for row in connection.execute(query)}
         existing = set(records)
+        found = set(existing)
+        was_open = {gap_id for gap_id, record in records.items() if record.is_open}
         lagging = connection.execute(
             sa.select(checkpoints_table.c.lagging_id).where(checkpoints_table.c.stream == stream)
         ).scalar_one_or_none()
@@ -1314,6 +1391,16 @@ class EventLog:
                     "unknown" if record.missing is None else record.missing,
                     record.recovered,
                 )
+        opened = [gap_id for gap_id in ids if gap_id in records and gap_id not in found]
+        closed = [
+            gap_id
+            for gap_id in ids
+            if gap_id in records
+            and not records[gap_id].is_open
+            and (gap_id not in found or gap_id in was_open)
+        ]
+        if opened or closed:
+            self._place_gap_markers(connection, stream, opened=opened, closed=closed)
 
     def _past_horizon(
         self, connection: Connection, stream: str, order: IdOrder, changes: list[GapChange]
@@ -1345,6 +1432,44 @@ class EventLog:
             if moved is not None:
                 kept.append(moved)
         return kept
+
+    def _place_gap_markers(
+        self, connection: Connection, stream: str, *, opened: list[str], closed: list[str]
+    ) -> None:
+        """Give gaps that open or close in this transaction their place in the stream's
+        order, so a consumer meets ``Gap`` and ``GapClosed`` between the events where they
+        happened (:mod:`durable_sse.consume.reader`).
+
+        The place is the stream's newest ``seq`` now (this transaction's rows included)
+        and a *mark*, the next number among the stream's markers. Both only grow: on
+        PostgreSQL the group transaction holds the stream's lock
+        (:meth:`_order_and_notify`), on SQLite the one write lock, so no other writer of
+        the stream is between the read and the commit. A gap marked after a consumer read
+        the event at its ``seq`` still reaches it: the position counts marks apart.
+        """
+        events, table = events_table, gaps_table
+        newest = connection.execute(
+            sa.select(sa.func.max(events.c.seq)).where(events.c.stream == stream)
+        ).scalar_one_or_none()
+        marks = [
+            connection.execute(
+                sa.select(sa.func.max(column)).where(table.c.stream == stream)
+            ).scalar_one_or_none()
+            for column in (table.c.opened_mark, table.c.closed_mark)
+        ]
+        mark = max((value for value in marks if value is not None), default=0)
+        at = int(newest or 0)
+        for names, seq_column, mark_column in (
+            (opened, "opened_seq", "opened_mark"),
+            (closed, "closed_seq", "closed_mark"),
+        ):
+            for gap_id in names:
+                mark += 1
+                connection.execute(
+                    sa.update(table)
+                    .where(table.c.stream == stream, table.c.gap_id == gap_id)
+                    .values({seq_column: at, mark_column: mark})
+                )
 
     def _context_sync(
         self,
@@ -1586,6 +1711,7 @@ class EventLog:
                 .limit(limit)
             ).all()
             longest = time.monotonic() - started
+            holds = self._holds_of_consumers(connection, stream)
             choice = choose_deletions(
                 (
                     (
@@ -1599,9 +1725,12 @@ class EventLog:
                 fence_key=fence_key,
                 cutoff=cutoff,
                 limit=limit,
+                holds=holds,
             )
             if not choice.doomed:
-                return _RetentionBatch(0, choice.last_seq, choice.done, longest, fence)
+                return _RetentionBatch(
+                    0, choice.last_seq, choice.done, longest, fence, choice.held_by_consumers
+                )
             assert choice.last_seq is not None
             horizon_id = None
             if choice.newest_key is not None:
@@ -1627,7 +1756,10 @@ class EventLog:
             longest = max(longest, time.monotonic() - started)
             deleted = max(result.rowcount, 0)
             self._count_deleted(connection, stream, deleted, choice.newest_key, horizon_id)
-        return _RetentionBatch(deleted, choice.last_seq, choice.done, longest, fence)
+            self._record_deleted_to(connection, stream, choice.deleted_to)
+        return _RetentionBatch(
+            deleted, choice.last_seq, choice.done, longest, fence, choice.held_by_consumers
+        )
 
     def _fence_seq(self, connection: Connection, stream: str, key: bytes) -> int | None:
         """The ``seq`` of the fence id's row (else of the first id after it): rows from
@@ -1646,6 +1778,36 @@ class EventLog:
                 .limit(1)
             ).scalar_one_or_none()
         return end_seq
+
+    def _holds_of_consumers(self, connection: Connection, stream: str) -> list[ConsumerHold]:
+        """The consumer groups' term of the fence, read in the delete's own transaction:
+        what groups that hold retention have not consumed yet (see ``ConsumerHold``)."""
+        holds = []
+        if self.dialect == "sqlite":
+            # SQLite gives a new row the largest rowid + 1: were the table's newest row
+            # deleted, the next row would take its seq again, and a consumer positioned
+            # at that seq would pass it. The newest row of the whole table stays.
+            newest = connection.execute(sa.select(sa.func.max(events_table.c.seq))).scalar()
+            if newest is not None:
+                holds.append(ConsumerHold("(newest row of the table)", newest - 1))
+        if self._consumer_holds is not None:
+            holds += self._consumer_holds(connection, stream, datetime.now(UTC))
+        return holds
+
+    def _record_deleted_to(self, connection: Connection, stream: str, seq: int | None) -> None:
+        """Remember the newest ``seq`` deleted, in the delete's transaction: a consumer
+        whose position is older learns that rows it never read are gone."""
+        if seq is None:
+            return
+        table = retention_table
+        connection.execute(
+            sa.update(table)
+            .where(
+                table.c.stream == stream,
+                sa.or_(table.c.deleted_to_seq.is_(None), table.c.deleted_to_seq < seq),
+            )
+            .values(deleted_to_seq=seq)
+        )
 
     def _count_deleted(
         self,
@@ -1725,6 +1887,8 @@ class RetentionRun:
     longest_statement: float
     """Seconds of the longest statement of the run (a select or a delete)."""
     state: RetentionState
+    held_by_consumers: tuple[str, ...] = ()
+    """Consumer groups that kept rows this run would have deleted (``ConsumerHold``)."""
 
 
 @dataclass(frozen=True)
@@ -1735,6 +1899,7 @@ class _RetentionBatch:
     longest: float
     fence: Fence
     """The fence this statement kept (read inside its transaction)."""
+    held_by_consumers: tuple[str, ...] = ()
 
 
 def _after_horizon(rows: list[tuple[Any, ...]], horizon: bytes) -> list[tuple[Any, ...]]:

@@ -239,6 +239,10 @@ class BatchChoice:
     """The newest id key among them: the horizon moves to it."""
     done: bool
     """Nothing more is old enough (or nothing more to look at)."""
+    deleted_to: int | None = None
+    """The newest ``seq`` among the rows let go (consumers learn of it: ``Truncated``)."""
+    held_by_consumers: tuple[str, ...] = ()
+    """The consumer groups whose hold stopped the walk (:class:`ConsumerHold`)."""
 
 
 def choose_deletions(
@@ -248,23 +252,33 @@ def choose_deletions(
     fence_key: bytes | None,
     cutoff: datetime,
     limit: int,
+    holds: Iterable[ConsumerHold] = (),
 ) -> BatchChoice:
     """One statement's share: ``rows`` are ``(seq, id key, received at)`` of the next
     ``limit`` rows after ``after`` in ``seq`` order, before the fence row's ``seq``. The
     walk stops at the first row young enough (arrival order is time order to within a
-    batch; a row received out of that order merely waits for a later run)."""
+    batch; a row received out of that order merely waits for a later run), and at the
+    first row a consumer group still holds (``holds``, read in the same transaction)."""
+    holds = list(holds)
     last_seq, doomed, newest_key, young, seen = after, 0, None, False, 0
+    deleted_to: int | None = None
+    held: tuple[str, ...] = ()
     for seq, key, received_at in rows:
         seen += 1
         if received_at >= cutoff:
             young = True
             break
+        if held_by_consumers(holds, seq, received_at):
+            held = tuple(hold.group for hold in holds if hold.keeps(seq, received_at))
+            young = True
+            break
         last_seq = seq
         if row_deletable(key, received_at, fence_key=fence_key, cutoff=cutoff):
             doomed += 1
+            deleted_to = seq
             if key is not None and (newest_key is None or key > newest_key):
                 newest_key = key
-    return BatchChoice(last_seq, doomed, newest_key, young or seen < limit)
+    return BatchChoice(last_seq, doomed, newest_key, young or seen < limit, deleted_to, held)
 
 
 def after_horizon(key: bytes | None, horizon: bytes | None) -> bool:
@@ -326,6 +340,34 @@ def check_id_order(stream: str, *, stored: str | None, wanted: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class ConsumerHold:
+    """One consumer group's term of the fence (a separate term: the fence above is the
+    reader's, this one the consumers' of the log; see :mod:`durable_sse.consume`).
+
+    A group that holds retention keeps every row it has not consumed (``seq`` after its
+    position), until the row is older than the group's ``max_hold``: then it goes, and
+    the group meets ``Truncated`` (or an error) instead, so one stuck consumer cannot
+    fill the disk forever.
+    """
+
+    group: str
+    position: int
+    """The group's position in the stream: rows up to this ``seq`` are consumed."""
+    until: datetime | None = None
+    """Rows received before this time go all the same (now - ``max_hold``; None: kept
+    for as long as the group needs them)."""
+
+    def keeps(self, seq: int, received_at: datetime) -> bool:
+        return seq > self.position and (self.until is None or received_at >= self.until)
+
+
+def held_by_consumers(holds: Iterable[ConsumerHold], seq: int, received_at: datetime) -> bool:
+    """Whether a group keeps this row (retention deletes in ``seq`` order and stops at the
+    first row kept, like at the first row younger than the cutoff)."""
+    return any(hold.keeps(seq, received_at) for hold in holds)
+
+
 def describe(status: Mapping[str, object] | None) -> str:
     """One line for ``durable-sse status``: ``7d: 1204 deleted, oldest kept …``."""
     if not status or status.get("retention") is None:
@@ -335,4 +377,7 @@ def describe(status: Mapping[str, object] | None) -> str:
     oldest = status.get("oldest_kept_at")
     if oldest:
         text += f", oldest kept {str(oldest)[:19]}Z"
+    groups = status.get("held_by_consumers")
+    if groups:
+        text += f", held by consumers {', '.join(map(str, groups))}"  # type: ignore[call-overload]
     return text

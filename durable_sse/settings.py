@@ -100,6 +100,13 @@ class Settings:
         return settings
 
 
+def database_url_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """``DATABASE_URL`` alone, validated like :meth:`Settings.from_env` does (for the
+    commands that need only the database: ``tail``, ``consumers``)."""
+    env = os.environ if environ is None else environ
+    return _database_url(env.get("DATABASE_URL")) or DEFAULT_DATABASE_URL
+
+
 def sqlite_path(database_url: str) -> Path | None:
     """The file behind a ``sqlite:///`` URL (None for other databases or in-memory)."""
     if not database_url.startswith("sqlite:///"):

@@ -59,12 +59,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def rows(database: Path) -> int:
+def rows(database: Path, table: str = "sse_events") -> int:
     if not database.exists():
         return 0
     try:
         with sqlite3.connect(database, timeout=1) as connection:
-            return connection.execute("SELECT count(*) FROM sse_events").fetchone()[0]
+            return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     except sqlite3.Error:
         return 0
 
@@ -163,6 +163,16 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
             }
         assert streams == {"ticks", "noisy"}
         assert "ticks: " in text and "noisy: " in text
+        # The example consumer (examples/consumer.py) writes them to its own table: the
+        # events flow all the way through, and the summary says so.
+        while time.monotonic() < deadline + 60 and rows(database, "demo_ledger") < 20:
+            assert process.poll() is None, output.read_text()
+            time.sleep(0.5)
+        assert rows(database, "demo_ledger") >= 20, output.read_text()
+        while time.monotonic() < deadline + 60 and "consumer demo-ledger: handled=" not in text:
+            time.sleep(0.5)
+            text = output.read_text()
+        assert "consumer demo-ledger: handled=" in text, text
         children |= descendants(process.pid)
         assert children, "dev started no child processes (Temporal, Redis)"
     finally:

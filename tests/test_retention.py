@@ -780,3 +780,10 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
     assert (real.new_rows, real.duplicates, real.dropped_by_horizon) == (1, 6, 24)
     assert (simulated.new_rows, simulated.duplicates, simulated.dropped_by_horizon) == (1, 6, 24)
     await agree()
+
+
+def test_the_status_line_names_the_consumer_groups_that_hold_rows() -> None:
+    from durable_sse.retention import describe
+
+    status = {"retention": 86400.0, "deleted_rows": 3, "held_by_consumers": ["billing"]}
+    assert describe(status) == "1d: 3 deleted, held by consumers billing"
