@@ -1,16 +1,16 @@
 """The read activity: one execution is one SSE connection.
 
-This module is the I/O around :class:`~durable_sse.intake.Intake`, which makes every
+This module is the I/O around :class:`~durable_sse.reader.intake.Intake`, which makes every
 decision about what a connection read (batches, drop signals, gaps, when to end):
 
-* the start cursor comes from :class:`~durable_sse.resolve.CursorResolver` together with
+* the start cursor comes from :class:`~durable_sse.cursor.resolve.CursorResolver` together with
   what the store knows of the stream (lagging id, floor, open gaps) in one read, which
   also refuses an ``id_order`` other than the stream's keys were made with (the stream
   parks) and registers the connection in ``sse_readers`` until it ends, so retention
-  keeps what it re-reads (:mod:`durable_sse.retention`);
+  keeps what it re-reads (:mod:`durable_sse.log.retention`);
 * bytes are read ahead by a pump task into a bounded queue, decoded, and handed to the
   intake; up to ``MAX_BATCHES_IN_FLIGHT`` batches commit while the next is parsed, in the
-  order they were read (group commit, ``durable_sse.commits``), each with its gap changes
+  order they were read (group commit, ``durable_sse.log.commits``), each with its gap changes
   in its own transaction;
 * per committed batch: L1 -> L2 (coalesced, non-blocking) -> heartbeat; a cursor never
   points past an uncommitted event or a drop signal not yet recorded (invariants 1, 5);
@@ -42,7 +42,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from durable_sse.commits import CommitJob
+from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.contracts import (
     ConnectionProgress,
     Outcome,
@@ -52,6 +52,7 @@ from durable_sse.contracts import (
     ReadResult,
     Route,
 )
+from durable_sse.cursor.resolve import CursorResolver
 from durable_sse.errors import (
     BatchRefusedError,
     ConfigError,
@@ -61,8 +62,18 @@ from durable_sse.errors import (
     StreamRefusedError,
     UnsendableIdError,
 )
-from durable_sse.eventlog import ConnectionStart, EventLog, InsertResult, ReaderLease
-from durable_sse.http import (
+from durable_sse.ids import is_newer
+from durable_sse.log.commits import CommitJob
+from durable_sse.log.eventlog import ConnectionStart, InsertResult, ReaderLease
+from durable_sse.log.retention import reader_expiry
+from durable_sse.ops.logs import install_redaction
+from durable_sse.ops.metrics import ReaderMetrics
+from durable_sse.ops.nudge import Nudges
+from durable_sse.reader.intake import Batch, Intake
+from durable_sse.reader.stored import StoredAhead, StoredPage
+from durable_sse.sse.content_type import is_event_stream
+from durable_sse.sse.decoder import SSEDecoder
+from durable_sse.sse.http import (
     REFUSAL_HINTS,
     StatusPolicy,
     describe_error,
@@ -77,19 +88,7 @@ from durable_sse.http import (
     with_cursor,
     with_query,
 )
-from durable_sse.ids import is_newer
-from durable_sse.intake import Batch, Intake
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
-from durable_sse.logs import install_redaction
-from durable_sse.metrics import ReaderMetrics
-from durable_sse.nudge import Nudges
-from durable_sse.resolve import CursorResolver
-from durable_sse.retention import reader_expiry
-from durable_sse.secrets import DeclaredSecrets
-from durable_sse.sse.content_type import is_event_stream
-from durable_sse.sse.decoder import SSEDecoder
-from durable_sse.stored import StoredAhead, StoredPage
+from durable_sse.stores import Stores
 
 HEARTBEAT_INTERVAL = 0.8
 """Seconds between heartbeats, busy or quiet: cancellation arrives on heartbeats, so a
@@ -107,7 +106,7 @@ MAX_HEARTBEAT_INTERVAL = 5.0
 workflows/stream.py): however many connections a worker holds, one slow heartbeat call
 does not time a live attempt out (Temporal would start a duplicate)."""
 NUDGED_HEARTBEAT_INTERVAL = 4.0
-"""Seconds between heartbeats while the worker hears nudges (durable_sse/nudge.py): a
+"""Seconds between heartbeats while the worker hears nudges (durable_sse/ops/nudge.py): a
 signal's cancellation then comes with the heartbeat its nudge asks for, so the regular
 heartbeats only show the attempt is alive. 0.4 of ``READ_HEARTBEAT_TIMEOUT`` (10 s):
 one late heartbeat never times a live attempt out. A thousand connections cost 250 calls
@@ -141,9 +140,7 @@ class StreamReader:
         self,
         *,
         http: httpx.AsyncClient,
-        event_log: EventLog,
-        l1: LocalCursors,
-        l2: RedisCursors,
+        stores: Stores,
         secrets: DeclaredSecrets | None = None,
         allowed_hosts: tuple[str, ...] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
@@ -155,10 +152,8 @@ class StreamReader:
         self.progress_interval = progress_interval
         self.allowed_hosts = allowed_hosts
         self.http = http
-        self.event_log = event_log
-        self.l1 = l1
-        self.l2 = l2
-        self.resolver = CursorResolver(l1, l2, event_log)
+        self.stores = stores
+        self.resolver = CursorResolver(stores.l1, stores.l2, stores.starts)
         self.secrets = DeclaredSecrets() if secrets is None else secrets
         self.open_connections = 0
 
@@ -415,7 +410,7 @@ class _Connection:
             self.decoder.last_event_id = start.cursor
         floor = start.context.floor
         if start.cursor and is_newer(floor, start.cursor, self.order):
-            # A replay below the newest stored id: skip what is stored (durable_sse.stored).
+            # A replay below the newest stored id: skip what is stored (durable_sse.reader.stored).
             self.intake.stored = StoredAhead(self.order, start=start.cursor)
             self._fetch_stored()
         self._heartbeat(force=True)
@@ -450,7 +445,7 @@ class _Connection:
         if lease is None:
             return
         try:
-            await self.reader.event_log.release_reader(self.stream, lease.reader_id)
+            await self.reader.stores.starts.release_reader(self.stream, lease.reader_id)
         except StoreError as error:
             activity.logger.warning(
                 "stream %s: the connection's registration stays until %s (retention keeps "
@@ -475,9 +470,11 @@ class _Connection:
         self._count_ids_out_of_order()
         try:
             result.gaps = await self._heartbeating(
-                self.reader.event_log.gap_summary(self.stream, self.order)
+                self.reader.stores.gap_store.gap_summary(self.stream, self.order)
             )
-            checkpoint = await self._heartbeating(self.reader.event_log.get_checkpoint(self.stream))
+            checkpoint = await self._heartbeating(
+                self.reader.stores.checkpoints.get_checkpoint(self.stream)
+            )
             result.lagging_id = checkpoint.lagging_id if checkpoint else None
         except StoreError as error:
             # The gaps are durable; the workflow reads them itself when a result has none.
@@ -741,7 +738,7 @@ class _Connection:
             return
         stored.fetching = True
         task = asyncio.create_task(
-            self.reader.event_log.stored_keys(
+            self.reader.stores.reads.stored_keys(
                 self.stream, self.order, after=after, limit=stored.page_rows
             )
         )
@@ -784,7 +781,7 @@ class _Connection:
             # the batches before it committed, with no transaction of its own.
             self.inflight.append(asyncio.create_task(self._persist(previous, None, batch)))
             return
-        job = self.reader.event_log.submit_batch(
+        job = self.reader.stores.writer.submit_batch(
             self.stream,
             self.order,
             batch.records,
@@ -816,7 +813,7 @@ class _Connection:
             if job is None:
                 inserted = InsertResult(new_rows=0, duplicates=0)
             else:
-                inserted = await self.reader.event_log.committed(job)
+                inserted = await self.reader.stores.writer.committed(job)
         finally:
             if previous is not None:
                 await previous  # cursors move in commit order, so only ever forward
@@ -848,8 +845,8 @@ class _Connection:
         if moved:
             cursor = self.intake.cursor
             assert cursor is not None
-            self.reader.l1.advance(self.stream, cursor, self.order)
-            self.reader.l2.submit(self.stream, cursor, self.order)
+            self.reader.stores.l1.advance(self.stream, cursor, self.order)
+            self.reader.stores.l2.submit(self.stream, cursor, self.order)
             if first:
                 # A retry of a connection with no cursor starts from its first id.
                 self.first_id = (batch.records[0].event_id if batch.records else "") or cursor
@@ -922,8 +919,10 @@ class _Connection:
             async with asyncio.timeout(PROGRESS_TIMEOUT):
                 await self._move_hold()
                 try:
-                    report.gaps = await self.reader.event_log.gap_summary(self.stream, self.order)
-                    checkpoint = await self.reader.event_log.get_checkpoint(self.stream)
+                    report.gaps = await self.reader.stores.gap_store.gap_summary(
+                        self.stream, self.order
+                    )
+                    checkpoint = await self.reader.stores.checkpoints.get_checkpoint(self.stream)
                     report.lagging_id = checkpoint.lagging_id if checkpoint else None
                 except StoreError as error:
                     activity.logger.debug("stream %s: report without gaps: %s", self.stream, error)
@@ -956,7 +955,7 @@ class _Connection:
         if hold is None or hold == self.hold:
             return
         try:
-            await self.reader.event_log.move_reader(self.stream, lease.reader_id, hold)
+            await self.reader.stores.starts.move_reader(self.stream, lease.reader_id, hold)
         except StoreError as error:
             activity.logger.debug("stream %s: retention hold not moved: %s", self.stream, error)
             return

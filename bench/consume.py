@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Figures, Row, percentile, print_table, verdict  # noqa: E402
 from bench.insert_rate import make_events  # noqa: E402
 from durable_sse.consume import Consumer, Group, Start  # noqa: E402
-from durable_sse.eventlog import EventLog, EventRecord  # noqa: E402
+from durable_sse.log.eventlog import EventLog, EventRecord  # noqa: E402
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test_consume"
 STREAMS = 100

@@ -28,9 +28,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from durable_sse.db import STAGING_COLUMNS  # noqa: E402
-from durable_sse.eventlog import EventLog, EventRecord, _rows  # noqa: E402
 from durable_sse.ids import IdOrder  # noqa: E402
+from durable_sse.log.eventlog import EventLog, EventRecord, _rows  # noqa: E402
+from durable_sse.log.schema import STAGING_COLUMNS  # noqa: E402
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 COLUMNS = STAGING_COLUMNS[1:]

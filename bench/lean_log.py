@@ -31,9 +31,9 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from bench.insert_rate import DEFAULT_PG_URL, make_events, production_insert
-from durable_sse.db import STAGING_COLUMNS
-from durable_sse.eventlog import EventLog, EventRecord, _rows
 from durable_sse.ids import IdOrder
+from durable_sse.log.eventlog import EventLog, EventRecord, _rows
+from durable_sse.log.schema import STAGING_COLUMNS
 
 SCHEMA_2_INDEXES = (
     "ALTER TABLE sse_events DROP CONSTRAINT sse_events_pkey, ADD PRIMARY KEY (seq)",

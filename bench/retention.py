@@ -31,8 +31,8 @@ import sqlalchemy as sa
 
 from bench.insert_rate import DEFAULT_PG_URL, make_events, production_insert
 from bench.lean_log import _direct_copy_sync, _scoped
-from durable_sse.eventlog import EventLog
-from durable_sse.retention import MAX_BATCHES
+from durable_sse.log.eventlog import EventLog
+from durable_sse.log.retention import MAX_BATCHES
 
 WINDOW = 600.0
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from durable_sse.config.spec import StreamSpec
 from durable_sse.gaps import GapSummary, GapView
-from durable_sse.spec import StreamSpec
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
 SCHEDULE_ID_PREFIX = "sse-checkpoint:"
@@ -100,7 +100,7 @@ class ReadCounts:
     dropped_by_horizon: int = 0
     """Events whose id sorts at or before the stream's retention horizon (the newest id
     retention deleted): not stored, and not counted in ``duplicates`` either, since they
-    may never have been stored (see durable_sse/retention.py)."""
+    may never have been stored (see durable_sse/log/retention.py)."""
 
 
 @dataclass

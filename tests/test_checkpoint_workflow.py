@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 from activities.checkpoint import CheckpointActivities
 from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
-from durable_sse.binaries import temporal_dev_server
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     AdvanceInput,
     AdvanceResult,
@@ -34,9 +34,11 @@ from durable_sse.contracts import (
     StreamRef,
     checkpoint_schedule_id,
 )
-from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.gaps import Gap, GapChange
-from durable_sse.spec import StreamSpec
+from durable_sse.log.eventlog import EventLog, EventRecord
+from durable_sse.ops.binaries import temporal_dev_server
+from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 
 POLL_LIMIT = 30.0
@@ -116,7 +118,7 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
     spec.replay_window = 2.0
     ref = StreamRef(name=name, id_order="numeric")
     queue = f"tq-{uuid.uuid4().hex}"
-    checkpoints = CheckpointActivities(event_log)
+    checkpoints = CheckpointActivities(Stores(event_log, LocalCursors()))
     schedules = ScheduleActivities(env.client, queue)
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
     await persist(event_log, name, range(1, 4), long_ago)
@@ -125,7 +127,10 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
         env.client,
         task_queue=queue,
         workflows=[CheckpointAdvanceWorkflow],
-        activities=[*checkpoints.activities(), *RetentionActivities(event_log).activities()],
+        activities=[
+            *checkpoints.activities(),
+            *RetentionActivities(Stores(event_log, LocalCursors())).activities(),
+        ],
     ):
         # Created, then updated in place (idempotent; the interval follows the window).
         spec.replay_window = 3.0
@@ -188,7 +193,7 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
 async def test_resolve_since_and_get_checkpoint(event_log: EventLog) -> None:
     name = f"ck-{uuid.uuid4().hex[:16]}"
     ref = StreamRef(name=name, id_order="numeric")
-    checkpoints = CheckpointActivities(event_log)
+    checkpoints = CheckpointActivities(Stores(event_log, LocalCursors()))
     now = datetime.now(UTC)
     await persist(event_log, name, range(998, 1001), now - timedelta(hours=2))
     await persist(event_log, name, range(1001, 1004), now - timedelta(minutes=1))
@@ -218,8 +223,10 @@ async def test_a_checkpoint_run_applies_retention_without_its_stream_running(
         task_queue=queue,
         workflows=[CheckpointAdvanceWorkflow],
         activities=[
-            *CheckpointActivities(event_log).activities(),
-            *RetentionActivities(event_log, worker_retention=86400.0).activities(),
+            *CheckpointActivities(Stores(event_log, LocalCursors())).activities(),
+            *RetentionActivities(
+                Stores(event_log, LocalCursors()), worker_retention=86400.0
+            ).activities(),
         ],
     ):
         result = await env.client.execute_workflow(

@@ -32,9 +32,9 @@ from durable_sse.consume import (
 )
 from durable_sse.consume.model import Position
 from durable_sse.consume.reader import read_items
-from durable_sse.eventlog import EventLog, EventRecord
 from durable_sse.gaps import Gap as GapRecord
 from durable_sse.gaps import GapChange
+from durable_sse.log.eventlog import EventLog, EventRecord
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -25,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_sse.consume import Group
-from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.log.eventlog import EventLog, EventRecord
 from tests import consume_victim
 
 STREAMS = 20

@@ -27,12 +27,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 import worker as worker_module
-from durable_sse.binaries import temporal_dev_server
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.settings import Settings
+from durable_sse.log.eventlog import EventLog
+from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from tests.chaos.harness import end_process, wait_until, worker_process
 from tests.test_portable import machine_paths
 from workflows.stream import STREAM_STATE
@@ -337,7 +337,7 @@ async def test_readme_temporal_cli_commands_work_as_written(
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "durable_sse.cli", *args],
+        [sys.executable, "-m", "durable_sse.ops.cli", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -587,7 +587,7 @@ async def test_cli_reads_status_of_an_encrypted_stream_only_with_the_key(
     source: SSESource,
     tmp_path: Path,
 ) -> None:
-    from durable_sse.codec import KEY_ENV, data_converter_from_env, generate_key
+    from durable_sse.ops.codec import KEY_ENV, data_converter_from_env, generate_key
 
     key = generate_key()
     name = "sealed-" + uuid.uuid4().hex[:8]

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_sse.db import SCHEMA_VERSION
 from durable_sse.errors import StoreError
-from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
-from durable_sse.followers import FOLLOWER_WINDOW, FollowerKeys, data_digest
 from durable_sse.gaps import Gap, GapChange
 from durable_sse.ids import IdOrder, sort_key
+from durable_sse.log.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
+from durable_sse.log.keys import FOLLOWER_WINDOW, FollowerKeys, data_digest
+from durable_sse.log.schema import SCHEMA_VERSION
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -360,7 +360,7 @@ async def test_followers_of_a_reused_id_are_kept_apart_from_the_earlier_uses(
 ) -> None:
     """A follower identical to one the earlier use of its id stored (``ping``) is kept
     with its carrier; a connection that never read the carrier cannot tell (see
-    ``durable_sse.followers``)."""
+    ``durable_sse.log.keys``)."""
     log, order = event_log, "numeric"
     first = generation("a", 1, 1, followers=("ping", "x"))
     reused = generation("b", 1, 1, followers=("ping", "y"))

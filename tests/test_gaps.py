@@ -1,4 +1,4 @@
-"""The gap lifecycle (durable_sse/gaps.py): plain tests of its pure functions and tracker.
+"""The gap lifecycle (durable_sse/gaps/): plain tests of its pure functions and tracker.
 
 Ids are small integers under ``numeric`` (``natural`` where the order matters); a gap
 ``(20, 30)`` is the hole strictly after 20 and strictly before 30.

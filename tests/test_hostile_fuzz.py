@@ -18,23 +18,23 @@ import httpx
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.errors import (
     EventTooLargeError,
     IdTooLongError,
     LineTooLongError,
     UnsendableIdError,
 )
-from durable_sse.http import (
+from durable_sse.ids import MAX_CONTIGUOUS_DIGITS, IdOrder, contiguous_number, is_newer, sort_key
+from durable_sse.sse.decoder import Comment, Event, SSEDecoder
+from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
+from durable_sse.sse.http import (
     id_header_problem,
     last_event_id_header,
     request_headers,
     truncation_header,
     with_cursor,
 )
-from durable_sse.ids import MAX_CONTIGUOUS_DIGITS, IdOrder, contiguous_number, is_newer, sort_key
-from durable_sse.secrets import DeclaredSecrets
-from durable_sse.sse.decoder import Comment, Event, SSEDecoder
-from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
 
 DECODER_ERRORS = (LineTooLongError, EventTooLargeError, IdTooLongError)
 MATCHER = DropNoticeMatcher()

@@ -27,10 +27,10 @@ import sqlalchemy as sa
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse import control
-from durable_sse.eventlog import EventLog
+from durable_sse.config.spec import StreamSpec
+from durable_sse.log.eventlog import EventLog
+from durable_sse.ops import control
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from tests.chaos.harness import in_process_worker, start_stream, status_of, unique, wait_until
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.errors import ConfigError, UnsendableIdError
-from durable_sse.http import (
+from durable_sse.ops.logs import install_redaction
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.sse.decoder import Event, SSEDecoder
+from durable_sse.sse.http import (
     MAX_RETRY_AFTER,
     StatusPolicy,
     describe_error,
@@ -31,10 +35,6 @@ from durable_sse.http import (
     with_cursor,
     with_query,
 )
-from durable_sse.logs import install_redaction
-from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
-from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.sse.decoder import Event, SSEDecoder
 
 GUARD = 20.0  # seconds: only to turn a hang into a failure, never asserted on
 NONE_DECLARED = DeclaredSecrets()

@@ -21,12 +21,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.read import PROGRESS_INTERVAL
-from durable_sse import control
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.settings import Settings
+from durable_sse.log.eventlog import EventLog
+from durable_sse.ops import control
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from tests.test_e2e import capture_history
 from worker import WorkerResources, build_worker
 
@@ -49,7 +49,7 @@ async def _worker(
 ) -> AsyncIterator[Running]:
     settings = Settings.from_env({"DATABASE_URL": pg_url, "REDIS_URL": redis_url})
     resources = WorkerResources.from_settings(settings)
-    await resources.event_log.create_schema()
+    await resources.stores.create_schema()
     queue = f"live-{uuid.uuid4().hex[:8]}"
     worker = build_worker(temporal.client, resources, task_queue=queue, progress_interval=interval)
     try:

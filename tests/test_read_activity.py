@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +37,8 @@ from activities.read import (
     StreamReader,
     heartbeat_interval,
 )
+from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     RECORDED_GAP,
     DropReport,
@@ -47,15 +49,14 @@ from durable_sse.contracts import (
     ReadResult,
     Route,
 )
-from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.gaps import GapTotals
 from durable_sse.ids import sort_key
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
-from durable_sse.nudge import Nudges
-from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
+from durable_sse.log.eventlog import EventLog, EventRecord
+from durable_sse.ops.nudge import Nudges
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from workflows.stream import READ_HEARTBEAT_TIMEOUT, READ_MARGIN, READ_RETRY
 
 SECRET = "Bearer sup3r-s3cret-t0ken"
@@ -66,14 +67,12 @@ NOTICE = "dropping events: discarded 7 events (slow consumer)"
 
 
 @pytest.fixture
-async def reader(pg_event_log: EventLog, redis_url: str) -> AsyncIterator[StreamReader]:
+async def reader(pg_stores: Stores, redis_url: str) -> AsyncIterator[StreamReader]:
     l2 = RedisCursors(redis_url)
     async with httpx.AsyncClient(follow_redirects=False) as http:
         yield StreamReader(
             http=http,
-            event_log=pg_event_log,
-            l1=LocalCursors(),
-            l2=l2,
+            stores=replace(pg_stores, l2=l2),
             secrets=DeclaredSecrets(
                 parse_secret_bindings("TEST_TOKEN@127.0.0.1"), environ={"TEST_TOKEN": SECRET}
             ),
@@ -257,7 +256,7 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
     # With no cursor, the first committed batch is heartbeaten at once with its first id:
     # a retry of this attempt starts there.
     assert any(beat["first_id"] == "1" and beat["cursor"] is not None for beat in beats)
-    assert reader.l1.get(stream_name) == "50"
+    assert reader.stores.l1.get(stream_name) == "50"
 
     # From L1, the cursor sent as a query parameter.
     by_query = dataclasses.replace(spec, cursor_param="cursor")
@@ -267,17 +266,15 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
     assert_progress(beats, start="50", last="100")
 
     # A worker that never saw the stream (L1 empty) resumes from L2, by header.
-    await reader.l2.flush()
-    assert await reader.l2.get(stream_name) == "100"
-    fresh = StreamReader(
-        http=reader.http, event_log=reader.event_log, l1=LocalCursors(), l2=reader.l2
-    )
+    await reader.stores.l2.flush()
+    assert await reader.stores.l2.get(stream_name) == "100"
+    fresh = StreamReader(http=reader.http, stores=replace(reader.stores, l1=LocalCursors()))
     third, beats = await read(fresh, spec)
     assert (third.cursor_source, third.start_cursor, third.last_cursor) == ("l2", "100", "150")
     assert_progress(beats, start="100", last="150")
-    assert fresh.l1.get(stream_name) == "150"
-    await reader.l2.flush()
-    assert await reader.l2.get(stream_name) == "150"
+    assert fresh.stores.l1.get(stream_name) == "150"
+    await reader.stores.l2.flush()
+    assert await reader.stores.l2.get(stream_name) == "150"
 
     assert await stored(pg_event_log, stream_name) == [(str(n), 0) for n in range(1, 151)]
     assert await gap_rows(pg_event_log, stream_name) == []
@@ -330,7 +327,7 @@ async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_
     # ends for the repair.
     assert result.outcome is Outcome.DROP_SIGNAL
     assert result.drop == DropReport(kind="comment", detail=NOTICE)
-    assert result.last_cursor == "108" == reader.l1.get(stream_name)
+    assert result.last_cursor == "108" == reader.stores.l1.get(stream_name)
     assert await stored_ids(pg_event_log, stream_name) == [*numbers(1, 100), "108"]
     [gap] = await gap_rows(pg_event_log, stream_name)
     gap_id = gap.pop("gap_id")
@@ -429,7 +426,7 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
     dead, beats = await read(reader, spec, route=Route.EXPLICIT, start_id="10")
-    assert dead.last_cursor == "60" == reader.l1.get(stream_name)
+    assert dead.last_cursor == "60" == reader.stores.l1.get(stream_name)
     last = beats[-1]
     assert last["start_cursor"] == "10"
 
@@ -691,9 +688,7 @@ async def test_hosts_outside_the_allowlist_are_refused(
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     guarded = StreamReader(
         http=reader.http,
-        event_log=reader.event_log,
-        l1=reader.l1,
-        l2=reader.l2,
+        stores=reader.stores,
         allowed_hosts=("events.example.com",),
     )
     with pytest.raises(ApplicationError) as raised:
@@ -853,7 +848,7 @@ async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
     # What came before the bad event is stored and the cursor stands there: a resume
     # starts right before the bad event.
     assert await stored_ids(pg_event_log, stream_name) == numbers(1, 5)
-    assert reader.l1.get(stream_name) == "5"
+    assert reader.stores.l1.get(stream_name) == "5"
 
 
 async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
@@ -916,7 +911,7 @@ async def test_events_that_came_with_a_notice_are_stored_though_the_server_canno
     assert first.outcome is Outcome.DROP_SIGNAL
     assert first.drop is not None and first.drop.kind == "comment"
     assert first.counts == ReadCounts(events_read=20, new_rows=20)
-    assert first.last_cursor == "20" == reader.l1.get(stream_name)
+    assert first.last_cursor == "20" == reader.stores.l1.get(stream_name)
     assert await stored_ids(pg_event_log, stream_name) == numbers(1, 20)
     # Nothing stored before the notice and no cursor sent: what it announced lies before
     # event 1, where no repair can reach, and how much nobody knows. Loud, not silent.
@@ -964,7 +959,7 @@ async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
     assert result.outcome is Outcome.DROPPED
     assert result.error is not None and "max_line_bytes=1024" in result.error
     # The cursor stays before the event that holds the long line: a reconnect resumes there.
-    assert (result.last_cursor, reader.l1.get(stream_name)) == ("3", "3")
+    assert (result.last_cursor, reader.stores.l1.get(stream_name)) == ("3", "3")
     assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "3"]
 
 
@@ -1039,7 +1034,7 @@ async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
     assert result.error == "the server ended the stream"
     # Under numeric order "²" (not a number) sorts before every number.
     assert result.counts == ReadCounts(events_read=6, new_rows=6, ids_out_of_order=1)
-    assert result.last_cursor == big == reader.l1.get(stream_name)
+    assert result.last_cursor == big == reader.stores.l1.get(stream_name)
     assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "²", "3", "4", big]
     assert await gap_rows(pg_event_log, stream_name) == []
     warnings = [r.getMessage() for r in caplog.records if "is not a counter" in r.getMessage()]
@@ -1315,7 +1310,7 @@ def test_the_heartbeat_interval_stretches_but_never_past_half_the_heartbeat_time
 
 
 def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
-    """Nudges bring cancellations (durable_sse/nudge.py): heartbeats only keep the
+    """Nudges bring cancellations (durable_sse/ops/nudge.py): heartbeats only keep the
     attempt alive, at one interval whatever the count, with room for one late one."""
     timeout = READ_HEARTBEAT_TIMEOUT.total_seconds()
     for count in [0, 1, 400, 1000, MAX_CONNECTIONS_PER_WORKER]:
@@ -1325,7 +1320,7 @@ def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
 
 
 async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
-    source: SSESource, pg_event_log: EventLog, redis_url: str, stream_name: str
+    source: SSESource, pg_stores: Stores, redis_url: str, stream_name: str
 ) -> None:
     """A connection between its (4 s) heartbeats heartbeats as soon as a nudge for its
     stream arrives through Redis, which is when a requested cancellation reaches it."""
@@ -1338,9 +1333,7 @@ async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
     env.on_heartbeat = beats
     try:
         async with httpx.AsyncClient(follow_redirects=False) as http:
-            reader = StreamReader(
-                http=http, event_log=pg_event_log, l1=LocalCursors(), l2=l2, nudges=nudges
-            )
+            reader = StreamReader(http=http, stores=replace(pg_stores, l2=l2), nudges=nudges)
             task = asyncio.create_task(
                 env.run(
                     reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
@@ -1376,14 +1369,11 @@ async def test_without_redis_a_worker_hears_no_nudges_and_heartbeats_often() -> 
         await asyncio.sleep(0.5)
         assert not nudges.live
         l2 = RedisCursors("redis://127.0.0.1:1/0")
-        event_log = EventLog("sqlite://")
+        stores = Stores.open("sqlite://", l2=l2)
         async with httpx.AsyncClient() as http:
-            reader = StreamReader(
-                http=http, event_log=event_log, l1=LocalCursors(), l2=l2, nudges=nudges
-            )
+            reader = StreamReader(http=http, stores=stores, nudges=nudges)
             assert reader.heartbeat_interval() == HEARTBEAT_INTERVAL
-        await l2.close()
-        await event_log.close()
+        await stores.close()
     finally:
         await nudges.close()
 

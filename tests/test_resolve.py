@@ -1,4 +1,4 @@
-"""Where a connection resumes (durable_sse/resolve.py), against the real stores: the
+"""Where a connection resumes (durable_sse/cursor/resolve.py), against the real stores: the
 event log on PostgreSQL and SQLite, Redis for L2, an in-process L1."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from durable_sse.contracts import ReadProgress, Route
-from durable_sse.eventlog import ConnectionStart, EventLog, EventRecord
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.l2 import RedisCursors
+from durable_sse.cursor.resolve import CursorResolver
 from durable_sse.gaps import Gap, GapChange, GapKind
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
-from durable_sse.resolve import CursorResolver
+from durable_sse.log.eventlog import ConnectionStart, EventLog, EventRecord
 
 ORDER = "numeric"
 NOW = datetime.now(UTC)

@@ -16,11 +16,14 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.checkpoint import CheckpointActivities
 from activities.retention import RetentionActivities
+from durable_sse.config.durations import effective_retention, parse_retention_setting
+from durable_sse.config.settings import Settings
 from durable_sse.contracts import AdvanceInput, RetentionInput, StreamRef
+from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.errors import ConfigError, IdOrderMismatchError
-from durable_sse.eventlog import EventLog, EventRecord, ReaderLease
 from durable_sse.gaps import Gap, GapChange
-from durable_sse.retention import (
+from durable_sse.log.eventlog import EventLog, EventRecord, ReaderLease
+from durable_sse.log.retention import (
     HELD_BY_GAP,
     HELD_BY_LAGGING,
     HELD_BY_NO_LAGGING,
@@ -29,14 +32,12 @@ from durable_sse.retention import (
     after_horizon,
     check_id_order,
     choose_deletions,
-    effective_retention,
     live_starts,
     opening_past_horizon,
-    parse_retention_setting,
     reader_expiry,
     retention_fence,
 )
-from durable_sse.settings import Settings
+from durable_sse.stores import Stores
 from tests.sim.stores import MemoryEventLog
 
 T0 = datetime(2026, 11, 1, 12, 0, 0, tzinfo=UTC)
@@ -461,7 +462,7 @@ async def test_the_streams_own_retention_overrides_the_workers(
     start = now - 300 * MINUTE
     await minutely(event_log, stream_name, range(1, 301), start=start)
     await set_lagging(event_log, stream_name, 280, start=start)
-    worker = RetentionActivities(event_log, worker_retention=3 * 3600.0)
+    worker = RetentionActivities(Stores(event_log, LocalCursors()), worker_retention=3 * 3600.0)
     ref = StreamRef(name=stream_name, id_order="numeric")
 
     own = await worker.apply_retention(
@@ -479,7 +480,7 @@ async def test_the_streams_own_retention_overrides_the_workers(
     assert inherited.oldest_kept_id == "120" and inherited.keep_from == "280"
     assert inherited.horizon_id == "119" and inherited.complete
 
-    forever = await RetentionActivities(event_log).apply_retention(
+    forever = await RetentionActivities(Stores(event_log, LocalCursors())).apply_retention(
         RetentionInput(stream=ref, replay_window=600.0, now=now.isoformat())
     )
     assert forever.retention is None and forever.deleted_rows == 0
@@ -540,12 +541,12 @@ async def test_the_checkpoint_activities_refuse_another_order_loudly(
     env = ActivityEnvironment()
     with pytest.raises(ApplicationError) as advance:
         await env.run(
-            CheckpointActivities(event_log).advance_checkpoint,
+            CheckpointActivities(Stores(event_log, LocalCursors())).advance_checkpoint,
             AdvanceInput(stream=ref, replay_window=60.0, now=FAR.isoformat()),
         )
     with pytest.raises(ApplicationError) as retention:
         await env.run(
-            RetentionActivities(event_log).apply_retention,
+            RetentionActivities(Stores(event_log, LocalCursors())).apply_retention,
             RetentionInput(stream=ref, replay_window=60.0, retention=60.0, now=FAR.isoformat()),
         )
     for refused in (advance.value, retention.value):
@@ -783,7 +784,7 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
 
 
 def test_the_status_line_names_the_consumer_groups_that_hold_rows() -> None:
-    from durable_sse.retention import describe
+    from durable_sse.log.retention import describe
 
     status = {"retention": 86400.0, "deleted_rows": 3, "held_by_consumers": ["billing"]}
     assert describe(status) == "1d: 3 deleted, held by consumers billing"

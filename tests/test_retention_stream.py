@@ -26,12 +26,12 @@ from temporalio.client import (
 )
 from temporalio.testing import WorkflowEnvironment
 
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, checkpoint_schedule_id, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.metrics import prometheus_runtime
-from durable_sse.settings import Settings
+from durable_sse.log.eventlog import EventLog
+from durable_sse.ops.metrics import prometheus_runtime
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from tests.test_e2e import capture_history, metric, scrape
 from worker import WorkerResources, build_worker
 
@@ -67,14 +67,14 @@ async def running(
     )
     settings = Settings.from_env({"DATABASE_URL": pg_url, "REDIS_URL": redis_url})
     resources = WorkerResources.from_settings(settings)
-    await resources.event_log.create_schema()
+    await resources.stores.create_schema()
     queue = f"retention-{uuid.uuid4().hex[:8]}"
     worker = build_worker(
         client, resources, task_queue=queue, progress_interval=1.0, retention=WORKER_RETENTION
     )
     try:
         async with worker:
-            yield Running(client, queue, resources.event_log, port)
+            yield Running(client, queue, resources.stores.log, port)
     finally:
         await resources.close()
 

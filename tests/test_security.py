@@ -43,9 +43,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 import worker as worker_module
 from activities.schedule import ScheduleActivities
-from durable_sse import control
-from durable_sse.binaries import temporal_dev_server
-from durable_sse.codec import KEY_ENV, data_converter_from_env, generate_key
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     AdvanceInput,
     ScheduleInput,
@@ -54,11 +53,12 @@ from durable_sse.contracts import (
     checkpoint_schedule_id,
     stream_workflow_id,
 )
-from durable_sse.eventlog import EventLog
-from durable_sse.l2 import KEY_PREFIX
-from durable_sse.settings import Settings
+from durable_sse.cursor.l2 import KEY_PREFIX
+from durable_sse.log.eventlog import EventLog
+from durable_sse.ops import control
+from durable_sse.ops.binaries import temporal_dev_server
+from durable_sse.ops.codec import KEY_ENV, data_converter_from_env, generate_key
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from tests.chaos.harness import wait_until
 from workflows.routes import StreamState
 
@@ -431,7 +431,7 @@ async def test_a_worker_with_a_key_fails_a_workflow_started_with_plaintext_input
 def durable_sse_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k != KEY_ENV}
     return subprocess.run(
-        [sys.executable, "-m", "durable_sse.cli", *args],
+        [sys.executable, "-m", "durable_sse.ops.cli", *args],
         env={**environ, **env},
         capture_output=True,
         text=True,

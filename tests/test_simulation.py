@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from durable_sse import gaps, intake, retention
 from durable_sse.gaps import GapState
+from durable_sse.gaps import model as gaps
+from durable_sse.log import retention
+from durable_sse.reader import intake
 from tests.sim import stores
 from tests.sim.server import Profile, ScriptedDrop
 from tests.sim.world import Faults, Violation, World

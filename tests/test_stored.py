@@ -1,4 +1,4 @@
-"""A replay skips what is stored (durable_sse/stored.py, its use in the intake, and
+"""A replay skips what is stored (durable_sse/reader/stored.py, its use in the intake, and
 ``EventLog.stored_keys``): stored events become no rows and count as duplicates, holes are
 written, counts and gap evidence stay exact, on real PostgreSQL and SQLite."""
 
@@ -13,17 +13,18 @@ import httpx
 from temporalio.testing import ActivityEnvironment
 
 from activities.read import StreamReader
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import ReadCounts, ReadInput, Route
-from durable_sse.eventlog import EventLog, EventRecord
-from durable_sse.followers import CARRIER_KEY, FollowerKeys, data_digest, reused_key
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.gaps import Gap, GapChange, GapState, StreamContext, apply_change
-from durable_sse.intake import SKIPPED_PER_ROW, Batch, Intake
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
+from durable_sse.log.eventlog import EventLog, EventRecord
+from durable_sse.log.keys import CARRIER_KEY, FollowerKeys, data_digest, reused_key
+from durable_sse.reader.intake import SKIPPED_PER_ROW, Batch, Intake
+from durable_sse.reader.stored import StoredAhead, StoredPage
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Event
-from durable_sse.stored import StoredAhead, StoredPage
+from durable_sse.stores import Stores
 
 RECEIVED = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -399,7 +400,9 @@ async def test_a_replay_connection_writes_only_the_rows_missing(
     pg_event_log.submit_batch = counting_submit  # type: ignore[method-assign]
     try:
         async with httpx.AsyncClient(follow_redirects=False) as http:
-            reader = StreamReader(http=http, event_log=pg_event_log, l1=LocalCursors(), l2=l2)
+            reader = StreamReader(
+                http=http, stores=Stores(log=pg_event_log, l1=LocalCursors(), l2=l2)
+            )
             env = ActivityEnvironment()
             first = await env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT))
             assert first.counts.new_rows == 2000 and sum(written) == 2000

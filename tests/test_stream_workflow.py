@@ -37,7 +37,7 @@ from temporalio.worker import Worker
 
 from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
-from durable_sse.binaries import temporal_test_server
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     RECORDED_GAP,
     ConnectionProgress,
@@ -52,10 +52,12 @@ from durable_sse.contracts import (
     StreamRef,
     StreamStatus,
 )
-from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.gaps import Gap, GapChange, GapSummary, GapTotals, GapView
-from durable_sse.metrics import WorkflowMetrics
-from durable_sse.spec import StreamSpec
+from durable_sse.log.eventlog import EventLog, EventRecord
+from durable_sse.ops.binaries import temporal_test_server
+from durable_sse.ops.metrics import WorkflowMetrics
+from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import SCHEDULE_TIMER_SUMMARY, StreamState, StreamWorkflow
 
@@ -230,7 +232,7 @@ async def run_stream(
         script.nudge_reader,
         schedules.ensure,
         schedules.delete,
-        *CheckpointActivities(event_log).activities(),
+        *CheckpointActivities(Stores(event_log, LocalCursors())).activities(),
         *SearchAttributeActivities(env.client).activities(),
     ]
     async with Worker(

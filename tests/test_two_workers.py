@@ -2,7 +2,7 @@
 
 A real Temporal dev server, PostgreSQL, Redis and two ``worker.py`` processes: the
 streams' connections spread over both, every stream persists, and a signal to a stream
-read by either worker is nudged through Redis to both (``durable_sse/nudge.py``).
+read by either worker is nudged through Redis to both (``durable_sse/ops/nudge.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse.eventlog import EventLog
-from durable_sse.l2 import cursor_key
+from durable_sse.config.spec import StreamSpec
+from durable_sse.cursor.l2 import cursor_key
+from durable_sse.log.eventlog import EventLog
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from tests.chaos.harness import (
     end_process,
     reader_pid,

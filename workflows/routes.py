@@ -26,6 +26,7 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from durable_sse.config.spec import DEFAULT_MAX_RETRY_DELAY
 from durable_sse.contracts import (
     RECORDED_GAP,
     ConnectionProgress,
@@ -39,7 +40,6 @@ from durable_sse.contracts import (
 )
 from durable_sse.gaps import GapSummary
 from durable_sse.ids import compare_ids, newest
-from durable_sse.spec import DEFAULT_MAX_RETRY_DELAY
 
 MAX_CONNECTIONS_PER_RUN = 200
 """Connections before the workflow continues-as-new (history stays small)."""

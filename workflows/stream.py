@@ -33,7 +33,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     # Every module whose dataclasses cross the workflow boundary is passed through by
     # name: the converter resolves their type hints in the sandbox's module table.
-    import durable_sse.gaps  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
+    import durable_sse.gaps.model  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
+    from durable_sse.config.durations import format_duration
+    from durable_sse.config.spec import StreamSpec, parse_replay_signal, parse_spec
     from durable_sse.contracts import (
         STREAM_STATE_ATTRIBUTE,
         ConnectionProgress,
@@ -49,9 +51,8 @@ with workflow.unsafe.imports_passed_through():
         StreamStatus,
     )
     from durable_sse.errors import ConfigError
-    from durable_sse.metrics import WorkflowMetrics
+    from durable_sse.ops.metrics import WorkflowMetrics
     from durable_sse.ownership import require_stream_owner
-    from durable_sse.spec import StreamSpec, format_duration, parse_replay_signal, parse_spec
     from workflows.routes import (
         HOLD_PARKED,
         ConnectionPlan,
@@ -519,7 +520,7 @@ class StreamWorkflow:
 
     def _nudge_reader(self) -> None:
         """Make the cancellation just requested reach the reader now rather than at its
-        next heartbeat (durable_sse/nudge.py). Scheduled after the cancellation, in the
+        next heartbeat (durable_sse/ops/nudge.py). Scheduled after the cancellation, in the
         same workflow task, so the server knows of it when the reader heartbeats. Not
         awaited: a nudge that fails only leaves the cancellation to that heartbeat."""
 

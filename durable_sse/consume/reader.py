@@ -38,7 +38,8 @@ from durable_sse.consume.model import (
     StartKind,
     Truncated,
 )
-from durable_sse.db import (
+from durable_sse.log.eventlog import stored_data
+from durable_sse.log.schema import (
     EVENTS_TABLE,
     GAPS_TABLE,
     RETENTION_TABLE,
@@ -46,7 +47,6 @@ from durable_sse.db import (
     gaps_table,
     retention_table,
 )
-from durable_sse.eventlog import stored_data
 
 _EVENTS_SQL = (
     "SELECT seq, event_id, event_ord, event_type, data, data_bytes, received_at "

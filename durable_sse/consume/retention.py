@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_sse.consume.schema import consumer_tables_exist, consumers_table, groups_table
-from durable_sse.retention import ConsumerHold
+from durable_sse.log.retention import ConsumerHold
 
 
 def retention_holds(connection: Connection, stream: str, now: datetime) -> list[ConsumerHold]:

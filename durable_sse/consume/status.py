@@ -23,8 +23,8 @@ from durable_sse.consume.schema import (
     dead_letters_table,
     groups_table,
 )
-from durable_sse.db import events_table, from_db_time
 from durable_sse.errors import ConsumerError
+from durable_sse.log.schema import events_table, from_db_time
 
 LAG_CAP = 1_000_000
 """Lag in events is counted up to this many (then shown as ``1000000+``)."""

@@ -31,8 +31,8 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
-from durable_sse.db import EVENTS_CHANNEL, EVENTS_TABLE
-from durable_sse.settings import sqlite_path
+from durable_sse.config.settings import sqlite_path
+from durable_sse.log.schema import EVENTS_CHANNEL, EVENTS_TABLE
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 import sqlalchemy as sa
 
-from durable_sse.eventlog import EventLog
+from durable_sse.cursor.l2 import cursor_key, parse_value
 from durable_sse.gaps import Gap, GapState
 from durable_sse.ids import compare_ids
-from durable_sse.l2 import cursor_key, parse_value
+from durable_sse.log.eventlog import EventLog
 from durable_sse.source import SourceTruth
 
 logger = logging.getLogger(__name__)

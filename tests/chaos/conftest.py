@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_sse.eventlog import EventLog
+from durable_sse.log.eventlog import EventLog
 from tests.chaos.checker import Verdict
 from tests.chaos.harness import DEFAULT, LONG, SHORT, Sizes, in_process_worker, unique
 

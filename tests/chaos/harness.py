@@ -21,11 +21,11 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHandle
 
 import worker as worker_module
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.settings import Settings
+from durable_sse.log.eventlog import EventLog
 from durable_sse.source import SSESource
-from durable_sse.spec import StreamSpec
 from tests.chaos.checker import stored
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse.binaries import redis_server as redis_binary
 from durable_sse.contracts import StreamStatus
-from durable_sse.eventlog import EventLog
+from durable_sse.log.eventlog import EventLog
+from durable_sse.ops.binaries import redis_server as redis_binary
 from durable_sse.source import SourceStreamConfig, SSESource
 from tests import services
 from tests.chaos.checker import CursorSampler, Verdict, check, stored
@@ -238,7 +238,7 @@ async def _wait_reader(handle: WorkflowHandle, other_than: int | None = None) ->
 
 async def _duplicates(temporal: WorkflowEnvironment, handle: WorkflowHandle) -> int:
     """Rows re-read so far: the workflow's count plus the running attempt's heartbeat."""
-    from durable_sse.control import stream_status
+    from durable_sse.ops.control import stream_status
 
     status = await stream_status(temporal.client, handle.id.split(":", 1)[1])
     in_flight = status.get("in_flight") or {}

@@ -1,12 +1,12 @@
 """In-memory stand-ins for the event log and Redis, with the same semantics.
 
-The memory event log applies batches exactly as :class:`~durable_sse.eventlog.EventLog`
+The memory event log applies batches exactly as :class:`~durable_sse.log.eventlog.EventLog`
 does: rows deduplicated on ``(event_id, follower_key)``, an event whose key is stored under
 another digest (a reused id) kept under its extended key, the batch's gap changes applied in
 the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
 chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
 :func:`durable_sse.gaps.lagging_target`. Retention takes the same decisions from
-:mod:`durable_sse.retention`: the fence (lagging id, open gaps, running connections'
+:mod:`durable_sse.log.retention`: the fence (lagging id, open gaps, running connections'
 starts) read for every delete statement, the rows one statement deletes, the horizon the
 write path drops rows at, and where a gap opened behind it starts. Only the storage is
 different.
@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from durable_sse.contracts import CheckpointState
-from durable_sse.eventlog import ConnectionStart, EventRecord, InsertResult, ReaderLease
-from durable_sse.followers import CARRIER_KEY, reused_key
 from durable_sse.gaps import (
     Gap,
     GapChange,
@@ -37,7 +35,9 @@ from durable_sse.gaps import (
     summarize,
 )
 from durable_sse.ids import IdOrder, contiguous_number, is_newer, sort_key
-from durable_sse.retention import (
+from durable_sse.log.eventlog import ConnectionStart, EventRecord, InsertResult, ReaderLease
+from durable_sse.log.keys import CARRIER_KEY, reused_key
+from durable_sse.log.retention import (
     HELD_BY_NO_LAGGING,
     RunningReader,
     after_horizon,
@@ -47,7 +47,7 @@ from durable_sse.retention import (
     retention_fence,
     row_deletable,
 )
-from durable_sse.stored import StoredPage
+from durable_sse.reader.stored import StoredPage
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 The decisions are the real ones: :func:`workflows.routes.plan_connection`,
 :func:`~workflows.routes.record_result` and :func:`~workflows.routes.should_interrupt`
-for the workflow; :class:`~durable_sse.resolve.CursorResolver` and
-:class:`~durable_sse.intake.Intake` (with :mod:`durable_sse.gaps`) for the reader; the
+for the workflow; :class:`~durable_sse.cursor.resolve.CursorResolver` and
+:class:`~durable_sse.reader.intake.Intake` (with :mod:`durable_sse.gaps`) for the reader; the
 real SSE decoder on the simulated bytes. What is simulated: the server, the clock, the
 stores' storage, Temporal's scheduling (an attempt that dies is retried with its last
 heartbeat; a result can be lost to a cancel), and the faults.
@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import count
 
+from durable_sse.config.durations import effective_retention
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     Outcome,
     ReadCounts,
@@ -38,16 +40,15 @@ from durable_sse.contracts import (
     ReplaySignal,
     Route,
 )
-from durable_sse.eventlog import ReaderLease
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.resolve import CursorResolver
 from durable_sse.gaps import GapChange, GapState
 from durable_sse.ids import compare_ids, is_newer
-from durable_sse.intake import Batch, Intake
-from durable_sse.l1 import LocalCursors
-from durable_sse.resolve import CursorResolver
-from durable_sse.retention import RunningReader, effective_retention
-from durable_sse.spec import StreamSpec
+from durable_sse.log.eventlog import ReaderLease
+from durable_sse.log.retention import RunningReader
+from durable_sse.reader.intake import Batch, Intake
+from durable_sse.reader.stored import StoredAhead, StoredPage
 from durable_sse.sse.decoder import Comment, SSEDecoder
-from durable_sse.stored import StoredAhead, StoredPage
 from tests.sim.server import Profile, SimConnection, SimServer
 from tests.sim.stores import MemoryEventLog, MemoryRedis
 from workflows.routes import (
@@ -707,7 +708,7 @@ class Attempt:
         floor = start.context.floor
         if start.cursor and is_newer(floor, start.cursor, world.spec.id_order):
             if world.rng.random() < 0.8:
-                # A replay skips what is stored (durable_sse.stored), as the activity does:
+                # A replay skips what is stored (durable_sse.reader.stored), as the activity does:
                 # its first page before the first event, the next ones while it reads.
                 attempt.intake.stored = StoredAhead(
                     world.spec.id_order, start=start.cursor, page_rows=world.rng.choice([2, 5, 40])

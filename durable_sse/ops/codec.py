@@ -83,7 +83,7 @@ def parse_key(value: str) -> bytes:
     raise ConfigError(
         f"{KEY_ENV} must be 32 bytes written as 64 hex characters or as urlsafe base64 "
         f"(got {len(text)} characters that are neither; generate one with "
-        "`python -c 'from durable_sse.codec import generate_key; print(generate_key())'`)"
+        "`python -c 'from durable_sse.ops.codec import generate_key; print(generate_key())'`)"
     )
 
 

@@ -31,8 +31,8 @@ from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 from temporalio.converter import PayloadCodec
 
-from durable_sse.codec import KEY_ENV, EncryptionCodec
 from durable_sse.errors import ConfigError, DurableSSEError
+from durable_sse.ops.codec import KEY_ENV, EncryptionCodec
 from durable_sse.source import http
 
 logger = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ class CommitJob:
     new_rows: int = 0
     reused: list[str] = field(default_factory=list)
     """Ids of the batch kept although stored with other data (a reused id: see
-    ``durable_sse.followers``); their rows are in ``new_rows``."""
+    ``durable_sse.log.keys``); their rows are in ``new_rows``."""
     dropped: Any = None
     """What the writer left out of the batch on purpose, and why (opaque here)."""
 

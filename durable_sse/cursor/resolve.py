@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 
 from durable_sse.contracts import ReadProgress, Route
-from durable_sse.eventlog import ConnectionStart, EventLog, ReaderLease
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.ids import IdOrder, is_newer
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
+from durable_sse.log.eventlog import ConnectionStart, EventLog, ReaderLease
 
 logger = logging.getLogger(__name__)
 

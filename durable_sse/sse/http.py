@@ -28,7 +28,7 @@ import httpx
 from durable_sse.errors import ConfigError, UnsendableIdError
 
 if TYPE_CHECKING:
-    from durable_sse.secrets import DeclaredSecrets
+    from durable_sse.config.secrets import DeclaredSecrets
 
 MAX_RETRY_AFTER = 300.0
 """A server cannot make us wait longer than this per Retry-After (seconds)."""

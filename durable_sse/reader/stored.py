@@ -4,7 +4,7 @@ A replay (the ``replay`` signal, a repair on the lagged route, a retried attempt
 ids that are mostly stored already. Writing them costs a row each through the staging
 table and an ``ON CONFLICT`` probe, only to be discarded; building their records costs the
 event loop as much again. Instead the reader fetches the stored keys of the next id range,
-a page at a time with one indexed query (:meth:`durable_sse.eventlog.EventLog.stored_keys`),
+a page at a time with one indexed query (:meth:`durable_sse.log.eventlog.EventLog.stored_keys`),
 and the intake drops an event whose key is in it before it becomes a record: it counts
 as a duplicate, exactly what ``ON CONFLICT DO NOTHING`` would have made of it.
 
@@ -17,7 +17,7 @@ once. Gap evidence does not change: the intake reads and weighs every event as b
 only the rows it hands over are fewer.
 
 A stored key means "skip" only for the same event: the page carries each row's digest
-(:mod:`durable_sse.followers`), and an event whose key is stored under another digest (a
+(:mod:`durable_sse.log.keys`), and an event whose key is stored under another digest (a
 server that restarted its id counter) is skipped only if its extended key is stored too;
 otherwise it is written, and the writer keeps it under the extended key and counts it
 (``ids_reused``, counted there only). A NULL digest on either side is "unknown": skipped,
@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from durable_sse.followers import reused_key
 from durable_sse.ids import IdOrder, compare_ids, is_newer
+from durable_sse.log.keys import reused_key
 
 PAGE_ROWS = 8192
 """Stored keys one query fetches: a few ms of PostgreSQL, ~0.1 s of reading at 100k ev/s;

@@ -1,7 +1,7 @@
 """Retention: how long a stream's events are kept, and which old rows must stay anyway.
 
 Deleting is irreversible, so the decisions are plain functions here and the store only
-carries them out (:meth:`durable_sse.eventlog.EventLog.apply_retention`):
+carries them out (:meth:`durable_sse.log.eventlog.EventLog.apply_retention`):
 
 * **How long.** A stream's own ``retention`` wins; a stream without one takes the
   worker's ``DURABLE_SSE_RETENTION``, raised to the stream's ``replay_window`` if it is
@@ -25,7 +25,7 @@ carries them out (:meth:`durable_sse.eventlog.EventLog.apply_retention`):
   the history no longer holds repaired. A stream with no lagging id
   yet keeps every row that carries an id. The fence is read again inside
   every delete transaction, under a lock that gap openings and connection starts take
-  too (see :meth:`durable_sse.eventlog.EventLog.apply_retention`): a gap committed or a
+  too (see :meth:`durable_sse.log.eventlog.EventLog.apply_retention`): a gap committed or a
   connection started while a run goes on holds the very next statement.
 * **Deduplication after a delete.** Deleted keys can no longer conflict, so a server
   that re-sends ids older than the fence (one that ignores ``Last-Event-ID``, or an
@@ -50,18 +50,12 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Annotated
 
-import pydantic
-
-from durable_sse.errors import ConfigError, IdOrderMismatchError
+from durable_sse.config.durations import format_duration
+from durable_sse.errors import IdOrderMismatchError
 from durable_sse.gaps import Gap, GapChange
 from durable_sse.ids import IdOrder, compare_ids, contiguous_number
-from durable_sse.spec import DAY, MINUTE, format_duration, seconds
 
-RETENTION_ENV = "DURABLE_SSE_RETENTION"
-MIN_RETENTION = MINUTE
-MAX_RETENTION = 36_500 * DAY
 BATCH_ROWS = 10_000
 """Rows one DELETE statement takes at most: short statements (tens of milliseconds on
 PostgreSQL, see docs/benchmarks.md) that never hold the stream's writers back for long."""
@@ -76,45 +70,6 @@ HELD_BY_READER = "reader"
 READER_MARGIN = timedelta(minutes=2)
 """Added to a running connection's expiry: a timed-out attempt still flushes what it read
 (its gaps included) before it returns, and clocks of two workers may differ a little."""
-
-_SETTING = pydantic.TypeAdapter(Annotated[float, seconds(MIN_RETENTION, MAX_RETENTION)])
-
-
-def parse_retention_setting(value: str | None, *, name: str = RETENTION_ENV) -> float | None:
-    """The worker's retention in seconds (None: unset or empty, keep forever).
-
-    Validated like a stream's ``retention`` (the same duration forms and bounds, strict:
-    ``"7d"``, ``"36h"``, ``604800``), and refused in one line naming the variable.
-    """
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        return _SETTING.validate_python(float(text) if _is_number(text) else text)
-    except pydantic.ValidationError as error:
-        problem = error.errors(include_url=False)[0]
-        reason = problem.get("ctx", {}).get("reason") or problem["msg"]
-        raise ConfigError(f"{name} = {value!r}: {reason}") from None
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def effective_retention(
-    stream_retention: float | None, worker_retention: float | None, replay_window: float
-) -> tuple[float | None, str | None]:
-    """``(seconds, source)``: the stream's own setting, else the worker's (never shorter
-    than the replay window), else ``(None, None)``: keep forever."""
-    if stream_retention is not None:
-        return max(stream_retention, replay_window), "stream"
-    if worker_retention is not None:
-        return max(worker_retention, replay_window), "worker"
-    return None, None
 
 
 @dataclass(frozen=True)

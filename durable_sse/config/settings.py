@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from durable_sse.codec import KEY_ENV as PAYLOAD_KEY_ENV
+from durable_sse.config.durations import RETENTION_ENV, parse_retention_setting
+from durable_sse.config.secrets import SecretBinding, parse_secret_bindings
 from durable_sse.errors import ConfigError
-from durable_sse.http import parse_allowed_hosts
-from durable_sse.retention import RETENTION_ENV, parse_retention_setting
-from durable_sse.secrets import SecretBinding, parse_secret_bindings
-from durable_sse.temporal_client import DEFAULT_ADDRESS as DEFAULT_TEMPORAL_ADDRESS
-from durable_sse.temporal_client import DEFAULT_NAMESPACE, TemporalTarget, load_target
+from durable_sse.ops.codec import KEY_ENV as PAYLOAD_KEY_ENV
+from durable_sse.ops.temporal_client import DEFAULT_ADDRESS as DEFAULT_TEMPORAL_ADDRESS
+from durable_sse.ops.temporal_client import DEFAULT_NAMESPACE, TemporalTarget, load_target
+from durable_sse.sse.http import parse_allowed_hosts
 
 __all__ = ["DEFAULT_NAMESPACE", "DEFAULT_TEMPORAL_ADDRESS", "Settings", "sqlite_path"]
 DEFAULT_TASK_QUEUE = "sse-consumer"
@@ -30,7 +30,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 class Settings:
     temporal: TemporalTarget = field(default_factory=TemporalTarget)
     """Where Temporal is and how to authenticate: ``TEMPORAL_*`` and temporal.toml, the
-    way the ``temporal`` CLI reads them (:mod:`durable_sse.temporal_client`)."""
+    way the ``temporal`` CLI reads them (:mod:`durable_sse.ops.temporal_client`)."""
     task_queue: str = DEFAULT_TASK_QUEUE
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str = DEFAULT_REDIS_URL
@@ -46,7 +46,7 @@ class Settings:
     """``DURABLE_SSE_REQUIRE_ENCRYPTION``: refuse to start without a payload key."""
     retention: float | None = None
     """``DURABLE_SSE_RETENTION``: seconds the worker keeps the events of streams that set
-    no ``retention`` of their own (None: forever). See :mod:`durable_sse.retention`."""
+    no ``retention`` of their own (None: forever). See :mod:`durable_sse.log.retention`."""
 
     @property
     def temporal_address(self) -> str:

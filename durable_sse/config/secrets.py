@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from durable_sse.errors import ConfigError
 
 if TYPE_CHECKING:
-    from durable_sse.settings import Settings
+    from durable_sse.config.settings import Settings
 
 SECRETS_ENV = "SSE_SECRETS"
 WORKER_VARIABLES = frozenset({"DATABASE_URL"})

@@ -42,8 +42,8 @@ from redis import Redis, RedisError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from durable_sse.binaries import postgres_install, redis_server
 from durable_sse.errors import EmbeddedServiceError
+from durable_sse.ops.binaries import postgres_install, redis_server
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_sse import temporal_client
-from durable_sse.codec import data_converter_from_env
+from durable_sse.config.spec import StreamSpec, parse_replay_signal, parse_spec
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
 from durable_sse.errors import DurableSSEError
-from durable_sse.spec import StreamSpec, parse_replay_signal, parse_spec
-from durable_sse.temporal_client import TemporalConnectionError, TemporalTarget
+from durable_sse.ops import temporal_client
+from durable_sse.ops.codec import data_converter_from_env
+from durable_sse.ops.temporal_client import TemporalConnectionError, TemporalTarget
 
 __all__ = ["TemporalConnectionError", "connect"]
 
@@ -32,7 +32,7 @@ class StreamNotFoundError(DurableSSEError):
 
 
 async def connect(target: TemporalTarget, *, timeout: float = 5.0) -> Client:
-    """A client of ``target`` (see :mod:`durable_sse.temporal_client`); a failure is a
+    """A client of ``target`` (see :mod:`durable_sse.ops.temporal_client`); a failure is a
     one-line :class:`TemporalConnectionError` naming the address and the namespace."""
     return await temporal_client.connect(
         target, data_converter=data_converter_from_env(), timeout=timeout

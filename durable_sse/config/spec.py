@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 import tomllib
 import typing
@@ -35,20 +34,26 @@ import httpx
 import pydantic
 import re2
 from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, ValidationError
-from pydantic_core import PydanticCustomError
 
+from durable_sse.config.durations import (
+    DAY,
+    MINUTE,
+    format_duration,
+    parse_duration,
+    seconds,
+)
+from durable_sse.config.durations import (
+    setting_error as _fail,
+)
 from durable_sse.errors import ConfigError
-from durable_sse.http import redact_url
 from durable_sse.ids import IdOrder
+from durable_sse.sse.http import redact_url
 
 if TYPE_CHECKING:
     from durable_sse.contracts import ReplaySignal
 
 KiB = 1024
 MiB = 1024 * KiB
-MINUTE = 60.0
-HOUR = 3600.0
-DAY = 86400.0
 DEFAULT_MAX_RETRY_DELAY = 300.0
 """``max_retry_delay``'s default: 5 minutes, the bound ``Retry-After`` has too."""
 
@@ -104,67 +109,7 @@ def is_worker_variable(name: str) -> bool:
     return upper in WORKER_VARIABLES or upper.startswith(WORKER_VARIABLE_PREFIXES)
 
 
-# --- durations ---------------------------------------------------------------------------
-
-_DURATION = re.compile(r"\s*(\d{1,12}(?:\.\d{1,9})?)\s*(ms|s|m|h|d)?\s*\Z")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": MINUTE, "h": HOUR, "d": DAY, None: 1.0}
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from a number or a string such as ``"250ms"``, ``"45"``, ``"5m"``, ``"2h"``.
-
-    Raises ValueError for anything else: booleans, negative, infinite or NaN numbers.
-    Bounds are the caller's (each setting has its own).
-    """
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a duration")
-    if isinstance(value, int | float):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            raise ValueError("too large") from None
-    elif isinstance(value, str) and (match := _DURATION.match(value)):
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    else:
-        raise ValueError(f"not a duration: {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"not a finite, non-negative duration: {value!r}")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """``0.01`` -> ``"10ms"``, ``2592000`` -> ``"30d"``: the largest unit that is exact."""
-    for unit in ("d", "h", "m", "s", "ms"):
-        count = seconds / _UNIT_SECONDS[unit]
-        if count >= 1 and abs(count - round(count)) < 1e-9:
-            return f"{round(count)}{unit}"
-    return f"{seconds:g}s"
-
-
-def _fail(reason: str) -> PydanticCustomError:
-    # The reason goes through the context: pydantic formats ``{…}`` in the template,
-    # and reasons quote user text (an RE2 error can contain ``{1001}``).
-    return PydanticCustomError("durable_sse", "{reason}", {"reason": reason})
-
-
-def seconds(low: float, high: float) -> PlainValidator:
-    """A duration setting between ``low`` and ``high`` seconds, inclusive."""
-    expected = (
-        f"expected a duration between {format_duration(low)} and {format_duration(high)} "
-        '(seconds, or a string like "250ms", "5m", "2h")'
-    )
-
-    def check(value: object) -> float:
-        try:
-            result = parse_duration(value)
-        except ValueError:
-            raise _fail(expected) from None
-        if not low <= result <= high:
-            raise _fail(expected)
-        return result
-
-    check.bounds = (low, high)  # type: ignore[attr-defined]
-    return PlainValidator(check)
+# --- counts ---------------------------------------------------------------------------
 
 
 def count(low: int, high: int, *, unit: str = "") -> PlainValidator:

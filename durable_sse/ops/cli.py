@@ -21,13 +21,13 @@ from typing import Any
 
 from temporalio.client import Client
 
-from durable_sse import control
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec, load_streams, parse_replay_signal, spec_differences
 from durable_sse.errors import ConfigError, ConsumerError, DurableSSEError
-from durable_sse.http import host_allowed, redact_url
-from durable_sse.retention import describe as retention_text
-from durable_sse.settings import Settings
-from durable_sse.spec import StreamSpec, load_streams, parse_replay_signal, spec_differences
-from durable_sse.temporal_client import CLIENT_ENVIRONMENT
+from durable_sse.log.retention import describe as retention_text
+from durable_sse.ops import control
+from durable_sse.ops.temporal_client import CLIENT_ENVIRONMENT
+from durable_sse.sse.http import host_allowed, redact_url
 
 EXIT_ERROR = 1
 """Something failed on the way (Temporal unreachable, a stream not found, settings differ)."""
@@ -253,11 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return source_main(argv[1:])
     if argv and argv[0] == "codec-server":
-        from durable_sse.codec_server import main as codec_main
+        from durable_sse.ops.codec_server import main as codec_main
 
         return codec_main(argv[1:])
     if argv and argv[0] == "dev":
-        from durable_sse.dev import main as dev_main
+        from durable_sse.ops.dev import main as dev_main
 
         return dev_main(argv[1:])
     args = build_parser().parse_args(argv)
@@ -417,9 +417,9 @@ def format_status_table(statuses: list[dict[str, Any]], *, width: int | None = N
 
 async def _consume_command(args: argparse.Namespace) -> int:
     """``tail`` and ``consumers``: the database only (no Temporal)."""
+    from durable_sse.config.settings import database_url_from_env
     from durable_sse.consume.runner import normalize_url
-    from durable_sse.db import make_engine
-    from durable_sse.settings import database_url_from_env
+    from durable_sse.log.schema import make_engine
 
     url = normalize_url(database_url_from_env())
     if args.command == "tail":
@@ -523,7 +523,7 @@ def _tail_start(engine: Any, args: argparse.Namespace, since: Any) -> Any:
     from durable_sse.consume import positions
     from durable_sse.consume.model import Start
     from durable_sse.consume.reader import start_position
-    from durable_sse.db import events_table
+    from durable_sse.log.schema import events_table
 
     with engine.connect() as connection:
         if args.group:
@@ -646,7 +646,7 @@ def _hold_text(status: Any) -> str:
         return "-"
     if status.max_hold is None:
         return "yes"
-    from durable_sse.spec import format_duration
+    from durable_sse.config.durations import format_duration
 
     return f"up to {format_duration(status.max_hold)}"
 

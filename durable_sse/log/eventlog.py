@@ -3,7 +3,7 @@ records (``sse_gaps``).
 
 The log is the system of record: a batch is committed before any cursor moves past
 it (invariant 1), and every event is keyed ``(stream, event_id, follower_key)`` (see
-:mod:`durable_sse.followers`) so that replays are absorbed by ``ON CONFLICT DO NOTHING``
+:mod:`durable_sse.log.keys`) so that replays are absorbed by ``ON CONFLICT DO NOTHING``
 (invariant 2); an event whose key is stored with another type or data (a server
 that restarted its id counter) is no re-send, and is kept under an extended key
 (:meth:`EventLog._keep_reused`). A batch carries the
@@ -12,7 +12,7 @@ the batch's own transaction, so no cursor passes a drop signal before its gap re
 durable (invariant 5).
 
 Blocking SQLAlchemy/driver calls run in a small dedicated thread pool, never on the
-event loop. Batches are group-committed (``durable_sse.commits``): one transaction takes
+event loop. Batches are group-committed (``durable_sse.log.commits``): one transaction takes
 every batch waiting, from any stream, and commits follow submission order. On PostgreSQL
 a large batch is COPYed into a per-connection temporary table and moved with one
 ``INSERT … SELECT … ON CONFLICT DO NOTHING`` (see ``bench/insert_rate.py``), a small
@@ -44,9 +44,46 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
-from durable_sse.commits import CommitGroup, CommitJob, CommitQueue
 from durable_sse.contracts import AdvanceResult, CheckpointState
-from durable_sse.db import (
+from durable_sse.errors import BatchRefusedError, StoreError
+from durable_sse.gaps import (
+    Gap,
+    GapChange,
+    GapKind,
+    GapState,
+    GapSummary,
+    GapTotals,
+    StreamContext,
+    apply_change,
+    choose_start,
+    lagging_target,
+    numeric_span,
+    summarize,
+)
+from durable_sse.ids import IdOrder, contiguous_number, key_function, sort_key
+from durable_sse.log.commits import CommitGroup, CommitJob, CommitQueue
+from durable_sse.log.keys import (
+    CARRIER_KEY,
+    FOLLOWER_WINDOW,
+    data_digest,
+    follower_key,
+    reused_key,
+)
+from durable_sse.log.retention import (
+    BATCH_ROWS,
+    HELD_BY_NO_LAGGING,
+    MAX_BATCHES,
+    ConsumerHold,
+    Fence,
+    RunningReader,
+    after_horizon,
+    check_id_order,
+    choose_deletions,
+    live_starts,
+    opening_past_horizon,
+    retention_fence,
+)
+from durable_sse.log.schema import (
     EVENTS_CHANNEL,
     EVENTS_TABLE,
     RETENTION_TABLE,
@@ -66,44 +103,7 @@ from durable_sse.db import (
     stream_lock_key,
     to_utc,
 )
-from durable_sse.errors import BatchRefusedError, StoreError
-from durable_sse.followers import (
-    CARRIER_KEY,
-    FOLLOWER_WINDOW,
-    data_digest,
-    follower_key,
-    reused_key,
-)
-from durable_sse.gaps import (
-    Gap,
-    GapChange,
-    GapKind,
-    GapState,
-    GapSummary,
-    GapTotals,
-    StreamContext,
-    apply_change,
-    choose_start,
-    lagging_target,
-    numeric_span,
-    summarize,
-)
-from durable_sse.ids import IdOrder, contiguous_number, key_function, sort_key
-from durable_sse.retention import (
-    BATCH_ROWS,
-    HELD_BY_NO_LAGGING,
-    MAX_BATCHES,
-    ConsumerHold,
-    Fence,
-    RunningReader,
-    after_horizon,
-    check_id_order,
-    choose_deletions,
-    live_starts,
-    opening_past_horizon,
-    retention_fence,
-)
-from durable_sse.stored import StoredPage
+from durable_sse.reader.stored import StoredPage
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class EventRecord:
     received_at: datetime
     """Tz-aware; stored as UTC."""
     follower_key: bytes | None = None
-    """What tells an id-less follower apart (``durable_sse.followers.FollowerKeys``, which
+    """What tells an id-less follower apart (``durable_sse.log.keys.FollowerKeys``, which
     counts identical followers on the connection); None: derived from type and data."""
     id_key: bytes | None = None
     """``sort_key(event_id, order)`` when the reader computed it already (None: computed
@@ -210,7 +210,7 @@ class EventRecord:
     digest: bytes | None = None
     """``data_digest`` of the event that carried the id (this one's own for a carrier, its
     carrier's for a follower; None: computed here for a carrier, unknown for a follower):
-    what tells a reused id from a re-sent event (:mod:`durable_sse.followers`)."""
+    what tells a reused id from a re-sent event (:mod:`durable_sse.log.keys`)."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,7 @@ class StoredEvent:
 
 @dataclass(frozen=True)
 class ReaderLease:
-    """A running connection's registration (see :class:`~durable_sse.retention.RunningReader`):
+    """A running connection's registration (see :class:`~durable_sse.log.retention.RunningReader`):
     who it is and until when, at most, its start holds retention's fence."""
 
     reader_id: str
@@ -276,7 +276,7 @@ class InsertResult:
     dropped_by_horizon: int = 0
     """Events of the batch whose id sorts at or before the stream's retention horizon:
     neither stored nor duplicates (they may never have been stored; see
-    :mod:`durable_sse.retention`)."""
+    :mod:`durable_sse.log.retention`)."""
     dropped_id: str | None = None
     """The first id the horizon dropped."""
     horizon_id: str | None = None
@@ -321,7 +321,7 @@ class EventLog:
         :meth:`_order_and_notify`). Only benchmarks turn it off, to measure its cost."""
         self.notify_commits = True
         """PostgreSQL: a group transaction notifies each stream it writes once
-        (:data:`~durable_sse.db.EVENTS_CHANNEL`). Only benchmarks turn it off."""
+        (:data:`~durable_sse.log.schema.EVENTS_CHANNEL`). Only benchmarks turn it off."""
         self.optimistic_fallbacks = 0
         """Optimistic COPYs that met a stored key and were written again through staging."""
         self._commits = CommitQueue(
@@ -428,7 +428,7 @@ class EventLog:
     ) -> StoredPage:
         """The keys of the first ``limit`` stored rows after ``after`` in id order, in one
         indexed query (``(stream, id_key)``): what a replay need not write again
-        (:mod:`durable_sse.stored`)."""
+        (:mod:`durable_sse.reader.stored`)."""
         return await self._run(
             f"read the stored keys of stream {stream!r}",
             self._stored_keys_sync,
@@ -538,7 +538,7 @@ class EventLog:
         between: Callable[[int], Awaitable[None]] | None = None,
     ) -> RetentionRun:
         """Delete the stream's rows received before ``cutoff``, in bounded batches, never
-        one at or after the fence (:func:`durable_sse.retention.retention_fence`).
+        one at or after the fence (:func:`durable_sse.log.retention.retention_fence`).
 
         At most ``max_batches`` transactions of at most ``batch_rows`` rows each;
         ``between(deleted so far)`` is awaited between them (the activity heartbeats).
@@ -556,7 +556,7 @@ class EventLog:
         writer, taken by each transaction's first statement, a write). So a gap or a
         connection that appears while a run goes on holds the very next statement, and
         one that appears during a statement is written after it, against the horizon it
-        left (:func:`durable_sse.retention.opening_past_horizon`).
+        left (:func:`durable_sse.log.retention.opening_past_horizon`).
 
         Raises :class:`~durable_sse.errors.IdOrderMismatchError` (nothing deleted) when
         ``id_order`` is not the one the stream's keys were made with.
@@ -732,7 +732,7 @@ class EventLog:
         optimistic: bool = False,
         rows_written: bool = True,
     ) -> None:
-        """Write ``jobs`` in one transaction (see :data:`durable_sse.commits.GroupWriter`);
+        """Write ``jobs`` in one transaction (see :data:`durable_sse.log.commits.GroupWriter`);
         raises ``_Rewrite`` when some of them must be left out."""
         newest: dict[str, bytes] = {}
         dropped: list[HorizonDrop | None] = []
@@ -943,7 +943,7 @@ class EventLog:
         staged: bool = False,
     ) -> list[list[str]] | None:
         """After the insert: store the events whose key was already stored under another
-        digest (a reused id, see :mod:`durable_sse.followers`) under their extended keys,
+        digest (a reused id, see :mod:`durable_sse.log.keys`) under their extended keys,
         in the same transaction, and add them to ``counts``.
 
         Returns each batch's reused ids (carriers kept under an extended key), or None
@@ -1330,7 +1330,7 @@ class EventLog:
         batch is among the ranges a later one must not count again
         (``_SqlStoredIds.counted_ranges`` reads them in this transaction). A batch that
         opens a gap takes the retention lock first and opens it after the stream's
-        horizon (:func:`durable_sse.retention.opening_past_horizon`).
+        horizon (:func:`durable_sse.log.retention.opening_past_horizon`).
         """
         order = payload.order
         changes: list[GapChange] = list(payload.gap_changes)
@@ -1686,7 +1686,7 @@ class EventLog:
             fence_key = end_seq = None
             if fence.ids_deletable:
                 assert fence.keep_from is not None
-                # The stored id before the fence stays too (see durable_sse.retention).
+                # The stored id before the fence stays too (see durable_sse.log.retention).
                 keep = fence.keep_from
                 keep = self._neighbour(connection, stream, order, keep, older=True) or keep
                 fence_key = sort_key(keep, order)
@@ -1903,7 +1903,7 @@ class _RetentionBatch:
 
 
 def _after_horizon(rows: list[tuple[Any, ...]], horizon: bytes) -> list[tuple[Any, ...]]:
-    """The staging rows :func:`durable_sse.retention.after_horizon` lets through: the
+    """The staging rows :func:`durable_sse.log.retention.after_horizon` lets through: the
     others sort at or before what retention deleted, and storing them would make them new
     rows. (``pos`` may skip numbers afterwards: it only orders the rows.)"""
     return [row for row in rows if after_horizon(row[5], horizon)]

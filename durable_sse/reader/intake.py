@@ -27,15 +27,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
-from durable_sse.eventlog import EventRecord
-from durable_sse.followers import FollowerKeys, data_digest
 from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext, no_resume
 from durable_sse.ids import contiguous_number, is_newer, key_function, newest
-from durable_sse.spec import StreamSpec
+from durable_sse.log.eventlog import EventRecord
+from durable_sse.log.keys import FollowerKeys, data_digest
+from durable_sse.reader.stored import StoredAhead
 from durable_sse.sse.decoder import Comment, Event
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
-from durable_sse.stored import StoredAhead
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Intake:
         self._now = 0.0
         self.stored: StoredAhead | None = None
         """Keys stored ahead of a replay (set by the reader): such events are counted as
-        duplicates and become no record (see :mod:`durable_sse.stored`)."""
+        duplicates and become no record (see :mod:`durable_sse.reader.stored`)."""
         self.cannot_resume = no_resume(cursor, context, read_before=read_before)
         """A reconnect that cannot resume: its loss window is recorded once the stream
         opens (:meth:`head`)."""
@@ -309,7 +309,7 @@ class Intake:
 
     def retention_hold(self, now: float) -> str | None:
         """The oldest id this connection may still need stored (retention keeps it and
-        every newer one while the connection runs; see :mod:`durable_sse.retention`).
+        every newer one while the connection runs; see :mod:`durable_sse.log.retention`).
 
         Its start cursor (or, with none, its first id), moved forward to the id it read
         one replay window ago once it has read for longer: it never re-reads what lies
