@@ -52,7 +52,9 @@ from durable_sse.contracts import (
     ReadResult,
     Route,
 )
+from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.cursor.resolve import CursorResolver
+from durable_sse.cursor.start import ConnectionStart
 from durable_sse.errors import (
     BatchRefusedError,
     ConfigError,
@@ -64,13 +66,12 @@ from durable_sse.errors import (
 )
 from durable_sse.ids import is_newer
 from durable_sse.log.commits import CommitJob
-from durable_sse.log.eventlog import ConnectionStart, InsertResult, ReaderLease
-from durable_sse.log.retention import reader_expiry
+from durable_sse.log.records import InsertResult, StoredPage
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.metrics import ReaderMetrics
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.intake import Batch, Intake
-from durable_sse.reader.stored import StoredAhead, StoredPage
+from durable_sse.reader.stored import StoredAhead
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import SSEDecoder
 from durable_sse.sse.http import (
@@ -445,7 +446,7 @@ class _Connection:
         if lease is None:
             return
         try:
-            await self.reader.stores.starts.release_reader(self.stream, lease.reader_id)
+            await self.reader.stores.readers.release_reader(self.stream, lease.reader_id)
         except StoreError as error:
             activity.logger.warning(
                 "stream %s: the connection's registration stays until %s (retention keeps "
@@ -955,7 +956,7 @@ class _Connection:
         if hold is None or hold == self.hold:
             return
         try:
-            await self.reader.stores.starts.move_reader(self.stream, lease.reader_id, hold)
+            await self.reader.stores.readers.move_reader(self.stream, lease.reader_id, hold)
         except StoreError as error:
             activity.logger.debug("stream %s: retention hold not moved: %s", self.stream, error)
             return

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from durable_sse.log.eventlog import _COPY_LOG_SQL, _rows
 
 from bench.common import (
     Figures,
@@ -32,7 +33,8 @@ from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import ReplaySignal
 from durable_sse.cursor.l2 import cursor_key
 from durable_sse.ids import IdOrder
-from durable_sse.log.eventlog import _COPY_LOG_SQL, EventLog, EventRecord, _rows
+from durable_sse.log.records import EventRecord
+from durable_sse.stores import Stores
 
 PERSIST_HISTOGRAM = "durable_sse_batch_persist_seconds"
 
@@ -214,12 +216,12 @@ async def copy_ceiling(running: Stack, stream: str, *, events: int, batch: int) 
         for event_id, ordinal, follower, event_type, data, received_at in stored
     ]
     target = f"ceiling-{uuid.uuid4().hex[:8]}"
-    log = EventLog(running.database_url)
+    log = Stores.open(running.database_url)
     try:
 
         def write(chunk: list[EventRecord]) -> None:
             rows = _rows(target, IdOrder.NUMERIC, chunk)
-            with log.engine.begin() as connection:
+            with log.database.engine.begin() as connection:
                 log._copy_rows(connection, _COPY_LOG_SQL, rows, skip=1)
 
         started = time.perf_counter()

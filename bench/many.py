@@ -31,7 +31,7 @@ from bench.hot import PERSIST_HISTOGRAM
 from bench.temporal_stack import temporal
 from durable_sse.config.spec import StreamSpec
 from durable_sse.cursor.l2 import cursor_key
-from durable_sse.log.eventlog import POSTGRES_LANES
+from durable_sse.log.writer import POSTGRES_LANES
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.source.stream import SourceStream
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from durable_sse.config.spec import StreamSpec
-from durable_sse.gaps import GapSummary, GapView
+from durable_sse.gaps.model import GapSummary, GapView
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
 SCHEDULE_ID_PREFIX = "sse-checkpoint:"

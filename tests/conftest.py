@@ -18,7 +18,6 @@ import pytest
 import redis
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse.log.eventlog import EventLog
 from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.source import SSESource
 from durable_sse.stores import Stores
@@ -132,10 +131,11 @@ async def pg_stores(pg_url: str) -> AsyncIterator[Stores]:
 
 
 @pytest.fixture
-def event_log(stores: Stores) -> EventLog:
-    return stores.log
+def event_log(stores: Stores) -> Stores:
+    """The event log's jobs (``stores.writer``, ``stores.reads`` …), both backends."""
+    return stores
 
 
 @pytest.fixture
-def pg_event_log(pg_stores: Stores) -> EventLog:
-    return pg_stores.log
+def pg_event_log(pg_stores: Stores) -> Stores:
+    return pg_stores

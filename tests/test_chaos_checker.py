@@ -8,7 +8,7 @@ events before its first event: 401..800 were skipped, 801 came next. 401..500 ar
 
 from __future__ import annotations
 
-from durable_sse.gaps import Gap, GapState
+from durable_sse.gaps.model import Gap, GapState
 from durable_sse.source import SourceTruth
 from tests.chaos.checker import Stored, check
 

@@ -14,27 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_sse.gaps import (
+from durable_sse.cursor.fence import choose_start, lagging_cap, lagging_target, oldest_open
+from durable_sse.gaps.model import (
     MAX_GAPS_IN_SUMMARY,
     SHORT_READS_TO_LOSE,
     Gap,
     GapChange,
     GapKind,
     GapState,
-    GapTracker,
     GapView,
     StreamContext,
-    apply_change,
-    attribute_early_notice,
-    choose_start,
-    count_missing,
-    lagging_cap,
-    lagging_target,
     no_resume,
     numeric_span,
-    oldest_open,
     summarize,
 )
+from durable_sse.gaps.tracker import GapTracker
+from durable_sse.gaps.transitions import apply_change, attribute_early_notice, count_missing
 
 ORDER = "numeric"
 NOW = "2026-01-01T00:00:00+00:00"

@@ -13,14 +13,8 @@ import pytest
 
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import RECORDED_GAP, Outcome, Route
-from durable_sse.gaps import (
-    MAX_GAPS_IN_SUMMARY,
-    Gap,
-    GapKind,
-    GapState,
-    StreamContext,
-    apply_change,
-)
+from durable_sse.gaps.model import MAX_GAPS_IN_SUMMARY, Gap, GapKind, GapState, StreamContext
+from durable_sse.gaps.transitions import apply_change
 from durable_sse.ids import is_newer, newest, sort_key
 from durable_sse.log.keys import data_digest
 from durable_sse.reader.intake import DROP_GRACE, MAX_BATCH_BYTES, Batch, Intake

@@ -51,9 +51,9 @@ from durable_sse.contracts import (
 )
 from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.cursor.l2 import RedisCursors
-from durable_sse.gaps import GapTotals
+from durable_sse.gaps.model import GapTotals
 from durable_sse.ids import sort_key
-from durable_sse.log.eventlog import EventLog, EventRecord
+from durable_sse.log.records import EventRecord
 from durable_sse.ops.nudge import Nudges
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
@@ -118,15 +118,15 @@ async def read(
     return result, beats
 
 
-async def query(log: EventLog, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+async def query(log: Stores, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     def run() -> list[tuple[Any, ...]]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             return [tuple(row) for row in connection.execute(sa.text(sql), params)]
 
     return await asyncio.to_thread(run)
 
 
-async def stored(log: EventLog, stream: str) -> list[tuple[str, int | None]]:
+async def stored(log: Stores, stream: str) -> list[tuple[str, int | None]]:
     """``(event_id, event_ord)`` of the stream's rows, in the order they were inserted."""
     rows = await query(
         log, "SELECT event_id, event_ord FROM sse_events WHERE stream = :s ORDER BY seq", s=stream
@@ -134,7 +134,7 @@ async def stored(log: EventLog, stream: str) -> list[tuple[str, int | None]]:
     return [(row[0], row[1]) for row in rows]
 
 
-async def stored_ids(log: EventLog, stream: str) -> list[str]:
+async def stored_ids(log: Stores, stream: str) -> list[str]:
     return [event_id for event_id, _ in await stored(log, stream)]
 
 
@@ -153,7 +153,7 @@ GAP_COLUMNS = (
 )
 
 
-async def gap_rows(log: EventLog, stream: str) -> list[dict[str, Any]]:
+async def gap_rows(log: Stores, stream: str) -> list[dict[str, Any]]:
     """The stream's rows of ``sse_gaps``, oldest first."""
     rows = await query(
         log,
@@ -242,7 +242,7 @@ def events(*ids: str, data: str = "x") -> bytes:
 
 
 async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progress(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -281,7 +281,7 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
 
 
 async def test_replayed_events_are_stored_once(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=30, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -319,7 +319,7 @@ async def read_past_a_drop_notice(
 
 
 async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_repairs_it(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     spec, result = await read_past_a_drop_notice(source, reader, stream_name)
 
@@ -394,7 +394,7 @@ async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_
 
 
 async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     spec, first = await read_past_a_drop_notice(source, reader, stream_name)
     assert first.gaps is not None
@@ -421,7 +421,7 @@ async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
 
 
 async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -453,7 +453,9 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     assert (suspect["state"], suspect["reread_to"]) == ("open", "60")
 
     # Never from before the lagging id: what lies before it is past the replay window.
-    await pg_event_log.advance_lagging(stream_name, "numeric", window=0, now=datetime.now(UTC))
+    await pg_event_log.checkpoints.advance_lagging(
+        stream_name, "numeric", window=0, now=datetime.now(UTC)
+    )
     env = ActivityEnvironment()
     env.info = dataclasses.replace(env.info, attempt=3, heartbeat_details=[last])
     # The workflow knows the open suspicion by now (the retry's result listed it).
@@ -476,7 +478,7 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
 
 
 async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -491,7 +493,7 @@ async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
 
 
 async def test_a_retry_takes_heartbeat_details_of_another_version(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """During a rolling deploy the attempt that died may have run a newer or older
     version: counts it does not know are left out, missing ones are 0."""
@@ -534,7 +536,7 @@ async def test_keepalives_do_not_end_the_connection_and_cancel_returns_cancelled
 
 
 async def test_cancel_mid_batch_flushes_and_loses_nothing(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=200, keepalive=0))
     spec = make_spec(
@@ -618,7 +620,7 @@ async def test_the_servers_retry_field_is_returned(
 async def test_refusals_are_non_retryable_and_never_leak_the_secret(
     source: SSESource,
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     fault: dict[str, Any],
@@ -707,7 +709,7 @@ async def test_unreachable_server_is_retry_later(reader: StreamReader, stream_na
 
 
 async def test_malformed_bytes_do_not_crash_and_lose_nothing(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
     source.inject(stream_name, action="malformed")
@@ -724,7 +726,7 @@ async def test_malformed_bytes_do_not_crash_and_lose_nothing(
 
 
 async def test_events_without_ids_are_kept_apart(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     body = b"id: 7\ndata: a\n\ndata: b\n\ndata: c\n\nid\ndata: d\n\ndata: e\n\n"
     async with CannedServer(body) as server:
@@ -737,7 +739,7 @@ async def test_events_without_ids_are_kept_apart(
 
 
 async def test_an_idless_event_after_a_reconnect_is_new_and_a_resent_one_is_not(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 13 case 8: connection 1 stores ``5: a`` and its id-less follower ``b``;
     connection 2 resumes after 5 and reads a new id-less ``c`` (position 1, like ``b``):
@@ -749,7 +751,9 @@ async def test_an_idless_event_after_a_reconnect_is_new_and_a_resent_one_is_not(
             await read(reader, spec, **fields)
 
     async def rows() -> list[tuple[str, int | None, str]]:
-        return [(e.event_id, e.event_ord, e.data) for e in await pg_event_log.events(stream_name)]
+        return [
+            (e.event_id, e.event_ord, e.data) for e in await pg_event_log.reads.events(stream_name)
+        ]
 
     await connect(b"id: 5\ndata: a\n\ndata: b\n\n")
     assert await rows() == [("5", 0, "a"), ("5", 1, "b")]
@@ -800,7 +804,7 @@ async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
 
 
 async def test_a_line_over_max_line_bytes_ends_the_connection_with_the_error(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name, max_line_bytes=4096)
@@ -831,7 +835,7 @@ async def test_a_line_over_max_line_bytes_ends_the_connection_with_the_error(
 )
 async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     bad_event: bytes,
     settings: dict[str, Any],
@@ -852,7 +856,7 @@ async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
 
 
 async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(
         stream_name,
@@ -871,7 +875,7 @@ async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
 
 
 async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """With Python's ``re`` the old default patterns took ~20 s on this comment, on the
     event loop, and then missed it; RE2 matches it in linear time."""
@@ -898,7 +902,7 @@ async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
 
 
 async def test_events_that_came_with_a_notice_are_stored_though_the_server_cannot_resend(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """The issue's sequence: in one write a drop notice, then events 1..20; the next
     connection gets 204. The first id after the notice ends the connection; the 19 after
@@ -928,7 +932,7 @@ async def test_events_that_came_with_a_notice_are_stored_though_the_server_canno
 
 
 async def test_a_notice_among_what_is_taken_as_the_connection_ends_records_its_own_gap(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """A second notice after the id that ended the connection is another hole: the
     cursor passes it only once its gap is recorded."""
@@ -951,7 +955,7 @@ async def test_a_notice_among_what_is_taken_as_the_connection_ends_records_its_o
 
 
 async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     body = events("1", "2", "3") + b"id: 4\ndata: " + b"x" * 2000 + b"\n\n" + events("5")
     async with CannedServer(body) as server:
@@ -968,7 +972,7 @@ async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
 
 async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     metrics: tuple[Runtime, MetricBuffer],
 ) -> None:
@@ -998,7 +1002,7 @@ async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
         assert result.start_cursor is None and result.counts.new_rows == 2
         assert result.counts.reconnects_without_cursor == 1
         assert result.outcome is Outcome.DROPPED and result.drop is None
-    assert second.gaps is not None and second.gaps.totals == GapTotals(
+    assert second.gap_store.gaps is not None and second.gap_store.gaps.totals == GapTotals(
         unrecoverable=1, unknown_size=1
     )
     rows = await gap_rows(pg_event_log, stream_name)
@@ -1017,7 +1021,7 @@ async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
 
 async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -1054,7 +1058,7 @@ def metrics() -> tuple[Runtime, MetricBuffer]:
 )
 async def test_ids_out_of_order_under_the_id_order_are_counted_and_exported(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     metrics: tuple[Runtime, MetricBuffer],
@@ -1095,7 +1099,7 @@ def generation(prefix: str, first: int, last: int) -> bytes:
 
 async def test_a_server_that_restarts_its_id_counter_loses_nothing(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     metrics: tuple[Runtime, MetricBuffer],
@@ -1118,7 +1122,7 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
         resent, _ = await read(reader, spec, env=env)
         server.body = generation("b", 1, 6)
         passed, _ = await read(reader, spec, env=env)
-    rows = [(e.event_id, e.data) for e in await pg_event_log.events(stream_name)]
+    rows = [(e.event_id, e.data) for e in await pg_event_log.reads.events(stream_name)]
     assert rows[:8] == [
         *((str(n), f"a{n}") for n in range(1, 6)),
         ("1", "b1"),
@@ -1153,12 +1157,12 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
 
 
 async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24 item 7 on the replay path: a replay from 0, below the newest stored id,
     skips stored keys before they become rows, but not a key stored with other data."""
     written: list[int] = []
-    submit = pg_event_log.submit_batch
+    submit = pg_event_log.writer.submit_batch
 
     def counting_submit(*args: Any, **kwargs: Any) -> Any:
         written.append(len(args[2]))
@@ -1169,12 +1173,12 @@ async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
         await read(reader, spec)
         server.body = generation("b", 1, 3) + generation("a", 4, 5)
         server.delay = 0.3  # the stored keys are read before the first event arrives
-        pg_event_log.submit_batch = counting_submit  # type: ignore[method-assign]
+        pg_event_log.writer.submit_batch = counting_submit  # type: ignore[method-assign]
         try:
             replay, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
         finally:
-            pg_event_log.submit_batch = submit  # type: ignore[method-assign]
-    assert [e.data for e in await pg_event_log.events(stream_name)] == [
+            pg_event_log.writer.submit_batch = submit  # type: ignore[method-assign]
+    assert [e.data for e in await pg_event_log.reads.events(stream_name)] == [
         "a1",
         "a2",
         "a3",
@@ -1192,24 +1196,24 @@ async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
 # -- retention (issue 24) ---------------------------------------------------------------------
 
 
-async def retained(log: EventLog, stream: str) -> None:
+async def retained(log: Stores, stream: str) -> None:
     """Ids 1..40 stored under ``numeric`` an hour ago, the lagging id 30, 1..28 deleted."""
     start = datetime.now(UTC) - timedelta(hours=1)
     rows = [
         EventRecord(str(i), 0, "message", "x", start + timedelta(seconds=i)) for i in range(1, 41)
     ]
-    await log.insert_batch(stream, "numeric", rows)
-    moved = await log.advance_lagging(
+    await log.writer.insert_batch(stream, "numeric", rows)
+    moved = await log.checkpoints.advance_lagging(
         stream, "numeric", window=1.0, now=start + timedelta(seconds=31)
     )
     assert moved.lagging_id == "30"
-    run = await log.apply_retention(stream, "numeric", cutoff=datetime.now(UTC))
+    run = await log.prune.apply_retention(stream, "numeric", cutoff=datetime.now(UTC))
     assert (run.deleted, run.state.horizon_id) == (28, "28")
 
 
 async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     metrics: tuple[Runtime, MetricBuffer],
@@ -1240,11 +1244,11 @@ async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
         and update.attributes.get("stream") == stream_name
     ]
     assert sum(exported) == 3
-    assert await pg_event_log.readers(stream_name) == []
+    assert await pg_event_log.readers.readers(stream_name) == []
 
 
 async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.1, paused=True))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -1261,7 +1265,7 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
         env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="7"))
     )
     async with asyncio.timeout(GUARD):
-        while not (registered := await pg_event_log.readers(stream_name)):
+        while not (registered := await pg_event_log.readers.readers(stream_name)):
             await asyncio.sleep(0.05)
     (running,) = registered
     assert running.start_id == "7"
@@ -1270,11 +1274,11 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
     assert running.expires_at < datetime.now(UTC) + lifetime + timedelta(minutes=5)
     env.cancel()
     assert (await task).outcome is Outcome.CANCELLED
-    assert await pg_event_log.readers(stream_name) == []
+    assert await pg_event_log.readers.readers(stream_name) == []
 
 
 async def test_a_stream_under_another_id_order_parks_before_it_connects(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24, item 1: its keys were made under ``numeric``; read under ``natural``
     (the default) every new id would key below the horizon and be dropped. The stream
@@ -1290,7 +1294,7 @@ async def test_a_stream_under_another_id_order_parks_before_it_connects(
     assert "id_order 'natural'" in error.message and "('numeric')" in error.message
     assert "start it with id_order = 'numeric'" in error.message
     assert await stored_ids(pg_event_log, stream_name) == before
-    assert await pg_event_log.readers(stream_name) == []
+    assert await pg_event_log.readers.readers(stream_name) == []
 
 
 # -- heartbeats (issue 13, item 6) -----------------------------------------------------------
@@ -1427,7 +1431,7 @@ class Blocker:
 async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
     source: SSESource,
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -1475,7 +1479,7 @@ async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
 async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
     source: SSESource,
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -1515,7 +1519,7 @@ async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
 
 async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,

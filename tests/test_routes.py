@@ -18,7 +18,7 @@ from durable_sse.contracts import (
     ReplaySignal,
     Route,
 )
-from durable_sse.gaps import GapSummary, GapTotals, GapView
+from durable_sse.gaps.model import GapSummary, GapTotals, GapView
 from workflows.routes import (
     BACKOFF_CAP,
     BACKOFF_INITIAL,

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from durable_sse.gaps import GapState
 from durable_sse.gaps import model as gaps
+from durable_sse.gaps.model import GapState
 from durable_sse.log import retention
 from durable_sse.reader import intake
 from tests.sim import stores

@@ -38,7 +38,7 @@ from durable_sse.contracts import (
     Route,
     StreamCounters,
 )
-from durable_sse.gaps import GapSummary
+from durable_sse.gaps.model import GapSummary
 from durable_sse.ids import compare_ids, newest
 
 MAX_CONNECTIONS_PER_RUN = 200

@@ -39,7 +39,7 @@ from durable_sse.consume.schema import (
     dead_letters_table,
     groups_table,
 )
-from durable_sse.log.schema import from_db_time
+from durable_sse.log.records import from_db_time
 
 MAX_ERROR_CHARS = 2000
 

@@ -64,7 +64,9 @@ from durable_sse.consume.schema import create_consumer_tables
 from durable_sse.consume.status import lag_events
 from durable_sse.consume.wakeup import Wakeups, wakeups_for
 from durable_sse.errors import LeaseLostError, StoreError
-from durable_sse.log.schema import EVENTS_TABLE, create_schema, error_summary, make_engine
+from durable_sse.log.database import error_summary, make_engine
+from durable_sse.log.migrations import create_schema
+from durable_sse.log.schema import EVENTS_TABLE
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from durable_sse.consume.schema import (
     groups_table,
 )
 from durable_sse.errors import ConsumerError
-from durable_sse.log.schema import events_table, from_db_time
+from durable_sse.log.records import from_db_time
+from durable_sse.log.schema import events_table
 
 LAG_CAP = 1_000_000
 """Lag in events is counted up to this many (then shown as ``1000000+``)."""

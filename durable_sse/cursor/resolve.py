@@ -17,7 +17,7 @@ left no heartbeat, a repair starts at its gap again, and anything else at the la
 or at the oldest stored id of a stream younger than one window.
 
 The read of the store that answers the chain also tells the connection what it needs to
-know about its stream (:class:`~durable_sse.gaps.StreamContext`), checks the stream's
+know about its stream (:class:`~durable_sse.gaps.model.StreamContext`), checks the stream's
 ``id_order`` against the one its keys were made with, and registers the connection with
 the cursor chosen, so retention keeps what it will re-read (``reader``): one round trip.
 """
@@ -29,8 +29,9 @@ import logging
 from durable_sse.contracts import ReadProgress, Route
 from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.cursor.l2 import RedisCursors
+from durable_sse.cursor.readers import ReaderLease
+from durable_sse.cursor.start import ConnectionStart, StartStore
 from durable_sse.ids import IdOrder, is_newer
-from durable_sse.log.eventlog import ConnectionStart, EventLog, ReaderLease
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +45,10 @@ class CursorResolver:
     :class:`~durable_sse.errors.StoreError`, since without the log nothing can be persisted.
     """
 
-    def __init__(self, l1: LocalCursors, l2: RedisCursors, event_log: EventLog) -> None:
+    def __init__(self, l1: LocalCursors, l2: RedisCursors, starts: StartStore) -> None:
         self._l1 = l1
         self._l2 = l2
-        self._event_log = event_log
+        self._starts = starts
 
     async def resolve(
         self,
@@ -75,7 +76,7 @@ class CursorResolver:
         if route is Route.EXPLICIT:
             return await self._context(stream, order, explicit, "explicit", reader)
         if route is Route.LAGGED:
-            start = await self._event_log.connection_context(
+            start = await self._starts.connection_context(
                 stream, order, cursor=None, source="none", repair=True, reader=reader
             )
             if start.cursor is not None:
@@ -105,7 +106,7 @@ class CursorResolver:
             # lagging id, else the oldest stored id (the stream is younger than a window).
             if route is Route.EXPLICIT:
                 return await self._context(stream, order, explicit, "explicit", reader)
-            return await self._event_log.connection_context(
+            return await self._starts.connection_context(
                 stream,
                 order,
                 cursor=None,
@@ -125,7 +126,7 @@ class CursorResolver:
                 # continuous (the gap closed as repaired with ids lost). The repair's own
                 # start bounds a retried repair instead.
                 # (Asked without registering: ``start`` registered ``begun`` already.)
-                repair = await self._event_log.connection_context(
+                repair = await self._starts.connection_context(
                     stream, order, cursor=None, source="none", repair=True
                 )
                 if repair.source == "gap" and repair.cursor is not None:
@@ -153,6 +154,6 @@ class CursorResolver:
         source: str,
         reader: ReaderLease | None = None,
     ) -> ConnectionStart:
-        return await self._event_log.connection_context(
+        return await self._starts.connection_context(
             stream, order, cursor=cursor, source=source, reader=reader
         )

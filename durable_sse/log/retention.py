@@ -1,7 +1,7 @@
 """Retention: how long a stream's events are kept, and which old rows must stay anyway.
 
 Deleting is irreversible, so the decisions are plain functions here and the store only
-carries them out (:meth:`durable_sse.log.eventlog.EventLog.apply_retention`):
+carries them out (:meth:`durable_sse.log.eventlog.Stores.apply_retention`):
 
 * **How long.** A stream's own ``retention`` wins; a stream without one takes the
   worker's ``DURABLE_SSE_RETENTION``, raised to the stream's ``replay_window`` if it is
@@ -25,7 +25,7 @@ carries them out (:meth:`durable_sse.log.eventlog.EventLog.apply_retention`):
   the history no longer holds repaired. A stream with no lagging id
   yet keeps every row that carries an id. The fence is read again inside
   every delete transaction, under a lock that gap openings and connection starts take
-  too (see :meth:`durable_sse.log.eventlog.EventLog.apply_retention`): a gap committed or a
+  too (see :meth:`durable_sse.log.eventlog.Stores.apply_retention`): a gap committed or a
   connection started while a run goes on holds the very next statement.
 * **Deduplication after a delete.** Deleted keys can no longer conflict, so a server
   that re-sends ids older than the fence (one that ignores ``Last-Event-ID``, or an
@@ -46,15 +46,12 @@ carries them out (:meth:`durable_sse.log.eventlog.EventLog.apply_retention`):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from durable_sse.config.durations import format_duration
 from durable_sse.errors import IdOrderMismatchError
-from durable_sse.gaps import Gap, GapChange
-from durable_sse.ids import IdOrder, compare_ids, contiguous_number
 
 BATCH_ROWS = 10_000
 """Rows one DELETE statement takes at most: short statements (tens of milliseconds on
@@ -67,9 +64,6 @@ HELD_BY_LAGGING = "lagging"
 HELD_BY_GAP = "gap"
 HELD_BY_NO_LAGGING = "no-lagging-id"
 HELD_BY_READER = "reader"
-READER_MARGIN = timedelta(minutes=2)
-"""Added to a running connection's expiry: a timed-out attempt still flushes what it read
-(its gaps included) before it returns, and clocks of two workers may differ a little."""
 
 
 @dataclass(frozen=True)
@@ -86,90 +80,6 @@ class Fence:
     @property
     def ids_deletable(self) -> bool:
         return self.keep_from is not None
-
-
-def retention_fence(
-    lagging_id: str | None,
-    open_gaps: Iterable[Gap],
-    order: IdOrder | str,
-    readers: Iterable[str | None] = (),
-) -> Fence:
-    """The fence: the oldest of the lagging id, the open gaps' start ids and the start
-    cursors of the stream's running connections (``readers``: see :func:`live_starts`;
-    None for a connection that sent no cursor, which keeps every id)."""
-    if lagging_id is None:
-        return Fence(None, HELD_BY_NO_LAGGING)
-    fence, held_by = lagging_id, HELD_BY_LAGGING
-    for gap in open_gaps:
-        if not gap.is_open:
-            continue
-        if gap.start_id is None:
-            return Fence(None, HELD_BY_GAP)  # no start to keep from: keep every id
-        if compare_ids(gap.start_id, fence, order) < 0:
-            fence, held_by = gap.start_id, HELD_BY_GAP
-    for start in readers:
-        if start is None:
-            return Fence(None, HELD_BY_READER)  # it reads from its first id: keep every id
-        if compare_ids(start, fence, order) < 0:
-            fence, held_by = start, HELD_BY_READER
-    return Fence(fence, held_by)
-
-
-@dataclass(frozen=True)
-class RunningReader:
-    """A running connection of a stream, as ``sse_readers`` holds it.
-
-    Written as the connection resolves its start cursor, in the same transaction as the
-    read that chooses it, and deleted when the connection ends; until then retention
-    keeps its ``start_id`` row and everything after it (:func:`retention_fence`). The
-    connection moves ``start_id`` forward as it reads (``Intake.retention_hold``: to the
-    id it read a replay window ago, the oldest a gap of its own can start at), so a
-    connection that lasts ``max_connection_age`` holds retention back by about a window,
-    not by its age. A worker that dies leaves its row behind: ``expires_at``
-    (:func:`reader_expiry`) ends its hold.
-    """
-
-    reader_id: str
-    """One per activity attempt: a retry is a reader of its own."""
-    start_id: str | None
-    """The oldest id it may still need: the cursor it sent, moved forward as it reads
-    (None: no cursor and no id read yet, every id stays)."""
-    expires_at: datetime
-
-
-def live_starts(readers: Iterable[RunningReader], now: datetime) -> list[str | None]:
-    """The start cursors of the readers that have not expired at ``now``."""
-    return [reader.start_id for reader in readers if reader.expires_at > now]
-
-
-def reader_expiry(
-    started: datetime,
-    *,
-    attempt_timeout: timedelta,
-    heartbeat_timeout: timedelta | None = None,
-    retry_interval: timedelta | None = None,
-) -> datetime:
-    """When a running connection's row stops holding retention, should nobody delete it.
-
-    What bounds a connection's life is its attempt's ``start_to_close`` timeout
-    (``max_connection_age + connect_timeout + idle_timeout`` and a margin, see
-    ``workflows/stream.py``): the SDK cancels an attempt then, even one whose heartbeats
-    no longer reach Temporal, and the attempt flushes what it read (the gaps it opens
-    included) before it returns, hence :data:`READER_MARGIN`. A worker that dies is
-    noticed after ``heartbeat_timeout``, and its retry starts after at most the retry
-    policy's longest interval; the retry starts where the dead attempt began, or at the
-    lagging id if that moved past it (what lies between is no longer the fence's to
-    keep), and registers a row of its own as it starts. So a row that outlives the
-    attempt's own timeout by those two and the margin has covered everything that attempt
-    can still write, and a crashed worker's row holds retention for one connection's
-    life at most (65 minutes with the default settings), never for ever.
-    """
-    margin = READER_MARGIN
-    if heartbeat_timeout is not None:
-        margin += heartbeat_timeout
-    if retry_interval is not None:
-        margin += retry_interval
-    return started + attempt_timeout + margin
 
 
 def row_deletable(
@@ -240,38 +150,6 @@ def after_horizon(key: bytes | None, horizon: bytes | None) -> bool:
     """Whether the write path stores a row: it carries no id, the stream has no horizon,
     or its id key sorts after the horizon (the newest key retention deleted)."""
     return key is None or horizon is None or key > horizon
-
-
-def opening_past_horizon(
-    change: GapChange, horizon_id: str | None, order: IdOrder | str
-) -> GapChange | None:
-    """A gap opening as the store records it under a retention horizon.
-
-    A gap never starts before the horizon: what lies at or before it is history that
-    retention deleted (stored once, counted in ``deleted_rows``) or that was lost before
-    anyone recorded it, and the write path drops every id there, so a repair could never
-    bring any of it back nor a count tell it apart. The fence keeps every gap a running
-    connection can open after the horizon; only a replay from before the horizon (an
-    explicit ``replay --from-id``, a cursor cache older than the deletes) or a connection
-    whose row expired can open one behind it. Its start is raised to the horizon (a
-    contiguous count it announced is cut to the ids after it); one that lies wholly at or
-    before the horizon is not recorded at all (None).
-    """
-    opened = change.opened
-    if opened is None or horizon_id is None or opened.start_id is None:
-        return change
-    if compare_ids(opened.start_id, horizon_id, order) > 0:
-        return change
-    bound = opened.bound()
-    if bound is not None and compare_ids(bound, horizon_id, order) <= 0:
-        return None
-    announced = opened.announced
-    horizon_number = contiguous_number(horizon_id)
-    end_number = contiguous_number(opened.end_id) if opened.end_id is not None else None
-    if announced is not None and horizon_number is not None and end_number is not None:
-        announced = min(announced, max(end_number - horizon_number - 1, 0))
-    raised = dataclasses.replace(opened, start_id=horizon_id, announced=announced)
-    return dataclasses.replace(change, opened=raised)
 
 
 def check_id_order(stream: str, *, stored: str | None, wanted: str) -> None:

@@ -419,7 +419,7 @@ async def _consume_command(args: argparse.Namespace) -> int:
     """``tail`` and ``consumers``: the database only (no Temporal)."""
     from durable_sse.config.settings import database_url_from_env
     from durable_sse.consume.runner import normalize_url
-    from durable_sse.log.schema import make_engine
+    from durable_sse.log.database import make_engine
 
     url = normalize_url(database_url_from_env())
     if args.command == "tail":

@@ -246,15 +246,15 @@ def demo_specs(config: Path, source: SSESource) -> list[StreamSpec]:
 
 async def arm_demo_drops(source: SSESource, specs: list[StreamSpec], database_url: str) -> None:
     """Turn on the demo's drop faults for each stream once its lagging id exists."""
-    from durable_sse.log.eventlog import EventLog
+    from durable_sse.stores import Stores
 
     waiting = {spec.name for spec in specs if spec.name in DEMO_DROPS}
-    log = EventLog(database_url)
+    log = Stores.open(database_url)
     try:
         while waiting:
             await asyncio.sleep(1)
             for name in sorted(waiting):
-                checkpoint = await log.get_checkpoint(name)
+                checkpoint = await log.checkpoints.get_checkpoint(name)
                 if checkpoint is not None and checkpoint.lagging_id is not None:
                     source.inject(name, **DEMO_DROPS[name])
                     waiting.discard(name)
@@ -287,7 +287,7 @@ class ConsumerProgress:
     """What the example consumer has handled, for the summary line."""
 
     def __init__(self, database_url: str) -> None:
-        from durable_sse.log.schema import make_engine
+        from durable_sse.log.database import make_engine
 
         self._engine = make_engine(database_url)
 

@@ -29,10 +29,11 @@ from datetime import datetime
 
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import RECORDED_GAP, DropReport, Outcome, ReadCounts, Route
-from durable_sse.gaps import GapChange, GapKind, GapTracker, StreamContext, no_resume
+from durable_sse.gaps.model import GapChange, GapKind, StreamContext, no_resume
+from durable_sse.gaps.tracker import GapTracker
 from durable_sse.ids import contiguous_number, is_newer, key_function, newest
-from durable_sse.log.eventlog import EventRecord
 from durable_sse.log.keys import FollowerKeys, data_digest
+from durable_sse.log.records import EventRecord
 from durable_sse.reader.stored import StoredAhead
 from durable_sse.sse.decoder import Comment, Event
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count

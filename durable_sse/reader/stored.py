@@ -4,7 +4,7 @@ A replay (the ``replay`` signal, a repair on the lagged route, a retried attempt
 ids that are mostly stored already. Writing them costs a row each through the staging
 table and an ``ON CONFLICT`` probe, only to be discarded; building their records costs the
 event loop as much again. Instead the reader fetches the stored keys of the next id range,
-a page at a time with one indexed query (:meth:`durable_sse.log.eventlog.EventLog.stored_keys`),
+a page at a time with one indexed query (:meth:`durable_sse.log.eventlog.Stores.stored_keys`),
 and the intake drops an event whose key is in it before it becomes a record: it counts
 as a duplicate, exactly what ``ON CONFLICT DO NOTHING`` would have made of it.
 
@@ -27,10 +27,10 @@ as ``ON CONFLICT`` would have made a duplicate of it.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from durable_sse.ids import IdOrder, compare_ids, is_newer
 from durable_sse.log.keys import reused_key
+from durable_sse.log.records import StoredKey, StoredPage
 
 PAGE_ROWS = 8192
 """Stored keys one query fetches: a few ms of PostgreSQL, ~0.1 s of reading at 100k ev/s;
@@ -43,28 +43,7 @@ MIN_HIT_SHARE = 4
 """Fetching stops when fewer than one in this many events read since the last page was
 asked for were found stored."""
 
-StoredKey = tuple[str, bytes]
-"""``(event_id, follower_key)``: the event log's key within a stream."""
 _ABSENT: object = object()
-
-
-@dataclass(frozen=True)
-class StoredPage:
-    """Stored keys of one id range, in id order, as one query read them."""
-
-    keys: list[StoredKey]
-    full: bool
-    """The query hit its limit: more may be stored after the last key."""
-    digests: list[bytes | None] | None = None
-    """Each key's row's digest, in the same order (None: all unknown)."""
-
-    @property
-    def last_id(self) -> str | None:
-        return self.keys[-1][0] if self.keys else None
-
-    @property
-    def first_id(self) -> str | None:
-        return self.keys[0][0] if self.keys else None
 
 
 class StoredAhead:

@@ -18,10 +18,10 @@ import redis.asyncio as aioredis
 import sqlalchemy as sa
 
 from durable_sse.cursor.l2 import cursor_key, parse_value
-from durable_sse.gaps import Gap, GapState
+from durable_sse.gaps.model import Gap, GapState
 from durable_sse.ids import compare_ids
-from durable_sse.log.eventlog import EventLog
 from durable_sse.source import SourceTruth
+from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,11 @@ class Stored:
     duplicate_rows: int
 
 
-async def stored(log: EventLog, stream: str) -> Stored:
+async def stored(log: Stores, stream: str) -> Stored:
     """Every stored id of ``stream`` and the duplicate row count (same event id twice)."""
 
     def query() -> Stored:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             ids = [
                 int(row[0])
                 for row in connection.execute(
@@ -137,7 +137,7 @@ class CursorSampler:
     Errors (a store down on purpose) skip the sample.
     """
 
-    def __init__(self, log: EventLog, redis_url: str, stream: str, *, every: float = 0.1):
+    def __init__(self, log: Stores, redis_url: str, stream: str, *, every: float = 0.1):
         self.log = log
         self.stream = stream
         self.every = every
@@ -198,7 +198,7 @@ class CursorSampler:
                     if not await self._committed(value):
                         self.ahead.append(value)
         try:
-            checkpoint = await self.log.get_checkpoint(self.stream)
+            checkpoint = await self.log.checkpoints.get_checkpoint(self.stream)
         except Exception:  # noqa: BLE001 - PostgreSQL down on purpose: skip
             return
         lagging = checkpoint.lagging_id if checkpoint else None
@@ -209,7 +209,7 @@ class CursorSampler:
 
     async def _committed(self, event_id: str) -> bool:
         def query() -> bool:
-            with self.log.engine.connect() as connection:
+            with self.log.database.engine.connect() as connection:
                 row = connection.execute(
                     sa.text("SELECT 1 FROM sse_events WHERE stream = :s AND event_id = :e LIMIT 1"),
                     {"s": self.stream, "e": event_id},

@@ -40,14 +40,15 @@ from durable_sse.contracts import (
     ReplaySignal,
     Route,
 )
+from durable_sse.cursor.fence import RunningReader
 from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.readers import ReaderLease
 from durable_sse.cursor.resolve import CursorResolver
-from durable_sse.gaps import GapChange, GapState
+from durable_sse.gaps.model import GapChange, GapState
 from durable_sse.ids import compare_ids, is_newer
-from durable_sse.log.eventlog import ReaderLease
-from durable_sse.log.retention import RunningReader
+from durable_sse.log.records import StoredPage
 from durable_sse.reader.intake import Batch, Intake
-from durable_sse.reader.stored import StoredAhead, StoredPage
+from durable_sse.reader.stored import StoredAhead
 from durable_sse.sse.decoder import Comment, SSEDecoder
 from tests.sim.server import Profile, SimConnection, SimServer
 from tests.sim.stores import MemoryEventLog, MemoryRedis
@@ -878,7 +879,7 @@ def _described(change: GapChange) -> dict[str, object]:
 
 
 def _summary(log: MemoryEventLog):  # noqa: ANN202 - GapSummary
-    from durable_sse.gaps import summarize
+    from durable_sse.gaps.model import summarize
 
     return summarize(list(log.gaps.values()), log.order)
 
