@@ -203,14 +203,14 @@ async def test_a_consumer_never_skips_a_row_a_slower_writer_commits_later(
         notice_id="1",
         seen_at=T0.isoformat(),
     )
-    await writer_a.committed(
-        writer_a.submit_batch(
+    await writer_a.writer.committed(
+        writer_a.writer.submit_batch(
             stream_name, "numeric", records(1, 1), gap_changes=[GapChange("g", opened=opened)]
         )
     )
     handler = Collector()
     consumer = Consumer(pg_url, Group(group_name(), streams=[stream_name], batch_size=10))
-    holder = writer_a.engine.connect()
+    holder = writer_a.database.engine.connect()
     try:
         async with running(consumer, handler):
             await until(lambda: len(handler.seqs) == 1)
@@ -220,7 +220,7 @@ async def test_a_consumer_never_skips_a_row_a_slower_writer_commits_later(
                 "SELECT 1 FROM sse_gaps WHERE stream = %s AND gap_id = 'g' FOR UPDATE",
                 (stream_name,),
             )
-            job_a = writer_a.submit_batch(
+            job_a = writer_a.writer.submit_batch(
                 stream_name, "numeric", records(2, 2), gap_changes=[GapChange("g", reread_to="2")]
             )
             await until(lambda: _waiting_on_gap_row(pg_url, stream_name))
@@ -229,7 +229,7 @@ async def test_a_consumer_never_skips_a_row_a_slower_writer_commits_later(
             )
             await asyncio.sleep(1.0)  # B commits now, without the lock; the consumer reads
             holder.rollback()
-            await writer_a.committed(job_a)
+            await writer_a.writer.committed(job_a)
             await task_b
             stored = await stored_seqs(writer_a, stream_name)
             assert len(stored) == 3

@@ -1002,7 +1002,7 @@ async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
         assert result.start_cursor is None and result.counts.new_rows == 2
         assert result.counts.reconnects_without_cursor == 1
         assert result.outcome is Outcome.DROPPED and result.drop is None
-    assert second.gap_store.gaps is not None and second.gap_store.gaps.totals == GapTotals(
+    assert second.gaps is not None and second.gaps.totals == GapTotals(
         unrecoverable=1, unknown_size=1
     )
     rows = await gap_rows(pg_event_log, stream_name)

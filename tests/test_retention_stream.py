@@ -74,7 +74,7 @@ async def running(
     )
     try:
         async with worker:
-            yield Running(client, queue, resources.stores.log, port)
+            yield Running(client, queue, resources.stores, port)
     finally:
         await resources.close()
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from durable_sse.gaps import model as gaps
-from durable_sse.gaps.model import GapState
-from durable_sse.log import retention
+from durable_sse.cursor import fence
+from durable_sse.gaps import tracker, transitions
+from durable_sse.gaps.model import Gap, GapState
 from durable_sse.reader import intake
 from tests.sim import stores
 from tests.sim.server import Profile, ScriptedDrop
@@ -209,7 +209,7 @@ def _close_on_any_read(self, gap):  # noqa: ANN001, ANN202
 
 
 def _forget_drop_signals(self, kind, *, announced=None, detail="", **_):  # noqa: ANN001, ANN202
-    return gaps.Gap(gap_id="forgotten", stream="sim", kind=kind.value, start_id=None)
+    return Gap(gap_id="forgotten", stream="sim", kind=kind.value, start_id=None)
 
 
 def _early_notices_miss_nothing(cursor, first_after, *, floor, stored):  # noqa: ANN001, ANN202
@@ -226,15 +226,15 @@ def _notices_ignored_while_ending(self, text, now):  # noqa: ANN001, ANN202
 
 
 MUTATIONS = [
-    Mutation("gap changes never written", gaps.GapTracker, "batch_changes", _drop_gap_changes),
-    Mutation("lagging id ignores gaps", gaps, "lagging_target", _lagging_ignores_gaps),
-    Mutation("repairs need no continuity", gaps.GapTracker, "_covers", _close_on_any_read),
-    Mutation("drop notices forgotten", gaps.GapTracker, "drop_signal", _forget_drop_signals),
+    Mutation("gap changes never written", tracker.GapTracker, "batch_changes", _drop_gap_changes),
+    Mutation("lagging id ignores gaps", fence, "lagging_target", _lagging_ignores_gaps),
+    Mutation("repairs need no continuity", tracker.GapTracker, "_covers", _close_on_any_read),
+    Mutation("drop notices forgotten", tracker.GapTracker, "drop_signal", _forget_drop_signals),
     # About 1% of schedules take a one-shot drop before a contiguous replay's first
     # event: 1,000 seeds find ~11 (200 found none in one world version).
     Mutation(
         "early notices miss nothing",
-        gaps,
+        transitions,
         "attribute_early_notice",
         _early_notices_miss_nothing,
         schedules=1000,
@@ -249,7 +249,7 @@ MUTATIONS = [
 
 
 def _fence_without_gaps(lagging, open_gaps, order, readers=()):  # noqa: ANN001, ANN202
-    return retention.retention_fence(lagging, [], order, readers)
+    return fence.retention_fence(lagging, [], order, readers)
 
 
 def _gaps_open_where_they_start(change, horizon_id, order):  # noqa: ANN001, ANN202
@@ -279,7 +279,7 @@ def test_the_oracle_catches_a_broken_build(
     mutation: Mutation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(mutation.target, mutation.attribute, mutation.replacement)
-    if mutation.target is gaps and mutation.attribute == "lagging_target":
+    if mutation.target is fence and mutation.attribute == "lagging_target":
         monkeypatch.setattr("tests.sim.stores.lagging_target", mutation.replacement)
     outcome = run_seeds(range(0, mutation.schedules))
     assert outcome.failures, (
