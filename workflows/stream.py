@@ -711,8 +711,8 @@ class StreamWorkflow:
         if status.progress_at is not None:
             lag = "-" if status.commit_lag is None else f"{status.commit_lag:.1f} s"
             lines.append(f"as of {status.progress_at} (connection reports) · commit lag {lag}")
-        if status.retention is not None and status.retention.retention is not None:
-            r = status.retention
+        r = status.retention
+        if r is not None and r.retention is not None:
             lines.append(
                 f"retention {format_duration(r.retention)} ({r.source}): deleted "
                 f"{r.deleted_rows} · oldest kept `{_shown(r.oldest_kept_id)}` at "
