@@ -125,6 +125,10 @@ class Writer:
         await outlast_cancellation(job.future)
         return self.result(job)
 
+    def finished(self, job: CommitJob) -> bool:
+        """Whether the batch committed or failed (its :meth:`result` is known)."""
+        return job.future.done()
+
     def result(self, job: CommitJob) -> InsertResult:
         """What a batch whose wait is over did (raises its failure, if it failed)."""
         new_rows = job.future.result()
