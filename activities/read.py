@@ -71,6 +71,7 @@ from durable_sse.ops.metrics import ReaderMetrics
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.intake import Batch, Intake
 from durable_sse.reader.stored import StoredAhead, StoredPage
+from durable_sse.redact import redact_url
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import SSEDecoder
 from durable_sse.sse.http import (
@@ -80,7 +81,6 @@ from durable_sse.sse.http import (
     host_allowed,
     parse_retry_after,
     query_secrets,
-    redact_url,
     request_headers,
     same_origin,
     status_policy,

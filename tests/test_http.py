@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.errors import ConfigError, UnsendableIdError
 from durable_sse.ops.logs import install_redaction
+from durable_sse.redact import redact_url
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.sse.decoder import Event, SSEDecoder
 from durable_sse.sse.http import (
@@ -27,7 +28,6 @@ from durable_sse.sse.http import (
     parse_allowed_hosts,
     parse_retry_after,
     query_secrets,
-    redact_url,
     request_headers,
     same_origin,
     status_policy,

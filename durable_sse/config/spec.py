@@ -47,7 +47,7 @@ from durable_sse.config.durations import (
 )
 from durable_sse.errors import ConfigError
 from durable_sse.ids import IdOrder
-from durable_sse.sse.http import redact_url
+from durable_sse.redact import redact_url
 
 if TYPE_CHECKING:
     from durable_sse.contracts import ReplaySignal

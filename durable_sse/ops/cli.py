@@ -27,7 +27,8 @@ from durable_sse.errors import ConfigError, ConsumerError, DurableSSEError
 from durable_sse.log.retention import describe as retention_text
 from durable_sse.ops import control
 from durable_sse.ops.temporal_client import CLIENT_ENVIRONMENT
-from durable_sse.sse.http import host_allowed, redact_url
+from durable_sse.redact import redact_url
+from durable_sse.sse.http import host_allowed
 
 EXIT_ERROR = 1
 """Something failed on the way (Temporal unreachable, a stream not found, settings differ)."""

@@ -1,4 +1,4 @@
-"""HTTP decisions for an SSE connection: request headers, status policy, redaction.
+"""HTTP decisions for an SSE connection: request headers, status policy.
 
 Plain functions, so the policy in DESIGN.md ("What the server may send") is unit-tested
 without a server. Nothing here performs I/O.
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlencode, urlsplit, urlunsplit
 
 import httpx
 
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 
 MAX_RETRY_AFTER = 300.0
 """A server cannot make us wait longer than this per Retry-After (seconds)."""
-
-_TOKENISH = re.compile(r"(token|key|secret|password|passwd|auth|signature|sig|session|jwt)", re.I)
 
 
 class StatusPolicy(StrEnum):
@@ -275,22 +273,6 @@ def same_origin(a: str, b: str) -> bool:
 
 def _default_port(scheme: str) -> int | None:
     return {"http": 80, "https": 443}.get(scheme)
-
-
-def redact_url(url: str, secret_params: frozenset[str] = frozenset()) -> str:
-    """The URL with credentials and token-like query values removed: safe for logs and UI.
-
-    ``secret_params`` names further parameters to hide (a stream's ``query_from_env``).
-    """
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    query = [
-        (k, "REDACTED" if k in secret_params or _TOKENISH.search(k) else v)
-        for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    ]
-    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
 
 
 def describe_error(error: BaseException) -> str:
