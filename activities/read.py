@@ -42,6 +42,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from durable_sse.config.hosts import host_allowed
 from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.contracts import (
     ConnectionProgress,
@@ -78,7 +79,6 @@ from durable_sse.sse.http import (
     REFUSAL_HINTS,
     StatusPolicy,
     describe_error,
-    host_allowed,
     parse_retry_after,
     query_secrets,
     request_headers,

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from durable_sse.config.hosts import host_allowed, parse_allowed_hosts
 from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.errors import ConfigError, UnsendableIdError
 from durable_sse.ops.logs import install_redaction
@@ -22,10 +23,8 @@ from durable_sse.sse.http import (
     MAX_RETRY_AFTER,
     StatusPolicy,
     describe_error,
-    host_allowed,
     id_header_problem,
     last_event_id_header,
-    parse_allowed_hosts,
     parse_retry_after,
     query_secrets,
     request_headers,

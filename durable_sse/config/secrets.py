@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from durable_sse.config.hosts import host_matches
 from durable_sse.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,10 +51,7 @@ class SecretBinding:
     """A host name or IP address, or ``*.domain`` for every subdomain of ``domain``."""
 
     def allows(self, host: str) -> bool:
-        host = host.lower()
-        if self.host.startswith("*."):
-            return host.endswith(self.host[1:])
-        return host == self.host
+        return host_matches(host, self.host)
 
     def __str__(self) -> str:
         return f"{self.variable}@{self.host}"

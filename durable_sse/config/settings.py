@@ -13,12 +13,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from durable_sse.config.durations import RETENTION_ENV, parse_retention_setting
+from durable_sse.config.hosts import parse_allowed_hosts
 from durable_sse.config.secrets import SecretBinding, parse_secret_bindings
 from durable_sse.errors import ConfigError
 from durable_sse.ops.codec import KEY_ENV as PAYLOAD_KEY_ENV
 from durable_sse.ops.temporal_client import DEFAULT_ADDRESS as DEFAULT_TEMPORAL_ADDRESS
 from durable_sse.ops.temporal_client import DEFAULT_NAMESPACE, TemporalTarget, load_target
-from durable_sse.sse.http import parse_allowed_hosts
 
 __all__ = ["DEFAULT_NAMESPACE", "DEFAULT_TEMPORAL_ADDRESS", "Settings", "sqlite_path"]
 DEFAULT_TASK_QUEUE = "sse-consumer"

@@ -201,31 +201,6 @@ def query_secrets(
     return secrets.resolve(query_from_env, url=url, stream=stream, setting="query_from_env")
 
 
-def parse_allowed_hosts(value: str | None) -> tuple[str, ...] | None:
-    """``SSE_ALLOWED_HOSTS``: comma-separated hosts, ``*.example.com`` for subdomains."""
-    if value is None or not value.strip():
-        return None
-    hosts = tuple(host.strip().lower() for host in value.split(",") if host.strip())
-    for host in hosts:
-        if not re.fullmatch(r"(\*\.)?[a-z0-9.:\[\]-]+", host):
-            raise ConfigError(f"SSE_ALLOWED_HOSTS: {host!r} is not a host name or *.domain")
-    return hosts
-
-
-def host_allowed(url: str, allowed: tuple[str, ...] | None) -> bool:
-    """Whether ``url``'s host is in the allowlist (no allowlist: every host)."""
-    if allowed is None:
-        return True
-    host = (urlsplit(url).hostname or "").lower()
-    for pattern in allowed:
-        if pattern.startswith("*."):
-            if host.endswith(pattern[1:]):
-                return True
-        elif host == pattern:
-            return True
-    return False
-
-
 def request_headers(
     *,
     cursor: str | None,
