@@ -43,7 +43,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from durable_sse.config.hosts import host_allowed
-from durable_sse.config.secrets import DeclaredSecrets
+from durable_sse.config.secrets import DeclaredSecrets, request_secrets
 from durable_sse.contracts import (
     ConnectionProgress,
     Outcome,
@@ -75,18 +75,14 @@ from durable_sse.reader.stored import StoredAhead, StoredPage
 from durable_sse.redact import redact_url
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.decoder import SSEDecoder
-from durable_sse.sse.http import (
+from durable_sse.sse.request import request_headers, same_origin, with_cursor, with_query
+from durable_sse.sse.response import (
     REFUSAL_HINTS,
     StatusPolicy,
     describe_error,
     parse_retry_after,
-    query_secrets,
-    request_headers,
-    same_origin,
     status_policy,
     truncation_header,
-    with_cursor,
-    with_query,
 )
 from durable_sse.stores import Stores
 
@@ -323,22 +319,24 @@ class _Connection:
             # skips what is stored from the start (one indexed query, a few ms).
             await self._heartbeating(asyncio.wait([self.fetching_stored]))
         try:
-            headers = request_headers(
-                cursor=self.start_cursor,
-                cursor_param=self.spec.cursor_param,
+            secrets_ = request_secrets(
+                self.reader.secrets,
                 headers_from_env=self.spec.headers_from_env,
-                secrets=self.reader.secrets,
+                query_from_env=self.spec.query_from_env,
                 url=self.spec.url,
                 stream=self.stream,
             )
-            secrets_ = query_secrets(
-                self.spec.query_from_env, self.reader.secrets, url=self.spec.url, stream=self.stream
+            headers = request_headers(
+                cursor=self.start_cursor,
+                cursor_param=self.spec.cursor_param,
+                secret_headers=secrets_.headers,
+                stream=self.stream,
             )
             url = with_query(
                 with_cursor(
                     self.spec.url, self.spec.cursor_param, self.start_cursor, stream=self.stream
                 ),
-                secrets_,
+                secrets_.query,
             )
         except ConfigError as error:
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None

@@ -5,7 +5,8 @@ and whoever can start a workflow on the task queue writes that input. So the wor
 not the stream, says what is a secret and where it may go: ``SSE_SECRETS`` declares
 ``NAME@host`` pairs (``NAME@*.example.org`` for subdomains), and
 :class:`DeclaredSecrets` resolves a stream's names for the host of the URL about to be
-requested. A name that is not declared, not bound to that host, not set, or part of the
+requested (:func:`request_secrets` does it for one request, before ``sse/`` builds it).
+A name that is not declared, not bound to that host, not set, or part of the
 worker's own configuration (:func:`is_worker_variable`, refused even when declared) is a
 :class:`ConfigError` that names the stream, the setting, the variable and the host, never
 a value; the reader turns it into a parked stream before any request is sent. Only
@@ -18,11 +19,12 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import urlsplit
 
 from durable_sse.config.hosts import host_matches
 from durable_sse.errors import ConfigError
+from durable_sse.sse.request import id_header_problem
 
 if TYPE_CHECKING:
     from durable_sse.config.settings import Settings
@@ -150,3 +152,41 @@ class DeclaredSecrets:
                 )
             values[target] = value
         return values
+
+
+class RequestSecrets(NamedTuple):
+    """A stream's secrets resolved for one request: plain values for ``sse/`` to send."""
+
+    headers: dict[str, str]
+    """Header name -> value (``headers_from_env``); each can be a header value."""
+    query: dict[str, str]
+    """Query parameter -> value (``query_from_env``)."""
+
+
+def request_secrets(
+    secrets: DeclaredSecrets,
+    *,
+    headers_from_env: Mapping[str, str],
+    query_from_env: Mapping[str, str],
+    url: str,
+    stream: str,
+) -> RequestSecrets:
+    """The values of a stream's ``headers_from_env`` and ``query_from_env`` for a request
+    to ``url``'s host, resolved inside the worker before any request is built.
+
+    Raises:
+        ConfigError: a variable is not declared for this host or not set (see
+            :meth:`DeclaredSecrets.resolve`), or a header's value cannot be a header value
+            (named by variable, the value never shown). Headers are checked first.
+    """
+    headers = secrets.resolve(headers_from_env, url=url, stream=stream, setting="headers_from_env")
+    for name, value in headers.items():
+        problem = id_header_problem(value)
+        if problem is not None:
+            raise ConfigError(
+                f"stream {stream!r}: setting 'headers_from_env': the value of environment "
+                f"variable {headers_from_env[name]} for {name} cannot be a header value: "
+                f"{problem.replace('it ', '', 1)}"
+            )
+    query = secrets.resolve(query_from_env, url=url, stream=stream, setting="query_from_env")
+    return RequestSecrets(headers=headers, query=query)
