@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from temporalio.converter import DataConverter, value_to_type
 
 from durable_sse.config.durations import format_duration, parse_duration
+from durable_sse.config.secrets import is_worker_variable
 from durable_sse.config.spec import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_ID_BYTES,
@@ -20,7 +21,6 @@ from durable_sse.config.spec import (
     DURATION_BOUNDS,
     SETTINGS,
     StreamSpec,
-    is_worker_variable,
     load_streams,
     parse_replay_signal,
     parse_spec,

@@ -45,6 +45,7 @@ from durable_sse.config.durations import (
 from durable_sse.config.durations import (
     setting_error as _fail,
 )
+from durable_sse.config.secrets import is_worker_variable
 from durable_sse.errors import ConfigError
 from durable_sse.ids import IdOrder
 from durable_sse.redact import redact_url
@@ -79,35 +80,6 @@ RESERVED_HEADERS = frozenset(
 )
 """Headers the reader sets itself (the cursor, SSE negotiation) or that only the HTTP
 client may set: a secret under one of these names would replace them."""
-
-WORKER_VARIABLES = frozenset(
-    "DATABASE_URL REDIS_URL PATH HOME USER LOGNAME SHELL PWD OLDPWD HOSTNAME TERM TMPDIR TMP "
-    "TEMP TZ LANG LANGUAGE VIRTUAL_ENV SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE "
-    "CURL_CA_BUNDLE HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY".split()
-)
-WORKER_VARIABLE_PREFIXES = (
-    "TEMPORAL_",
-    "DURABLE_SSE_",
-    "SSE_",
-    "REDIS_",
-    "PG",
-    "LC_",
-    "LD_",
-    "DYLD_",
-    "PYTHON",
-)
-"""The worker's own configuration (Temporal, the stores, the codec key, ``SSE_*``), the
-database and Redis client variables (``PGPASSWORD``, …) and the process environment
-(``PATH``, ``HOME``, proxies, loader and interpreter variables). A stream can never
-name one of these in ``headers_from_env``/``query_from_env``: whoever can start a
-workflow would otherwise have the worker send them to a host of their choosing."""
-
-
-def is_worker_variable(name: str) -> bool:
-    """True for a variable of the worker's own configuration or process (any case)."""
-    upper = name.upper()
-    return upper in WORKER_VARIABLES or upper.startswith(WORKER_VARIABLE_PREFIXES)
-
 
 # --- counts ---------------------------------------------------------------------------
 
@@ -623,7 +595,6 @@ __all__ = [
     "StreamSpec",
     "check_drop_pattern",
     "format_duration",
-    "is_worker_variable",
     "load_streams",
     "parse_duration",
     "parse_replay_signal",
