@@ -1,7 +1,8 @@
-"""Redaction of URLs: what may be shown in logs, messages and the Web UI.
+"""Redaction: what of a URL or a value may be shown in logs, messages and the Web UI.
 
-A leaf module (it imports nothing of the package): the stream settings' error messages,
-the reader and the CLI all show URLs, and each must hide the same things, by one rule.
+A leaf module (it imports nothing of the package): the settings' error messages, the
+reader and the CLI all show URLs and values, and each must hide the same things, by one
+rule.
 """
 
 from __future__ import annotations
@@ -30,3 +31,14 @@ def redact_url(url: str, secret_params: frozenset[str] = frozenset()) -> str:
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     ]
     return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query)))
+
+
+def show_value(value: object, *, url: bool = False, limit: int = 80) -> str:
+    """A value for a one-line message: repr (escapes line breaks), URLs redacted, cut."""
+    if url and isinstance(value, str):
+        try:
+            value = redact_url(value)
+        except ValueError:
+            value = re.sub(r"[?#].*", "", value)
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

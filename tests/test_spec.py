@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from temporalio.converter import DataConverter, value_to_type
 
 from durable_sse.config.durations import format_duration, parse_duration
+from durable_sse.config.replay import ReplaySignal, parse_replay_signal
 from durable_sse.config.secrets import is_worker_variable
 from durable_sse.config.spec import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -22,12 +23,11 @@ from durable_sse.config.spec import (
     SETTINGS,
     StreamSpec,
     load_streams,
-    parse_replay_signal,
     parse_spec,
     spec_differences,
     validate_spec,
 )
-from durable_sse.contracts import ReadInput, ReplaySignal
+from durable_sse.contracts import ReadInput
 from durable_sse.errors import ConfigError
 
 BASE = {"name": "ticks", "url": "https://example.test/sse"}

@@ -26,9 +26,8 @@ import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import httpx
 import pydantic
@@ -48,10 +47,7 @@ from durable_sse.config.durations import (
 from durable_sse.config.secrets import is_worker_variable
 from durable_sse.errors import ConfigError
 from durable_sse.ids import IdOrder
-from durable_sse.redact import redact_url
-
-if TYPE_CHECKING:
-    from durable_sse.contracts import ReplaySignal
+from durable_sse.redact import show_value
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -314,13 +310,14 @@ def parse_spec(value: object, *, source: str = "") -> StreamSpec:
     else:
         raise ConfigError(
             f"{prefix}expected a table of stream settings (name, url, …), "
-            f"got {_show(value)} ({type(value).__name__})"
+            f"got {show_value(value)} ({type(value).__name__})"
         )
     label = _stream_label(data.get("name"))
     odd_keys = [key for key in data if not isinstance(key, str)]
     if odd_keys:
         raise ConfigError(
-            f"{prefix}{label}: setting {_show(odd_keys[0])}: expected a setting name (a string)"
+            f"{prefix}{label}: setting {show_value(odd_keys[0])}: "
+            "expected a setting name (a string)"
         )
     # Unknown keys never reach the constructor: one named like its own parameter
     # (``__dataclass_self__``) would raise a TypeError, not a validation error.
@@ -364,7 +361,7 @@ def _check_together(spec: StreamSpec) -> str | None:
     if spec.cursor_param is not None and spec.cursor_param in spec.query_from_env:
         return (
             f"setting 'query_from_env.{spec.cursor_param}' = "
-            f"{_show(spec.query_from_env[spec.cursor_param])}: expected a parameter other "
+            f"{show_value(spec.query_from_env[spec.cursor_param])}: expected a parameter other "
             f"than cursor_param ({spec.cursor_param!r})"
         )
     seen: dict[str, str] = {}
@@ -389,113 +386,20 @@ def _describe(problem: Mapping[str, Any]) -> str:
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(setting, SETTINGS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"setting {path!r} = {_show(problem['input'])}: not a stream setting{hint}"
+        return f"setting {path!r} = {show_value(problem['input'])}: not a stream setting{hint}"
     if kind in ("missing", "missing_argument"):
         return f"setting {path!r} is missing: {EXPECTED.get(setting, 'required')}"
     if kind == "durable_sse":
         expected = problem["ctx"]["reason"]
     else:
         expected = EXPECTED.get(setting, problem["msg"])
-    return f"setting {path!r} = {_show(problem['input'], url=setting == 'url')}: {expected}"
+    return f"setting {path!r} = {show_value(problem['input'], url=setting == 'url')}: {expected}"
 
 
 def _stream_label(name: object) -> str:
     if isinstance(name, str) and name:
-        return f"stream {_show(name)}"
+        return f"stream {show_value(name)}"
     return "stream (unnamed)"
-
-
-def _show(value: object, *, url: bool = False, limit: int = 80) -> str:
-    """A value for a one-line message: repr (escapes line breaks), URLs redacted, cut."""
-    if url and isinstance(value, str):
-        try:
-            value = redact_url(value)
-        except ValueError:
-            value = re.sub(r"[?#].*", "", value)
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# --- the replay signal ---------------------------------------------------------------------
-
-
-def _check_from_id(value: str) -> str:
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate from JSON: no header can carry it
-        raise _fail("expected an event id of valid Unicode text") from None
-    if not value or size > MAX_ID_BYTES_LIMIT:
-        raise _fail(f"expected a non-empty event id of at most {MAX_ID_BYTES_LIMIT} bytes")
-    if any(c in value for c in "\r\n\0"):
-        raise _fail("expected an event id without line breaks or NUL (an SSE id cannot hold them)")
-    return value
-
-
-def _check_since(value: str) -> str:
-    expected = (
-        "expected an ISO 8601 time with Z or a UTC offset, e.g. 2026-05-01T12:00:00Z "
-        "(no time zone is assumed)"
-    )
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise _fail(expected) from None
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise _fail(expected)
-    return moment.isoformat()
-
-
-class _ReplayPayload(pydantic.BaseModel):
-    """The ``replay`` signal's payload (``contracts.ReplaySignal`` is its wire form)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    from_id: Annotated[str, AfterValidator(_check_from_id)] | None = None
-    since: Annotated[str, AfterValidator(_check_since)] | None = None
-
-
-def parse_replay_signal(value: object, *, stream: str | None = None) -> ReplaySignal:
-    """The validated ``replay`` payload: None/``{}`` = lagged route, else from_id or since.
-
-    ``since`` must carry Z or an offset (a guessed zone could replay less than asked)
-    and comes back normalised (``2026-05-01T12:00:00+00:00``).
-
-    Raises:
-        ConfigError: one line naming the stream (when given), the field, the value and
-            what was expected.
-    """
-    from durable_sse.contracts import ReplaySignal  # contracts imports this module
-
-    prefix = f"stream {_show(stream)}: " if stream else ""
-    if value is None:
-        return ReplaySignal()
-    if isinstance(value, ReplaySignal):
-        data: dict[Any, Any] = {"from_id": value.from_id, "since": value.since}
-    elif isinstance(value, Mapping):
-        data = dict(value)
-    else:
-        raise ConfigError(
-            f"{prefix}replay payload = {_show(value)}: expected nothing (lagged route), "
-            '{"from_id": ID} or {"since": ISO time}'
-        )
-    try:
-        payload = _ReplayPayload.model_validate(data)
-    except ValidationError as error:
-        problem = error.errors(include_url=False)[0]
-        loc = problem["loc"]
-        key = str(loc[0]) if loc else "?"
-        if problem["type"] == "extra_forbidden":
-            expected = "expected only from_id or since"
-        elif problem["type"] == "durable_sse":
-            expected = problem["ctx"]["reason"]
-        else:
-            expected = "expected a string"
-        raise ConfigError(
-            f"{prefix}replay {key!r} = {_show(problem['input'])}: {expected}"
-        ) from None
-    if payload.from_id is not None and payload.since is not None:
-        raise ConfigError(f"{prefix}replay: expected from_id or since, not both")
-    return ReplaySignal(from_id=payload.from_id, since=payload.since)
 
 
 # --- comparing a running spec with a declared one -----------------------------------------
@@ -545,7 +449,7 @@ def _display(setting: str, value: Any) -> str:
         return "-"
     if setting in DURATION_BOUNDS and isinstance(value, int | float):
         return format_duration(float(value))
-    return _show(value, url=setting == "url")
+    return show_value(value, url=setting == "url")
 
 
 # --- the TOML stream file ------------------------------------------------------------------
@@ -597,7 +501,6 @@ __all__ = [
     "format_duration",
     "load_streams",
     "parse_duration",
-    "parse_replay_signal",
     "parse_spec",
     "spec_differences",
     "spec_from_mapping",
