@@ -22,11 +22,10 @@ from durable_sse.config.spec import (
     DURATION_BOUNDS,
     SETTINGS,
     StreamSpec,
-    load_streams,
     parse_spec,
-    spec_differences,
     validate_spec,
 )
+from durable_sse.config.streams import load_streams, spec_differences
 from durable_sse.contracts import ReadInput
 from durable_sse.errors import ConfigError
 

@@ -22,11 +22,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -38,7 +36,6 @@ from durable_sse.config.durations import (
     DAY,
     MINUTE,
     format_duration,
-    parse_duration,
     seconds,
 )
 from durable_sse.config.durations import (
@@ -345,16 +342,11 @@ def validate_spec(spec: StreamSpec) -> StreamSpec:
     return parse_spec(spec)
 
 
-def spec_from_mapping(data: Mapping[str, Any], *, source: str = "") -> StreamSpec:
-    """``parse_spec`` for a TOML table or JSON object (kept for existing callers)."""
-    return parse_spec(data, source=source)
-
-
 def _check_together(spec: StreamSpec) -> str | None:
     """Rules between settings; None when they agree."""
     if spec.retention is not None and spec.retention < spec.replay_window:
         return (
-            f"setting 'retention' = {_display('retention', spec.retention)}: expected at least "
+            f"setting 'retention' = {show_setting('retention', spec.retention)}: expected at least "
             f"replay_window ({format_duration(spec.replay_window)}): rows the replay window "
             "can re-deliver are never deleted"
         )
@@ -402,32 +394,6 @@ def _stream_label(name: object) -> str:
     return "stream (unnamed)"
 
 
-# --- comparing a running spec with a declared one -----------------------------------------
-
-
-@dataclass(frozen=True)
-class SettingChange:
-    """One setting that differs between the running spec and the declared one."""
-
-    setting: str
-    old: Any
-    new: Any
-
-    def __str__(self) -> str:
-        old, new = _display(self.setting, self.old), _display(self.setting, self.new)
-        return f"{self.setting} {old} → {new}"
-
-
-def spec_differences(running: StreamSpec, declared: StreamSpec) -> list[SettingChange]:
-    """Settings whose values differ, in declaration order (names only for secrets:
-    ``*_from_env`` values are variable names, URLs are shown redacted)."""
-    return [
-        SettingChange(name, getattr(running, name), getattr(declared, name))
-        for name in SETTINGS
-        if getattr(running, name) != getattr(declared, name)
-    ]
-
-
 def _duration_bounds() -> dict[str, tuple[float, float]]:
     hints = typing.get_type_hints(StreamSpec, include_extras=True)
     bounds = {}
@@ -444,7 +410,8 @@ DURATION_BOUNDS = _duration_bounds()
 """Duration setting -> (lowest, highest) seconds, read off the annotations."""
 
 
-def _display(setting: str, value: Any) -> str:
+def show_setting(setting: str, value: Any) -> str:
+    """A setting's value for a one-line message: durations as ``5m``, URLs redacted."""
     if value is None:
         return "-"
     if setting in DURATION_BOUNDS and isinstance(value, int | float):
@@ -452,57 +419,16 @@ def _display(setting: str, value: Any) -> str:
     return show_value(value, url=setting == "url")
 
 
-# --- the TOML stream file ------------------------------------------------------------------
-
-
-def load_streams(path: str | Path) -> list[StreamSpec]:
-    """Read and validate the ``[[stream]]`` tables of a TOML file.
-
-    An unreadable or malformed file, an unknown top-level key, a file that declares no
-    stream, a bad setting or a name declared twice: one ConfigError line each.
-    """
-    path = Path(path)
-    try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: invalid TOML: {error}") from None
-    unknown = sorted(key for key in document if key != "stream")
-    if unknown:
-        raise ConfigError(f"{path}: unknown key {unknown[0]!r}: expected [[stream]] tables only")
-    tables = document.get("stream", [])
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise ConfigError(f"{path}: 'stream' must be an array of tables ([[stream]])")
-    if not tables:
-        raise ConfigError(f"no streams declared in {path}")
-    specs = [
-        parse_spec(table, source=f"{path} [[stream]] #{number}")
-        for number, table in enumerate(tables, start=1)
-    ]
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise ConfigError(f"{path}: stream {spec.name!r} is declared twice")
-        seen.add(spec.name)
-    return specs
-
-
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "DEFAULT_MAX_ID_BYTES",
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_RETRY_DELAY",
-    "SettingChange",
+    "DURATION_BOUNDS",
+    "SETTINGS",
     "StreamSpec",
     "check_drop_pattern",
-    "format_duration",
-    "load_streams",
-    "parse_duration",
     "parse_spec",
-    "spec_differences",
-    "spec_from_mapping",
+    "show_setting",
     "validate_spec",
 ]

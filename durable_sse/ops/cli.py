@@ -24,7 +24,8 @@ from temporalio.client import Client
 from durable_sse.config.hosts import host_allowed
 from durable_sse.config.replay import parse_replay_signal
 from durable_sse.config.settings import Settings
-from durable_sse.config.spec import StreamSpec, load_streams, spec_differences
+from durable_sse.config.spec import StreamSpec
+from durable_sse.config.streams import load_streams, spec_differences
 from durable_sse.errors import ConfigError, ConsumerError, DurableSSEError
 from durable_sse.log.retention import describe as retention_text
 from durable_sse.ops import control

@@ -34,7 +34,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse.config.settings import Settings
-from durable_sse.config.spec import StreamSpec, load_streams
+from durable_sse.config.spec import StreamSpec
+from durable_sse.config.streams import load_streams
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.ops import control
