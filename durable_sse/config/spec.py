@@ -35,6 +35,7 @@ from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, Validati
 from durable_sse.config.durations import (
     DAY,
     MINUTE,
+    RetentionSeconds,
     format_duration,
     seconds,
 )
@@ -251,7 +252,7 @@ class StreamSpec:
         DEFAULT_MAX_ID_BYTES
     )
     """Longest event id (UTF-8 bytes) the event log takes (see MAX_ID_BYTES_LIMIT)."""
-    retention: Annotated[float, seconds(MINUTE, 36_500 * DAY)] | None = None
+    retention: RetentionSeconds | None = None
     """Seconds events are kept (None = forever); at least ``replay_window``."""
     max_retry_delay: Annotated[float, seconds(0.0, DAY)] = DEFAULT_MAX_RETRY_DELAY
     """Longest wait the server's ``retry:`` field buys (as ``Retry-After`` is capped):
