@@ -26,10 +26,10 @@ from durable_sse.config.replay import parse_replay_signal
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.config.streams import load_streams, spec_differences
+from durable_sse.config.temporal import CLIENT_ENVIRONMENT
 from durable_sse.errors import ConfigError, ConsumerError, DurableSSEError
 from durable_sse.log.retention import describe as retention_text
 from durable_sse.ops import control
-from durable_sse.ops.temporal_client import CLIENT_ENVIRONMENT
 from durable_sse.redact import redact_url
 
 EXIT_ERROR = 1
