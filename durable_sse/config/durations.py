@@ -85,6 +85,7 @@ def seconds(low: float, high: float) -> PlainValidator:
             raise setting_error(expected)
         return result
 
+    # A function attribute mypy does not model; spec.DURATION_BOUNDS reads it back.
     check.bounds = (low, high)  # type: ignore[attr-defined]
     return PlainValidator(check)
 

@@ -76,9 +76,9 @@ def truncation_header(headers: httpx.Headers) -> str | None:
     for name, value in headers.raw:
         found.setdefault(name.lower(), value)
     for name in (b"mercure-last-event-id", b"last-event-id"):
-        value = found.get(name)
-        if value is not None:
-            return value.decode("utf-8", "replace")
+        raw = found.get(name)
+        if raw is not None:
+            return raw.decode("utf-8", "replace")
     return None
 
 
