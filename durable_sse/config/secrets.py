@@ -112,8 +112,8 @@ def parse_secret_bindings(value: str | None) -> tuple[SecretBinding, ...]:
 class DeclaredSecrets:
     """The worker's declared secrets: resolves a stream's variable names for one host.
 
-    Built once by the worker from ``Settings.secrets`` (``SSE_SECRETS``); values are read
-    from ``environ`` when a connection needs them, and only for declared variables.
+    Built once by the worker from ``Settings.secrets`` (``SSE_SECRETS``); each value is
+    read from ``environ`` when a connection needs it, and only for declared variables.
     """
 
     def __init__(
