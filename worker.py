@@ -216,7 +216,7 @@ async def run_worker(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-    secrets = DeclaredSecrets.from_settings(settings)
+    secrets = DeclaredSecrets(settings.secrets)
     log_security_posture(settings, secrets)
     runtime = prometheus_runtime(settings.metrics_port) if settings.metrics_port else None
     client = await connect_client(settings, runtime=runtime)

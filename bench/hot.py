@@ -29,8 +29,8 @@ from bench.common import (
     wait_until,
 )
 from bench.temporal_stack import Temporal
+from durable_sse.config.replay import ReplaySignal
 from durable_sse.config.spec import StreamSpec
-from durable_sse.contracts import ReplaySignal
 from durable_sse.cursor.l2 import cursor_key
 from durable_sse.ids import IdOrder
 from durable_sse.log.records import EventRecord

@@ -281,14 +281,6 @@ class ScheduleInput:
 
 
 @dataclass
-class ReplaySignal:
-    """Payload of the ``replay`` signal: nothing = lagged route."""
-
-    from_id: str | None = None
-    since: str | None = None
-
-
-@dataclass
 class StreamCounters:
     connections: int = 0
     drop_signals: int = 0

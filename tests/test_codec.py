@@ -29,10 +29,10 @@ with workflow.unsafe.imports_passed_through():
     import httpx
     from google.protobuf import json_format
 
+    from durable_sse.config.temporal import PAYLOAD_KEY_ENV as KEY_ENV
     from durable_sse.errors import ConfigError, DurableSSEError
     from durable_sse.ops.codec import (
         ENCODING,
-        KEY_ENV,
         REFUSED_ENCODING,
         EncryptionCodec,
         PlaintextPayloadError,

@@ -14,7 +14,7 @@ SERVICES = COMPOSE["services"]
 
 def settings_variables() -> set[str]:
     """Every variable durable_sse.config.settings reads, taken from its source so it stays true."""
-    source = (ROOT / "durable_sse" / "settings.py").read_text()
+    source = (ROOT / "durable_sse" / "config" / "settings.py").read_text()
     return set(re.findall(r'env\.get\("([A-Z_]+)"\)', source))
 
 

@@ -587,7 +587,8 @@ async def test_cli_reads_status_of_an_encrypted_stream_only_with_the_key(
     source: SSESource,
     tmp_path: Path,
 ) -> None:
-    from durable_sse.ops.codec import KEY_ENV, data_converter_from_env, generate_key
+    from durable_sse.config.temporal import PAYLOAD_KEY_ENV as KEY_ENV
+    from durable_sse.ops.codec import data_converter_from_env, generate_key
 
     key = generate_key()
     name = "sealed-" + uuid.uuid4().hex[:8]

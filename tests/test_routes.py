@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from durable_sse.config.replay import ReplaySignal
 from durable_sse.contracts import (
     RECORDED_GAP,
     ConnectionProgress,
@@ -15,7 +16,6 @@ from durable_sse.contracts import (
     Outcome,
     ReadCounts,
     ReadResult,
-    ReplaySignal,
     Route,
 )
 from durable_sse.gaps.model import GapSummary, GapTotals, GapView

@@ -45,6 +45,7 @@ import worker as worker_module
 from activities.schedule import ScheduleActivities
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
+from durable_sse.config.temporal import PAYLOAD_KEY_ENV as KEY_ENV
 from durable_sse.contracts import (
     AdvanceInput,
     ScheduleInput,
@@ -56,7 +57,7 @@ from durable_sse.contracts import (
 from durable_sse.cursor.l2 import KEY_PREFIX
 from durable_sse.ops import control
 from durable_sse.ops.binaries import temporal_dev_server
-from durable_sse.ops.codec import KEY_ENV, data_converter_from_env, generate_key
+from durable_sse.ops.codec import data_converter_from_env, generate_key
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from tests.chaos.harness import wait_until

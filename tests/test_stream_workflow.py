@@ -37,6 +37,7 @@ from temporalio.worker import Worker
 
 from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
+from durable_sse.config.replay import ReplaySignal
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     RECORDED_GAP,
@@ -46,7 +47,6 @@ from durable_sse.contracts import (
     ReadCounts,
     ReadInput,
     ReadResult,
-    ReplaySignal,
     Route,
     ScheduleInput,
     StreamRef,

@@ -32,8 +32,9 @@ from temporalio.testing import WorkflowEnvironment
 
 import worker as worker_module
 from durable_sse.config.settings import Settings
+from durable_sse.config.temporal import load_target
 from durable_sse.errors import ConfigError
-from durable_sse.ops.temporal_client import TemporalConnectionError, connect, load_target
+from durable_sse.ops.temporal_client import TemporalConnectionError, connect
 
 ROOT = Path(__file__).resolve().parent.parent
 

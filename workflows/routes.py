@@ -26,6 +26,7 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from durable_sse.config.replay import ReplaySignal
 from durable_sse.config.spec import DEFAULT_MAX_RETRY_DELAY
 from durable_sse.contracts import (
     RECORDED_GAP,
@@ -33,7 +34,6 @@ from durable_sse.contracts import (
     Outcome,
     ReadCounts,
     ReadResult,
-    ReplaySignal,
     RetentionStatus,
     Route,
     StreamCounters,

@@ -35,14 +35,14 @@ with workflow.unsafe.imports_passed_through():
     # name: the converter resolves their type hints in the sandbox's module table.
     import durable_sse.gaps.model  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
     from durable_sse.config.durations import format_duration
-    from durable_sse.config.spec import StreamSpec, parse_replay_signal, parse_spec
+    from durable_sse.config.replay import ReplaySignal, parse_replay_signal
+    from durable_sse.config.spec import StreamSpec, parse_spec
     from durable_sse.contracts import (
         STREAM_STATE_ATTRIBUTE,
         ConnectionProgress,
         Outcome,
         ReadInput,
         ReadResult,
-        ReplaySignal,
         RetentionStatus,
         ScheduleInput,
         SinceInput,

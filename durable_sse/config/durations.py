@@ -85,11 +85,16 @@ def seconds(low: float, high: float) -> PlainValidator:
             raise setting_error(expected)
         return result
 
+    # A function attribute mypy does not model; spec.DURATION_BOUNDS reads it back.
     check.bounds = (low, high)  # type: ignore[attr-defined]
     return PlainValidator(check)
 
 
-_SETTING = pydantic.TypeAdapter(Annotated[float, seconds(MIN_RETENTION, MAX_RETENTION)])
+RetentionSeconds = Annotated[float, seconds(MIN_RETENTION, MAX_RETENTION)]
+"""A retention in seconds, a minute to 36500 days: a stream's ``retention`` and the
+worker's ``DURABLE_SSE_RETENTION`` are checked by this one validator."""
+
+_SETTING = pydantic.TypeAdapter(RetentionSeconds)
 
 
 def parse_retention_setting(value: str | None, *, name: str = RETENTION_ENV) -> float | None:

@@ -5,8 +5,9 @@ and whoever can start a workflow on the task queue writes that input. So the wor
 not the stream, says what is a secret and where it may go: ``SSE_SECRETS`` declares
 ``NAME@host`` pairs (``NAME@*.example.org`` for subdomains), and
 :class:`DeclaredSecrets` resolves a stream's names for the host of the URL about to be
-requested. A name that is not declared, not bound to that host, not set, or part of the
-worker's own configuration (:func:`is_worker_variable`, refused even when declared) is a
+requested (:func:`request_secrets` does it for one request, before ``sse/`` builds it).
+A name that is not declared, not bound to that host, not set, or part of the worker's
+own configuration (:func:`is_worker_variable`, refused even when declared) is a
 :class:`ConfigError` that names the stream, the setting, the variable and the host, never
 a value; the reader turns it into a parked stream before any request is sent. Only
 declared variables are ever read from the environment.
@@ -18,27 +19,49 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from durable_sse.config.hosts import host_matches
 from durable_sse.errors import ConfigError
-
-if TYPE_CHECKING:
-    from durable_sse.config.settings import Settings
+from durable_sse.sse.request import id_header_problem
 
 SECRETS_ENV = "SSE_SECRETS"
-WORKER_VARIABLES = frozenset({"DATABASE_URL"})
-WORKER_PREFIXES = ("DURABLE_SSE_", "SSE_", "TEMPORAL_", "REDIS_", "PG", "POSTGRES_")
-"""The worker's own configuration (and libpq's ``PG*`` variables, which psycopg reads):
-no stream may name these, whatever ``SSE_SECRETS`` says."""
+
+WORKER_VARIABLES = frozenset(
+    "DATABASE_URL REDIS_URL PATH HOME USER LOGNAME SHELL PWD OLDPWD HOSTNAME TERM TMPDIR TMP "
+    "TEMP TZ LANG LANGUAGE VIRTUAL_ENV SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE "
+    "CURL_CA_BUNDLE HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY".split()
+)
+WORKER_VARIABLE_PREFIXES = (
+    "TEMPORAL_",
+    "DURABLE_SSE_",
+    "SSE_",
+    "REDIS_",
+    "PG",
+    "POSTGRES_",
+    "LC_",
+    "LD_",
+    "DYLD_",
+    "PYTHON",
+)
+"""The worker's own configuration (Temporal, the stores, the codec key, ``SSE_*``), the
+database and Redis client variables (libpq's ``PG*``, which psycopg reads, ``POSTGRES_*``)
+and the process environment (``PATH``, ``HOME``, proxies, loader and interpreter
+variables). A stream can never name one of these in ``headers_from_env`` /
+``query_from_env``, and ``SSE_SECRETS`` can never declare one: whoever can start a
+workflow would otherwise have the worker send them to a host of their choosing."""
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _HOST = re.compile(r"(\*\.)?[a-z0-9-]+(\.[a-z0-9-]+)*\Z|[0-9a-f:.]*:[0-9a-f:.]*\Z")
 
 
 def is_worker_variable(name: str) -> bool:
-    """Whether ``name`` belongs to the worker's own configuration (never a stream secret)."""
-    return name in WORKER_VARIABLES or name.startswith(WORKER_PREFIXES)
+    """True for a variable of the worker's own configuration or process, in any case:
+    programs read lower-case spellings too (``http_proxy``), Windows does not tell
+    ``database_url`` from ``DATABASE_URL``, and a refusal must not hinge on spelling."""
+    upper = name.upper()
+    return upper in WORKER_VARIABLES or upper.startswith(WORKER_VARIABLE_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -50,10 +73,7 @@ class SecretBinding:
     """A host name or IP address, or ``*.domain`` for every subdomain of ``domain``."""
 
     def allows(self, host: str) -> bool:
-        host = host.lower()
-        if self.host.startswith("*."):
-            return host.endswith(self.host[1:])
-        return host == self.host
+        return host_matches(host, self.host)
 
     def __str__(self) -> str:
         return f"{self.variable}@{self.host}"
@@ -92,8 +112,8 @@ def parse_secret_bindings(value: str | None) -> tuple[SecretBinding, ...]:
 class DeclaredSecrets:
     """The worker's declared secrets: resolves a stream's variable names for one host.
 
-    Built once by the worker (:meth:`from_settings`); values are read from ``environ``
-    when a connection needs them, and only for declared variables.
+    Built once by the worker from ``Settings.secrets`` (``SSE_SECRETS``); each value is
+    read from ``environ`` when a connection needs it, and only for declared variables.
     """
 
     def __init__(
@@ -107,13 +127,6 @@ class DeclaredSecrets:
         self._hosts: dict[str, list[SecretBinding]] = {}
         for binding in bindings:
             self._hosts.setdefault(binding.variable, []).append(binding)
-
-    @classmethod
-    def from_settings(
-        cls, settings: Settings, *, environ: Mapping[str, str] | None = None
-    ) -> DeclaredSecrets:
-        """From ``Settings.secrets`` (``SSE_SECRETS``) and the process environment."""
-        return cls(settings.secrets, environ=environ)
 
     def unset(self) -> list[str]:
         """Declared variables that are not set (the worker warns about them at start)."""
@@ -152,3 +165,41 @@ class DeclaredSecrets:
                 )
             values[target] = value
         return values
+
+
+class RequestSecrets(NamedTuple):
+    """A stream's secrets resolved for one request: plain values for ``sse/`` to send."""
+
+    headers: dict[str, str]
+    """Header name -> value (``headers_from_env``); each can be a header value."""
+    query: dict[str, str]
+    """Query parameter -> value (``query_from_env``)."""
+
+
+def request_secrets(
+    secrets: DeclaredSecrets,
+    *,
+    headers_from_env: Mapping[str, str],
+    query_from_env: Mapping[str, str],
+    url: str,
+    stream: str,
+) -> RequestSecrets:
+    """The values of a stream's ``headers_from_env`` and ``query_from_env`` for a request
+    to ``url``'s host, resolved inside the worker before any request is built.
+
+    Raises:
+        ConfigError: a variable is not declared for this host or not set (see
+            :meth:`DeclaredSecrets.resolve`), or a header's value cannot be a header value
+            (named by variable, the value never shown). Headers are checked first.
+    """
+    headers = secrets.resolve(headers_from_env, url=url, stream=stream, setting="headers_from_env")
+    for name, value in headers.items():
+        problem = id_header_problem(value)
+        if problem is not None:
+            raise ConfigError(
+                f"stream {stream!r}: setting 'headers_from_env': the value of environment "
+                f"variable {headers_from_env[name]} for {name} cannot be a header value: "
+                f"{problem.replace('it ', '', 1)}"
+            )
+    query = secrets.resolve(query_from_env, url=url, stream=stream, setting="query_from_env")
+    return RequestSecrets(headers=headers, query=query)

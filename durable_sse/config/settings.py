@@ -13,14 +13,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from durable_sse.config.durations import RETENTION_ENV, parse_retention_setting
+from durable_sse.config.hosts import parse_allowed_hosts
 from durable_sse.config.secrets import SecretBinding, parse_secret_bindings
+from durable_sse.config.temporal import PAYLOAD_KEY_ENV, TemporalTarget, load_target
 from durable_sse.errors import ConfigError
-from durable_sse.ops.codec import KEY_ENV as PAYLOAD_KEY_ENV
-from durable_sse.ops.temporal_client import DEFAULT_ADDRESS as DEFAULT_TEMPORAL_ADDRESS
-from durable_sse.ops.temporal_client import DEFAULT_NAMESPACE, TemporalTarget, load_target
-from durable_sse.sse.http import parse_allowed_hosts
 
-__all__ = ["DEFAULT_NAMESPACE", "DEFAULT_TEMPORAL_ADDRESS", "Settings", "sqlite_path"]
 DEFAULT_TASK_QUEUE = "sse-consumer"
 DEFAULT_DATABASE_URL = "sqlite:///.durable-sse/durable-sse.db"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -30,7 +27,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 class Settings:
     temporal: TemporalTarget = field(default_factory=TemporalTarget)
     """Where Temporal is and how to authenticate: ``TEMPORAL_*`` and temporal.toml, the
-    way the ``temporal`` CLI reads them (:mod:`durable_sse.ops.temporal_client`)."""
+    way the ``temporal`` CLI reads them (:mod:`durable_sse.config.temporal`)."""
     task_queue: str = DEFAULT_TASK_QUEUE
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str = DEFAULT_REDIS_URL

@@ -22,13 +22,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import httpx
 import pydantic
@@ -38,19 +35,17 @@ from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, Validati
 from durable_sse.config.durations import (
     DAY,
     MINUTE,
+    RetentionSeconds,
     format_duration,
-    parse_duration,
     seconds,
 )
 from durable_sse.config.durations import (
     setting_error as _fail,
 )
+from durable_sse.config.secrets import is_worker_variable
 from durable_sse.errors import ConfigError
 from durable_sse.ids import IdOrder
-from durable_sse.sse.http import redact_url
-
-if TYPE_CHECKING:
-    from durable_sse.contracts import ReplaySignal
+from durable_sse.redact import show_value
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -79,35 +74,6 @@ RESERVED_HEADERS = frozenset(
 )
 """Headers the reader sets itself (the cursor, SSE negotiation) or that only the HTTP
 client may set: a secret under one of these names would replace them."""
-
-WORKER_VARIABLES = frozenset(
-    "DATABASE_URL REDIS_URL PATH HOME USER LOGNAME SHELL PWD OLDPWD HOSTNAME TERM TMPDIR TMP "
-    "TEMP TZ LANG LANGUAGE VIRTUAL_ENV SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE "
-    "CURL_CA_BUNDLE HTTP_PROXY HTTPS_PROXY ALL_PROXY NO_PROXY".split()
-)
-WORKER_VARIABLE_PREFIXES = (
-    "TEMPORAL_",
-    "DURABLE_SSE_",
-    "SSE_",
-    "REDIS_",
-    "PG",
-    "LC_",
-    "LD_",
-    "DYLD_",
-    "PYTHON",
-)
-"""The worker's own configuration (Temporal, the stores, the codec key, ``SSE_*``), the
-database and Redis client variables (``PGPASSWORD``, …) and the process environment
-(``PATH``, ``HOME``, proxies, loader and interpreter variables). A stream can never
-name one of these in ``headers_from_env``/``query_from_env``: whoever can start a
-workflow would otherwise have the worker send them to a host of their choosing."""
-
-
-def is_worker_variable(name: str) -> bool:
-    """True for a variable of the worker's own configuration or process (any case)."""
-    upper = name.upper()
-    return upper in WORKER_VARIABLES or upper.startswith(WORKER_VARIABLE_PREFIXES)
-
 
 # --- counts ---------------------------------------------------------------------------
 
@@ -286,7 +252,7 @@ class StreamSpec:
         DEFAULT_MAX_ID_BYTES
     )
     """Longest event id (UTF-8 bytes) the event log takes (see MAX_ID_BYTES_LIMIT)."""
-    retention: Annotated[float, seconds(MINUTE, 36_500 * DAY)] | None = None
+    retention: RetentionSeconds | None = None
     """Seconds events are kept (None = forever); at least ``replay_window``."""
     max_retry_delay: Annotated[float, seconds(0.0, DAY)] = DEFAULT_MAX_RETRY_DELAY
     """Longest wait the server's ``retry:`` field buys (as ``Retry-After`` is capped):
@@ -342,13 +308,14 @@ def parse_spec(value: object, *, source: str = "") -> StreamSpec:
     else:
         raise ConfigError(
             f"{prefix}expected a table of stream settings (name, url, …), "
-            f"got {_show(value)} ({type(value).__name__})"
+            f"got {show_value(value)} ({type(value).__name__})"
         )
     label = _stream_label(data.get("name"))
     odd_keys = [key for key in data if not isinstance(key, str)]
     if odd_keys:
         raise ConfigError(
-            f"{prefix}{label}: setting {_show(odd_keys[0])}: expected a setting name (a string)"
+            f"{prefix}{label}: setting {show_value(odd_keys[0])}: "
+            "expected a setting name (a string)"
         )
     # Unknown keys never reach the constructor: one named like its own parameter
     # (``__dataclass_self__``) would raise a TypeError, not a validation error.
@@ -376,23 +343,18 @@ def validate_spec(spec: StreamSpec) -> StreamSpec:
     return parse_spec(spec)
 
 
-def spec_from_mapping(data: Mapping[str, Any], *, source: str = "") -> StreamSpec:
-    """``parse_spec`` for a TOML table or JSON object (kept for existing callers)."""
-    return parse_spec(data, source=source)
-
-
 def _check_together(spec: StreamSpec) -> str | None:
     """Rules between settings; None when they agree."""
     if spec.retention is not None and spec.retention < spec.replay_window:
         return (
-            f"setting 'retention' = {_display('retention', spec.retention)}: expected at least "
+            f"setting 'retention' = {show_setting('retention', spec.retention)}: expected at least "
             f"replay_window ({format_duration(spec.replay_window)}): rows the replay window "
             "can re-deliver are never deleted"
         )
     if spec.cursor_param is not None and spec.cursor_param in spec.query_from_env:
         return (
             f"setting 'query_from_env.{spec.cursor_param}' = "
-            f"{_show(spec.query_from_env[spec.cursor_param])}: expected a parameter other "
+            f"{show_value(spec.query_from_env[spec.cursor_param])}: expected a parameter other "
             f"than cursor_param ({spec.cursor_param!r})"
         )
     seen: dict[str, str] = {}
@@ -417,139 +379,20 @@ def _describe(problem: Mapping[str, Any]) -> str:
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(setting, SETTINGS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"setting {path!r} = {_show(problem['input'])}: not a stream setting{hint}"
+        return f"setting {path!r} = {show_value(problem['input'])}: not a stream setting{hint}"
     if kind in ("missing", "missing_argument"):
         return f"setting {path!r} is missing: {EXPECTED.get(setting, 'required')}"
     if kind == "durable_sse":
         expected = problem["ctx"]["reason"]
     else:
         expected = EXPECTED.get(setting, problem["msg"])
-    return f"setting {path!r} = {_show(problem['input'], url=setting == 'url')}: {expected}"
+    return f"setting {path!r} = {show_value(problem['input'], url=setting == 'url')}: {expected}"
 
 
 def _stream_label(name: object) -> str:
     if isinstance(name, str) and name:
-        return f"stream {_show(name)}"
+        return f"stream {show_value(name)}"
     return "stream (unnamed)"
-
-
-def _show(value: object, *, url: bool = False, limit: int = 80) -> str:
-    """A value for a one-line message: repr (escapes line breaks), URLs redacted, cut."""
-    if url and isinstance(value, str):
-        try:
-            value = redact_url(value)
-        except ValueError:
-            value = re.sub(r"[?#].*", "", value)
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# --- the replay signal ---------------------------------------------------------------------
-
-
-def _check_from_id(value: str) -> str:
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate from JSON: no header can carry it
-        raise _fail("expected an event id of valid Unicode text") from None
-    if not value or size > MAX_ID_BYTES_LIMIT:
-        raise _fail(f"expected a non-empty event id of at most {MAX_ID_BYTES_LIMIT} bytes")
-    if any(c in value for c in "\r\n\0"):
-        raise _fail("expected an event id without line breaks or NUL (an SSE id cannot hold them)")
-    return value
-
-
-def _check_since(value: str) -> str:
-    expected = (
-        "expected an ISO 8601 time with Z or a UTC offset, e.g. 2026-05-01T12:00:00Z "
-        "(no time zone is assumed)"
-    )
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise _fail(expected) from None
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise _fail(expected)
-    return moment.isoformat()
-
-
-class _ReplayPayload(pydantic.BaseModel):
-    """The ``replay`` signal's payload (``contracts.ReplaySignal`` is its wire form)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    from_id: Annotated[str, AfterValidator(_check_from_id)] | None = None
-    since: Annotated[str, AfterValidator(_check_since)] | None = None
-
-
-def parse_replay_signal(value: object, *, stream: str | None = None) -> ReplaySignal:
-    """The validated ``replay`` payload: None/``{}`` = lagged route, else from_id or since.
-
-    ``since`` must carry Z or an offset (a guessed zone could replay less than asked)
-    and comes back normalised (``2026-05-01T12:00:00+00:00``).
-
-    Raises:
-        ConfigError: one line naming the stream (when given), the field, the value and
-            what was expected.
-    """
-    from durable_sse.contracts import ReplaySignal  # contracts imports this module
-
-    prefix = f"stream {_show(stream)}: " if stream else ""
-    if value is None:
-        return ReplaySignal()
-    if isinstance(value, ReplaySignal):
-        data: dict[Any, Any] = {"from_id": value.from_id, "since": value.since}
-    elif isinstance(value, Mapping):
-        data = dict(value)
-    else:
-        raise ConfigError(
-            f"{prefix}replay payload = {_show(value)}: expected nothing (lagged route), "
-            '{"from_id": ID} or {"since": ISO time}'
-        )
-    try:
-        payload = _ReplayPayload.model_validate(data)
-    except ValidationError as error:
-        problem = error.errors(include_url=False)[0]
-        loc = problem["loc"]
-        key = str(loc[0]) if loc else "?"
-        if problem["type"] == "extra_forbidden":
-            expected = "expected only from_id or since"
-        elif problem["type"] == "durable_sse":
-            expected = problem["ctx"]["reason"]
-        else:
-            expected = "expected a string"
-        raise ConfigError(
-            f"{prefix}replay {key!r} = {_show(problem['input'])}: {expected}"
-        ) from None
-    if payload.from_id is not None and payload.since is not None:
-        raise ConfigError(f"{prefix}replay: expected from_id or since, not both")
-    return ReplaySignal(from_id=payload.from_id, since=payload.since)
-
-
-# --- comparing a running spec with a declared one -----------------------------------------
-
-
-@dataclass(frozen=True)
-class SettingChange:
-    """One setting that differs between the running spec and the declared one."""
-
-    setting: str
-    old: Any
-    new: Any
-
-    def __str__(self) -> str:
-        old, new = _display(self.setting, self.old), _display(self.setting, self.new)
-        return f"{self.setting} {old} → {new}"
-
-
-def spec_differences(running: StreamSpec, declared: StreamSpec) -> list[SettingChange]:
-    """Settings whose values differ, in declaration order (names only for secrets:
-    ``*_from_env`` values are variable names, URLs are shown redacted)."""
-    return [
-        SettingChange(name, getattr(running, name), getattr(declared, name))
-        for name in SETTINGS
-        if getattr(running, name) != getattr(declared, name)
-    ]
 
 
 def _duration_bounds() -> dict[str, tuple[float, float]]:
@@ -568,50 +411,13 @@ DURATION_BOUNDS = _duration_bounds()
 """Duration setting -> (lowest, highest) seconds, read off the annotations."""
 
 
-def _display(setting: str, value: Any) -> str:
+def show_setting(setting: str, value: Any) -> str:
+    """A setting's value for a one-line message: durations as ``5m``, URLs redacted."""
     if value is None:
         return "-"
     if setting in DURATION_BOUNDS and isinstance(value, int | float):
         return format_duration(float(value))
-    return _show(value, url=setting == "url")
-
-
-# --- the TOML stream file ------------------------------------------------------------------
-
-
-def load_streams(path: str | Path) -> list[StreamSpec]:
-    """Read and validate the ``[[stream]]`` tables of a TOML file.
-
-    An unreadable or malformed file, an unknown top-level key, a file that declares no
-    stream, a bad setting or a name declared twice: one ConfigError line each.
-    """
-    path = Path(path)
-    try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: invalid TOML: {error}") from None
-    unknown = sorted(key for key in document if key != "stream")
-    if unknown:
-        raise ConfigError(f"{path}: unknown key {unknown[0]!r}: expected [[stream]] tables only")
-    tables = document.get("stream", [])
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise ConfigError(f"{path}: 'stream' must be an array of tables ([[stream]])")
-    if not tables:
-        raise ConfigError(f"no streams declared in {path}")
-    specs = [
-        parse_spec(table, source=f"{path} [[stream]] #{number}")
-        for number, table in enumerate(tables, start=1)
-    ]
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise ConfigError(f"{path}: stream {spec.name!r} is declared twice")
-        seen.add(spec.name)
-    return specs
+    return show_value(value, url=setting == "url")
 
 
 __all__ = [
@@ -619,16 +425,11 @@ __all__ = [
     "DEFAULT_MAX_ID_BYTES",
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_RETRY_DELAY",
-    "SettingChange",
+    "DURATION_BOUNDS",
+    "SETTINGS",
     "StreamSpec",
     "check_drop_pattern",
-    "format_duration",
-    "is_worker_variable",
-    "load_streams",
-    "parse_duration",
-    "parse_replay_signal",
     "parse_spec",
-    "spec_differences",
-    "spec_from_mapping",
+    "show_setting",
     "validate_spec",
 ]

@@ -21,13 +21,16 @@ from typing import Any
 
 from temporalio.client import Client
 
+from durable_sse.config.hosts import host_allowed
+from durable_sse.config.replay import parse_replay_signal
 from durable_sse.config.settings import Settings
-from durable_sse.config.spec import StreamSpec, load_streams, parse_replay_signal, spec_differences
+from durable_sse.config.spec import StreamSpec
+from durable_sse.config.streams import load_streams, spec_differences
+from durable_sse.config.temporal import CLIENT_ENVIRONMENT
 from durable_sse.errors import ConfigError, ConsumerError, DurableSSEError
 from durable_sse.log.retention import describe as retention_text
 from durable_sse.ops import control
-from durable_sse.ops.temporal_client import CLIENT_ENVIRONMENT
-from durable_sse.sse.http import host_allowed, redact_url
+from durable_sse.redact import redact_url
 
 EXIT_ERROR = 1
 """Something failed on the way (Temporal unreachable, a stream not found, settings differ)."""

@@ -50,11 +50,11 @@ from temporalio.converter import (
 )
 from temporalio.exceptions import ApplicationError
 
+from durable_sse.config.temporal import PAYLOAD_KEY_ENV
 from durable_sse.errors import ConfigError, DurableSSEError
 
 logger = logging.getLogger(__name__)
 
-KEY_ENV = "DURABLE_SSE_PAYLOAD_KEY"
 ENCODING = b"binary/encrypted"
 REFUSED_ENCODING = b"binary/plaintext-refused"
 KEY_ID_METADATA = "encryption-key-id"
@@ -81,7 +81,7 @@ def parse_key(value: str) -> bytes:
         if len(key) == KEY_BYTES:
             return key
     raise ConfigError(
-        f"{KEY_ENV} must be 32 bytes written as 64 hex characters or as urlsafe base64 "
+        f"{PAYLOAD_KEY_ENV} must be 32 bytes written as 64 hex characters or as urlsafe base64 "
         f"(got {len(text)} characters that are neither; generate one with "
         "`python -c 'from durable_sse.ops.codec import generate_key; print(generate_key())'`)"
     )
@@ -142,7 +142,7 @@ class EncryptionCodec(PayloadCodec):
 
     def __init__(self, key: bytes, *, accept_plaintext: bool = False) -> None:
         if len(key) != KEY_BYTES:
-            raise ConfigError(f"{KEY_ENV} must be {KEY_BYTES} bytes, got {len(key)}")
+            raise ConfigError(f"{PAYLOAD_KEY_ENV} must be {KEY_BYTES} bytes, got {len(key)}")
         self._aead = AESGCM(key)
         self.key_id = key_id(key)
         self.accept_plaintext = accept_plaintext
@@ -157,11 +157,13 @@ class EncryptionCodec(PayloadCodec):
         went missing in a deployment file must not silently turn encryption off.
         """
         env = os.environ if environ is None else environ
-        value = env.get(KEY_ENV)
+        value = env.get(PAYLOAD_KEY_ENV)
         if value is None:
             return None
         if not value.strip():
-            raise ConfigError(f"{KEY_ENV} is set but empty; unset it to turn encryption off")
+            raise ConfigError(
+                f"{PAYLOAD_KEY_ENV} is set but empty; unset it to turn encryption off"
+            )
         return cls(parse_key(value), accept_plaintext=accept_plaintext)
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
@@ -187,7 +189,7 @@ class EncryptionCodec(PayloadCodec):
         found = payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")
         if found != self.key_id:
             raise ConfigError(
-                f"payload was encrypted with key id {found or '(none)'!r} but {KEY_ENV} "
+                f"payload was encrypted with key id {found or '(none)'!r} but {PAYLOAD_KEY_ENV} "
                 f"has key id {self.key_id!r}: the worker and client need the same key"
             )
         if len(payload.data) <= NONCE_BYTES:
@@ -207,7 +209,7 @@ def refusal(encoding: bytes | None, key_id: str) -> Payload:
     """What an unencrypted payload decodes to: the one-line reason, never its data."""
     shown = (encoding or b"none").decode(errors="replace")[:40]
     reason = (
-        f"refused an unencrypted payload (encoding {shown!r}): {KEY_ENV} is set here "
+        f"refused an unencrypted payload (encoding {shown!r}): {PAYLOAD_KEY_ENV} is set here "
         f"(key id {key_id}), so whoever sends payloads needs the same key"
     )
     return Payload(metadata={"encoding": REFUSED_ENCODING}, data=reason.encode())

@@ -31,8 +31,9 @@ from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 from temporalio.converter import PayloadCodec
 
+from durable_sse.config.temporal import PAYLOAD_KEY_ENV
 from durable_sse.errors import ConfigError, DurableSSEError
-from durable_sse.ops.codec import KEY_ENV, EncryptionCodec
+from durable_sse.ops.codec import EncryptionCodec
 from durable_sse.source import http
 
 logger = logging.getLogger(__name__)
@@ -172,8 +173,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durable-sse codec-server",
         description=(
-            f"Decrypt payloads for the Temporal Web UI. Reads the key from {KEY_ENV} and an "
-            f"optional bearer token from {TOKEN_ENV}."
+            "Decrypt payloads for the Temporal Web UI. Reads the key from "
+            f"{PAYLOAD_KEY_ENV} and an optional bearer token from {TOKEN_ENV}."
         ),
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}")
@@ -201,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # shown as they are rather than refused.
         codec = EncryptionCodec.from_env(accept_plaintext=True)
         if codec is None:
-            raise ConfigError(f"{KEY_ENV} is not set: there is nothing to decode")
+            raise ConfigError(f"{PAYLOAD_KEY_ENV} is not set: there is nothing to decode")
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2

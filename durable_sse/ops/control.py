@@ -15,12 +15,14 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_sse.config.spec import StreamSpec, parse_replay_signal, parse_spec
+from durable_sse.config.replay import parse_replay_signal
+from durable_sse.config.spec import StreamSpec, parse_spec
+from durable_sse.config.temporal import TemporalTarget
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
 from durable_sse.errors import DurableSSEError
 from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
-from durable_sse.ops.temporal_client import TemporalConnectionError, TemporalTarget
+from durable_sse.ops.temporal_client import TemporalConnectionError
 
 __all__ = ["TemporalConnectionError", "connect"]
 

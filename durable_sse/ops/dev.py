@@ -34,14 +34,15 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse.config.settings import Settings
-from durable_sse.config.spec import StreamSpec, load_streams
+from durable_sse.config.spec import StreamSpec
+from durable_sse.config.streams import load_streams
+from durable_sse.config.temporal import TemporalTarget
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.ops import control
 from durable_sse.ops.binaries import redis_server, temporal_dev_server
 from durable_sse.ops.embedded import EmbeddedPostgres
 from durable_sse.ops.logs import configure_logging
-from durable_sse.ops.temporal_client import TemporalTarget
 from durable_sse.source import SSESource
 from durable_sse.source.config import SourceStreamConfig
 

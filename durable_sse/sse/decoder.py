@@ -390,7 +390,11 @@ def _utf8_len(text: str) -> int:
 
 
 _new_event = object.__new__
-_set_data = Event.data.__set__  # type: ignore[attr-defined]
-_set_type = Event.event.__set__  # type: ignore[attr-defined]
-_set_id = Event.id.__set__  # type: ignore[attr-defined]
-_set_id_field = Event.id_field.__set__  # type: ignore[attr-defined]
+# The slots' own setters (a frozen dataclass refuses plain assignment), read from the
+# class dict: ``vars(Event)["data"]`` is the very descriptor ``Event.data`` is, but a
+# type checker takes ``Event.data`` for the instance attribute, a str.
+_slots = vars(Event)
+_set_data = _slots["data"].__set__
+_set_type = _slots["event"].__set__
+_set_id = _slots["id"].__set__
+_set_id_field = _slots["id_field"].__set__

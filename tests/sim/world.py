@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import count
 
 from durable_sse.config.durations import effective_retention
+from durable_sse.config.replay import ReplaySignal
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     Outcome,
@@ -37,7 +38,6 @@ from durable_sse.contracts import (
     ReadInput,
     ReadProgress,
     ReadResult,
-    ReplaySignal,
     Route,
 )
 from durable_sse.cursor.fence import RunningReader
