@@ -1507,6 +1507,8 @@ async def test_a_connection_that_fills_the_runs_history_is_cut_to_continue_as_ne
     first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
     history = await first.fetch_history()
     # Cut at the budget, not long after: the cancel, the flushed result, a gap read and
-    # the continue-as-new, and the reports that were on their way.
-    assert len(history.events) < 60 + 30
+    # the continue-as-new, and the reports that were on their way (a report costs four
+    # events, its signal and a workflow task; on a loaded machine up to five more land
+    # between the cut and the continue-as-new: CI saw 90 and 91 here).
+    assert len(history.events) < 60 + 50
     assert run.status.counters.events_persisted == 3 and run.status.live_cursor == "3"
