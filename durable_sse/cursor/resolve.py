@@ -45,7 +45,7 @@ class CursorResolver:
     :class:`~durable_sse.errors.StoreError`, since without the log nothing can be persisted.
     """
 
-    def __init__(self, l1: LocalCursors, l2: RedisCursors, starts: StartStore) -> None:
+    def __init__(self, l1: LocalCursors, l2: RedisCursors | None, starts: StartStore) -> None:
         self._l1 = l1
         self._l2 = l2
         self._starts = starts
@@ -140,7 +140,7 @@ class CursorResolver:
         cursor = self._l1.get(stream)
         if cursor:
             return cursor, "l1"
-        cursor = await self._l2.get(stream)
+        cursor = await self._l2.get(stream) if self._l2 is not None else None
         if cursor:
             self._l1.advance(stream, cursor, order)
             return cursor, "l2"

@@ -1,4 +1,5 @@
-"""Our own metrics, recorded through Temporal's metric meter.
+"""Our own metrics, recorded through Temporal's metric meter (a connection's own are
+:class:`durable_sse.reader.metrics.ReaderMetrics`).
 
 One Prometheus endpoint (the Temporal runtime's exporter, ``SSE_METRICS_PORT``) then
 serves both the SDK's metrics and these. Labels are the stream name and small enums
@@ -22,7 +23,7 @@ from datetime import datetime
 from temporalio.common import MetricMeter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-PREFIX = "durable_sse_"
+from durable_sse.reader.metrics import PREFIX
 
 
 def prometheus_runtime(port: int, host: str = "0.0.0.0") -> Runtime:
@@ -32,52 +33,6 @@ def prometheus_runtime(port: int, host: str = "0.0.0.0") -> Runtime:
             metrics=PrometheusConfig(bind_address=f"{host}:{port}", durations_as_seconds=True)
         )
     )
-
-
-class ReaderMetrics:
-    """What one connection records; built per activity execution with its stream label."""
-
-    def __init__(self, meter: MetricMeter, stream: str) -> None:
-        meter = meter.with_additional_attributes({"stream": stream})
-        self._meter = meter
-        self.events_persisted = meter.create_counter(
-            PREFIX + "events_persisted", "Events newly stored in the event log"
-        )
-        self.duplicates = meter.create_counter(
-            PREFIX + "duplicates", "Events re-delivered and already stored"
-        )
-        self.dropped_by_horizon = meter.create_counter(
-            PREFIX + "dropped_by_horizon",
-            "Events not stored: their id sorts at or before the retention horizon",
-        )
-        self.events_recovered = meter.create_counter(
-            PREFIX + "events_recovered", "Events a replay stored that were missing"
-        )
-        self.ids_out_of_order = meter.create_counter(
-            PREFIX + "ids_out_of_order",
-            "Ids not newer than the one before them under the stream's id_order",
-        )
-        self.ids_reused = meter.create_counter(
-            PREFIX + "ids_reused",
-            "Events whose id was stored already with other data (kept, not duplicates)",
-        )
-        self.reconnects_without_cursor = meter.create_counter(
-            PREFIX + "reconnects_without_cursor",
-            "Reconnects with no id to resume from: what the server sent meanwhile is lost",
-        )
-        self.batch_persist = meter.create_histogram_float(
-            PREFIX + "batch_persist_seconds", "Time to commit one batch", "s"
-        )
-        self.cursor_lag = meter.create_gauge_float(
-            PREFIX + "cursor_lag_seconds",
-            "Now minus receive time of the newest persisted event",
-            "s",
-        )
-
-    def drop_signal(self, kind: str) -> None:
-        self._meter.create_counter(PREFIX + "drop_signals", "Drop signals seen").add(
-            1, {"kind": kind}
-        )
 
 
 class WorkflowMetrics:

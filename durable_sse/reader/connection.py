@@ -29,7 +29,6 @@ whose message is final (the stream parks).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -40,7 +39,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from durable_sse.config.secrets import DeclaredSecrets
+from durable_sse.config.hosts import host_allowed
+from durable_sse.config.secrets import DeclaredSecrets, request_secrets
 from durable_sse.contracts import Outcome, ReadInput, ReadProgress, ReadResult
 from durable_sse.cursor.readers import ReaderLease
 from durable_sse.cursor.resolve import CursorResolver
@@ -54,18 +54,13 @@ from durable_sse.errors import (
     UnsendableIdError,
 )
 from durable_sse.log.records import StoredPage
+from durable_sse.reader.intake import Batch
 from durable_sse.reader.metrics import ReaderMetrics
 from durable_sse.reader.pipeline import CommitPipeline, Settled
 from durable_sse.reader.session import ReadSession
-from durable_sse.sse.client import READ_AHEAD_CHUNKS, EOF, Answer, open_stream, pump, read_error
-from durable_sse.sse.http import (
-    host_allowed,
-    query_secrets,
-    redact_url,
-    request_headers,
-    with_cursor,
-    with_query,
-)
+from durable_sse.redact import redact_url
+from durable_sse.sse.client import EOF, READ_AHEAD_CHUNKS, Answer, open_stream, pump, read_error
+from durable_sse.sse.request import request_headers, with_cursor, with_query
 from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
@@ -104,6 +99,7 @@ class Connection:
         secrets, allowed_hosts: the worker's declared secrets and allowed hosts.
         metrics: what the connection records (None: nothing).
         log: the logger to use (the activity's carries its context).
+        cancel_reason: why a cancellation came, in words (for the log line).
     """
 
     def __init__(
@@ -120,6 +116,7 @@ class Connection:
         allowed_hosts: tuple[str, ...] | None = None,
         metrics: ReaderMetrics | None = None,
         log: logging.Logger | logging.LoggerAdapter[Any] = logger,
+        cancel_reason: Callable[[], str] = lambda: "no reason given",
     ) -> None:
         self.input = read_input
         self.spec = read_input.spec
@@ -133,6 +130,7 @@ class Connection:
         self.allowed_hosts = allowed_hosts
         self.metrics = metrics
         self.log = log
+        self.cancel_reason = cancel_reason
         self.session = ReadSession(
             read_input,
             previous=previous,
@@ -202,32 +200,36 @@ class Connection:
 
     def _resolver(self) -> CursorResolver:
         stores = self.stores
-        return CursorResolver(stores.l1, stores.l2, stores.starts)  # type: ignore[arg-type]
+        return CursorResolver(stores.l1, stores.l2, stores.starts)
 
-    def _request(self) -> tuple[str, dict[str, str]]:
-        """The URL (cursor and secret parameters in) and headers of the request."""
+    def _request(self) -> tuple[str, dict[str, str | bytes]]:
+        """The URL (cursor and secret parameters in) and headers of the request: secret
+        values are resolved here, for this URL's host, before the wire rules see them
+        (a secret the worker does not declare for the host is a ConfigError)."""
         spec, cursor = self.spec, self.session.start_cursor
+        secret = request_secrets(
+            self.secrets,
+            headers_from_env=spec.headers_from_env,
+            query_from_env=spec.query_from_env,
+            url=spec.url,
+            stream=self.stream,
+        )
         try:
             headers = request_headers(
                 cursor=cursor,
                 cursor_param=spec.cursor_param,
-                headers_from_env=spec.headers_from_env,
-                secrets=self.secrets,
-                url=spec.url,
+                secret_headers=secret.headers,
                 stream=self.stream,
-            )
-            secret_values = query_secrets(
-                spec.query_from_env, self.secrets, url=spec.url, stream=self.stream
             )
             url = with_query(
                 with_cursor(spec.url, spec.cursor_param, cursor, stream=self.stream),
-                secret_values,
+                secret.query,
             )
         except UnsendableIdError as error:
             raise StreamRefusedError(f"{error}; the stream is parked until resumed") from None
         return url, headers
 
-    async def _read_and_commit(self, url: str, headers: dict[str, str]) -> ReadResult:
+    async def _read_and_commit(self, url: str, headers: dict[str, str | bytes]) -> ReadResult:
         """Connect, read until an outcome, and commit what was read, whatever ends it."""
         try:
             outcome = await self._connect(url, headers)
@@ -236,7 +238,7 @@ class Connection:
             self.log.info(
                 "stream %s: connection cancelled (%s) after flushing",
                 self.stream,
-                _cancel_reason(),
+                self.cancel_reason(),
             )
             return await self._finish(Outcome.CANCELLED)
         except StreamRefusedError:
@@ -290,7 +292,7 @@ class Connection:
 
     # -- HTTP ----------------------------------------------------------------------
 
-    async def _connect(self, url: str, headers: dict[str, str]) -> Outcome:
+    async def _connect(self, url: str, headers: dict[str, str | bytes]) -> Outcome:
         timeout = httpx.Timeout(
             connect=self.spec.connect_timeout,
             read=self.spec.idle_timeout,
@@ -507,35 +509,39 @@ class Connection:
                 await self.waiting(self._settled_oldest())
             self._submit(ready.popleft())
 
-    def _submit(self, batch: Any) -> None:
+    def _submit(self, batch: Batch) -> None:
         self.pipeline.submit(batch)
         job = self.pipeline.in_flight[-1].job
         if job is not None:
-            # Apply each commit as it lands (in order), not at the next chunk: the
-            # cursor, L1, L2 and the heartbeat follow the commits, however quiet the stream.
-            job.future.add_done_callback(lambda _: self.pipeline.settle())
+            job.future.add_done_callback(self._landed)
+
+    def _landed(self, future: asyncio.Future[int]) -> None:
+        """A commit landed: apply it now (in order), not at the next chunk, so the cursor,
+        L1, L2 and the heartbeat follow the commits however quiet the stream. Its failure
+        is taken here and raised by the pipeline's ``check`` (for the first that failed)."""
+        if not future.cancelled():
+            future.exception()
+        self.pipeline.settle()
 
     async def _settled_oldest(self) -> None:
-        """Wait until the oldest batch in flight is applied (or has failed)."""
+        """Wait until the oldest batch in flight is applied (or one has failed)."""
         pipeline = self.pipeline
-        while pipeline.in_flight and pipeline.failure is None:
+        waiting_for = len(pipeline.in_flight)
+        while pipeline.in_flight and len(pipeline.in_flight) >= waiting_for:
+            if pipeline.failure is not None:
+                break
             job = pipeline.oldest_job
             if job is not None and not job.future.done():
                 await asyncio.wait([job.future])
-            before = len(pipeline.in_flight)
             pipeline.settle()
-            if len(pipeline.in_flight) < before:
-                break
         pipeline.check()
 
     async def _flush(self) -> None:
         """Commit everything read so far; called before any outcome is returned."""
-        self.session.started.end()
-        pipeline = self.pipeline
-        pipeline.submit_ready()
-        for flight in pipeline.in_flight:
-            if flight.job is not None:
-                flight.job.future.add_done_callback(lambda _: pipeline.settle())
+        intake = self.session.started
+        intake.end()
+        while intake.ready:
+            self._submit(intake.ready.popleft())
         # No closing heartbeat unless the commit is slow: the result carries the cursor,
         # and a heartbeat in flight would hold the completion back by one more call.
         await self.waiting(self._drained())
@@ -628,13 +634,3 @@ def _gap_id() -> str:
 
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
-
-
-_cancel_reason: Callable[[], str] = functools.partial(str, "no reason given")
-"""Why the connection was cancelled, in words; the activity installs Temporal's
-(:func:`set_cancel_reason`)."""
-
-
-def set_cancel_reason(reason: Callable[[], str]) -> None:
-    global _cancel_reason
-    _cancel_reason = reason

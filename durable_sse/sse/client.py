@@ -1,10 +1,10 @@
 """Opening an SSE stream with httpx, and pumping its bytes ahead of the parser.
 
 The rules (what a status code means, which redirect is followed, what a content type
-must be) live in :mod:`durable_sse.sse.http`; this module applies them to one request.
-It knows nothing of the cursor stores or of Temporal: the caller passes the URL and
-headers (secrets already resolved), and a ``waiting`` wrapper that keeps its own
-heartbeat going while a slow server thinks.
+must be) live in :mod:`durable_sse.sse.response` and :mod:`durable_sse.sse.request`;
+this module applies them to one request. It knows nothing of the cursor stores or of
+Temporal: the caller passes the URL and headers (secrets already resolved), and a
+``waiting`` wrapper that keeps its own heartbeat going while a slow server thinks.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import httpx
 
 from durable_sse.errors import StreamRefusedError
 from durable_sse.sse.content_type import is_event_stream
-from durable_sse.sse.http import (
+from durable_sse.sse.request import same_origin
+from durable_sse.sse.response import (
     REFUSAL_HINTS,
     StatusPolicy,
     describe_error,
     parse_retry_after,
-    same_origin,
     status_policy,
     truncation_header,
 )
@@ -66,7 +66,7 @@ async def _as_is(awaitable: Awaitable[T]) -> T:
 async def open_stream(
     http: httpx.AsyncClient,
     url: str,
-    headers: dict[str, str],
+    headers: dict[str, str | bytes],
     *,
     timeout: httpx.Timeout,
     stream: str,
