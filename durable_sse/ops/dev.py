@@ -47,7 +47,7 @@ from durable_sse.source.config import SourceStreamConfig
 
 log = logging.getLogger(__name__)
 
-EXAMPLE_STREAMS = Path(__file__).resolve().parent.parent / "examples" / "streams.toml"
+EXAMPLE_STREAMS = Path(__file__).resolve().parents[2] / "examples" / "streams.toml"
 EXAMPLE_CONSUMER = EXAMPLE_STREAMS.parent / "consumer.py"
 """An exactly-once consumer of the demo streams (its own process, like a user's service):
 ``dev`` runs it, so the summary shows events handled all the way through."""
