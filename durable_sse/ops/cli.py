@@ -418,7 +418,7 @@ def format_status_table(statuses: list[dict[str, Any]], *, width: int | None = N
 async def _consume_command(args: argparse.Namespace) -> int:
     """``tail`` and ``consumers``: the database only (no Temporal)."""
     from durable_sse.config.settings import database_url_from_env
-    from durable_sse.consume.runner import normalize_url
+    from durable_sse.consume.database import normalize_url
     from durable_sse.log.schema import make_engine
 
     url = normalize_url(database_url_from_env())
@@ -555,7 +555,7 @@ class _TailCommitter:
     under a lease of the stream as any consumer of the group would (at least once)."""
 
     def __init__(self, engine: Any, group: str, stream: str) -> None:
-        from durable_sse.consume.runner import default_owner
+        from durable_sse.consume.positions import default_owner
 
         self._engine = engine
         self._group_name = group
