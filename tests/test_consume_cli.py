@@ -21,7 +21,7 @@ from durable_sse.consume import positions as position_rows
 from durable_sse.gaps import Gap as GapRecord
 from durable_sse.gaps import GapChange
 from durable_sse.log.eventlog import EventLog, EventRecord
-from durable_sse.ops.cli import main
+from durable_sse.ops.cli.main import main
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 CLI = [sys.executable, "-m", "durable_sse.ops.cli"]
