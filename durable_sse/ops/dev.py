@@ -28,15 +28,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec, load_streams
+from durable_sse.consume.status import consumer_statuses
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 from durable_sse.errors import ConfigError, DurableSSEError
+from durable_sse.log.eventlog import EventLog
+from durable_sse.log.schema import make_engine
 from durable_sse.ops import control
 from durable_sse.ops.binaries import redis_server, temporal_dev_server
 from durable_sse.ops.embedded import EmbeddedPostgres
@@ -64,6 +68,15 @@ DEMO_DROPS = {"noisy": {"drop_every": 400, "drop_count": 25}}
 passed there is nothing to replay from, and the demo should show gaps being repaired."""
 STARTUP_TIMEOUT = 60.0
 REDIS_PORT = 6390
+
+
+class RunWorker(Protocol):
+    """``worker.run_worker``, handed in by the CLI: worker.py lives outside the package
+    (it imports every workflow and activity), so nothing in it imports worker."""
+
+    def __call__(
+        self, settings: Settings, *, stop: asyncio.Event | None = ..., handle_signals: bool = ...
+    ) -> Coroutine[object, object, None]: ...
 
 
 @dataclass
@@ -246,8 +259,6 @@ def demo_specs(config: Path, source: SSESource) -> list[StreamSpec]:
 
 async def arm_demo_drops(source: SSESource, specs: list[StreamSpec], database_url: str) -> None:
     """Turn on the demo's drop faults for each stream once its lagging id exists."""
-    from durable_sse.log.eventlog import EventLog
-
     waiting = {spec.name for spec in specs if spec.name in DEMO_DROPS}
     log = EventLog(database_url)
     try:
@@ -287,14 +298,10 @@ class ConsumerProgress:
     """What the example consumer has handled, for the summary line."""
 
     def __init__(self, database_url: str) -> None:
-        from durable_sse.log.schema import make_engine
-
         self._engine = make_engine(database_url)
 
     def describe(self) -> str:
         """``consumer demo-ledger: handled 1234, lag 3`` (empty until it has started)."""
-        from durable_sse.consume.status import consumer_statuses
-
         try:
             with self._engine.connect() as connection:
                 handled = connection.exec_driver_sql(
@@ -312,9 +319,7 @@ class ConsumerProgress:
         self._engine.dispose()
 
 
-async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
-    import worker
-
+async def run_dev(options: DevOptions, *, stop: asyncio.Event, run_worker: RunWorker) -> None:
     options.state_dir.mkdir(parents=True, exist_ok=True)
     options.state_dir = options.state_dir.resolve()
     started_at = time.monotonic()
@@ -347,7 +352,7 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
         await source.start()
         specs = demo_specs(options.config, source)
         worker_task = asyncio.create_task(
-            worker.run_worker(settings, stop=worker_stop, handle_signals=False)
+            run_worker(settings, stop=worker_stop, handle_signals=False)
         )
         client = await control.connect(settings.temporal)
         for spec in specs:
@@ -410,7 +415,7 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
             postgres.stop()  # last: the worker and the demo drops held connections to it
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, run_worker: RunWorker) -> int:
     parser = argparse.ArgumentParser(
         prog="durable-sse dev",
         description="Run the demo stack on embedded defaults: a Temporal dev server with its\n"
@@ -465,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await run_dev(options, stop=stop)
+        await run_dev(options, stop=stop, run_worker=run_worker)
 
     try:
         asyncio.run(run())

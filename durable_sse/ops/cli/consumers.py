@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from dataclasses import asdict
+from datetime import UTC, datetime
 
+import sqlalchemy as sa
+
+from durable_sse.consume.model import Start
+from durable_sse.consume.status import apply_reset, consumer_statuses, plan_reset
 from durable_sse.errors import ConfigError
 from durable_sse.ops.cli.tables import format_consumers_table
 
 
-def list_consumers(engine: Any, args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from durable_sse.consume.status import consumer_statuses
-
+def list_consumers(engine: sa.Engine, args: argparse.Namespace) -> int:
     with engine.connect() as connection:
         statuses = consumer_statuses(connection, args.group)
     if args.json:
@@ -26,12 +27,7 @@ def list_consumers(engine: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def reset_consumers(engine: Any, args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
-    from durable_sse.consume.model import Start
-    from durable_sse.consume.status import apply_reset, plan_reset
-
+def reset_consumers(engine: sa.Engine, args: argparse.Namespace) -> int:
     try:
         start = Start.parse(args.to)
     except ValueError as error:

@@ -8,28 +8,30 @@ import os
 import sys
 from collections.abc import Sequence
 
+from durable_sse.config.settings import database_url_from_env
+from durable_sse.consume.database import normalize_url
 from durable_sse.errors import ConfigError, DurableSSEError
+from durable_sse.log.schema import make_engine
 from durable_sse.ops.cli.consumers import list_consumers, reset_consumers
 from durable_sse.ops.cli.parser import EXIT_ERROR, EXIT_USAGE, build_parser
 from durable_sse.ops.cli.streams import run_stream_command
 from durable_sse.ops.cli.tail import parse_since, tail
+from durable_sse.ops.codec_server import main as codec_server_main
+from durable_sse.source.__main__ import main as source_main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `source` and `dev` own their flags; hand everything after the command to them.
     if argv and argv[0] == "source":
-        from durable_sse.source.__main__ import main as source_main
-
         return source_main(argv[1:])
     if argv and argv[0] == "codec-server":
-        from durable_sse.ops.codec_server import main as codec_main
-
-        return codec_main(argv[1:])
+        return codec_server_main(argv[1:])
     if argv and argv[0] == "dev":
-        from durable_sse.ops.dev import main as dev_main
+        import worker  # lazy: outside the package; loads every workflow and activity
+        from durable_sse.ops.dev import main as dev_main  # lazy: the dev stack (Redis, servers)
 
-        return dev_main(argv[1:])
+        return dev_main(argv[1:], run_worker=worker.run_worker)
     args = build_parser().parse_args(argv)
     try:
         if args.command == "worker":
@@ -48,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    import worker
+    import worker  # lazy: outside the package; loads every workflow and activity
 
     if args.metrics_port is not None:
         os.environ["SSE_METRICS_PORT"] = str(args.metrics_port)
@@ -58,10 +60,6 @@ def _worker(args: argparse.Namespace) -> int:
 
 async def _consume_command(args: argparse.Namespace) -> int:
     """``tail`` and ``consumers``: the database only (no Temporal)."""
-    from durable_sse.config.settings import database_url_from_env
-    from durable_sse.consume.database import normalize_url
-    from durable_sse.log.schema import make_engine
-
     url = normalize_url(database_url_from_env())
     if args.command == "tail":
         if args.commit and not args.group:

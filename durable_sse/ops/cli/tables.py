@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
+from durable_sse.config.durations import format_duration
+from durable_sse.consume.status import LAG_CAP, ConsumerStatus
 from durable_sse.log.retention import describe as retention_text
 from durable_sse.ops import control
 
@@ -59,36 +62,28 @@ def format_status_table(statuses: list[dict[str, Any]], *, width: int | None = N
     return "\n".join(lines)
 
 
-CONSUMER_COLUMNS = (
-    ("group", lambda s: s.group),
-    ("stream", lambda s: s.stream),
-    ("state", lambda s: s.state),
-    ("position", lambda s: s.position),
-    ("lag", lambda s: f"{s.lag_events}+" if s.lag_events >= _lag_cap() else s.lag_events),
-    ("lag s", lambda s: f"{s.lag_seconds:.1f}"),
-    ("owner", lambda s: s.owner or "-"),
-    ("dead letters", lambda s: s.dead_letters),
-    ("holds retention", lambda s: _hold_text(s)),
-)
-
-
-def _lag_cap() -> int:
-    from durable_sse.consume.status import LAG_CAP
-
-    return LAG_CAP
-
-
-def _hold_text(status: Any) -> str:
+def _hold_text(status: ConsumerStatus) -> str:
     if not status.holds_retention:
         return "-"
     if status.max_hold is None:
         return "yes"
-    from durable_sse.config.durations import format_duration
-
     return f"up to {format_duration(status.max_hold)}"
 
 
-def format_consumers_table(statuses: list[Any]) -> str:
+CONSUMER_COLUMNS: tuple[tuple[str, Callable[[ConsumerStatus], object]], ...] = (
+    ("group", lambda s: s.group),
+    ("stream", lambda s: s.stream),
+    ("state", lambda s: s.state),
+    ("position", lambda s: s.position),
+    ("lag", lambda s: f"{s.lag_events}+" if s.lag_events >= LAG_CAP else s.lag_events),
+    ("lag s", lambda s: f"{s.lag_seconds:.1f}"),
+    ("owner", lambda s: s.owner or "-"),
+    ("dead letters", lambda s: s.dead_letters),
+    ("holds retention", _hold_text),
+)
+
+
+def format_consumers_table(statuses: list[ConsumerStatus]) -> str:
     """One row per group and stream; why a stream is parked on the line below it."""
     if not statuses:
         return "no consumer groups"

@@ -9,14 +9,21 @@ import json
 import os
 import select
 import sys
-from typing import Any
+from datetime import UTC, datetime
 
+import sqlalchemy as sa
+
+from durable_sse.consume import positions
+from durable_sse.consume.follow import follow
+from durable_sse.consume.model import Group, Position, Start, item_json
+from durable_sse.consume.positions import Claim, default_owner
+from durable_sse.consume.reader import Read, start_position
+from durable_sse.consume.status import load_group
 from durable_sse.errors import ConfigError, ConsumerError
+from durable_sse.log.schema import events_table
 
 
-def parse_since(text: str) -> Any:
-    from datetime import datetime
-
+def parse_since(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -28,7 +35,9 @@ def parse_since(text: str) -> Any:
     return moment
 
 
-async def tail(args: argparse.Namespace, url: str, engine: Any, since: Any) -> int:
+async def tail(
+    args: argparse.Namespace, url: str, engine: sa.Engine, since: datetime | None
+) -> int:
     """Print JSON lines; exit 0 when done (or the reader closed the pipe)."""
     position = await asyncio.to_thread(_tail_start, engine, args, since)
     committer = None
@@ -67,11 +76,12 @@ async def _stdout_closed() -> None:
 
 
 async def _print_reads(
-    args: argparse.Namespace, url: str, engine: Any, position: Any, committer: Any
+    args: argparse.Namespace,
+    url: str,
+    engine: sa.Engine,
+    position: Position,
+    committer: _TailCommitter | None,
 ) -> int:
-    from durable_sse.consume.follow import follow
-    from durable_sse.consume.model import item_json
-
     async for read in follow(engine, url, args.stream, position, forever=args.follow):
         lines = "".join(
             json.dumps(item_json(item), ensure_ascii=False) + "\n" for item in read.items
@@ -89,14 +99,7 @@ async def _print_reads(
     return 0
 
 
-def _tail_start(engine: Any, args: argparse.Namespace, since: Any) -> Any:
-    import sqlalchemy as sa
-
-    from durable_sse.consume import positions
-    from durable_sse.consume.model import Start
-    from durable_sse.consume.reader import start_position
-    from durable_sse.log.schema import events_table
-
+def _tail_start(engine: sa.Engine, args: argparse.Namespace, since: datetime | None) -> Position:
     with engine.connect() as connection:
         if args.group:
             row = positions.read_row(connection, args.group, args.stream)
@@ -126,48 +129,36 @@ class _TailCommitter:
     """``tail --group G --commit``: move the group's position past what was printed,
     under a lease of the stream as any consumer of the group would (at least once)."""
 
-    def __init__(self, engine: Any, group: str, stream: str) -> None:
-        from durable_sse.consume.positions import default_owner
-
+    def __init__(self, engine: sa.Engine, group: str, stream: str) -> None:
         self._engine = engine
         self._group_name = group
         self._stream = stream
         self._owner = "tail:" + default_owner()
-        self._claim: Any = None
-        self._group: Any = None
+        self._claim: Claim | None = None
 
-    def claim(self) -> None:
-        from datetime import UTC, datetime
-
-        from durable_sse.consume import positions
-        from durable_sse.consume.status import load_group
-
+    def claim(self) -> tuple[Group, Claim]:
+        """Take the stream's lease (or renew it); the group's settings and the claim."""
         with self._engine.begin() as connection:
-            self._group = load_group(connection, self._group_name, (self._stream,))
-            claim = positions.claim(
-                connection, self._group, self._stream, self._owner, datetime.now(UTC)
-            )
-        if not isinstance(claim, positions.Claim):
+            group = load_group(connection, self._group_name, (self._stream,))
+            claim = positions.claim(connection, group, self._stream, self._owner, datetime.now(UTC))
+        if not isinstance(claim, Claim):
             held = "parked" if claim.parked else "held by one of its consumers"
             raise ConsumerError(
                 f"consumer group {self._group_name!r}, stream {self._stream!r} is {held}: "
                 "--commit is refused (stop the group's consumers, or tail without --commit)"
             )
         self._claim = claim
+        return group, claim
 
-    def commit(self, read: Any) -> None:
-        from datetime import UTC, datetime
-
-        from durable_sse.consume import positions
-
-        self.claim()  # renews the lease (tail may have waited longer than it)
+    def commit(self, read: Read) -> None:
+        group, claim = self.claim()  # renews the lease (tail may have waited longer than it)
         with self._engine.begin() as connection:
             moved = positions.move(
                 connection,
-                self._group,
+                group,
                 self._stream,
                 owner=self._owner,
-                epoch=self._claim.epoch,
+                epoch=claim.epoch,
                 end=read.end,
                 items=len(read.items),
                 keep=True,
@@ -180,8 +171,6 @@ class _TailCommitter:
             raise ConsumerError(f"lost the lease of {self._group_name}/{self._stream}")
 
     def release(self) -> None:
-        from durable_sse.consume import positions
-
         if self._claim is None:
             return
         with self._engine.begin() as connection:
