@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import logging
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -281,8 +282,6 @@ class EmbeddedPostgres:
         install = postgres_install()
         if os.geteuid() != 0:
             return install / "bin"
-        import pwd
-
         try:
             entry = pwd.getpwnam(UNPRIVILEGED_USER)
         except KeyError:
