@@ -43,7 +43,7 @@ from durable_sse.log.eventlog import EventLog
 from durable_sse.log.schema import make_engine
 from durable_sse.ops import control
 from durable_sse.ops.binaries import redis_server, temporal_dev_server
-from durable_sse.ops.embedded import EmbeddedPostgres
+from durable_sse.ops.embedded.postgres import EmbeddedPostgres
 from durable_sse.ops.logs import configure_logging
 from durable_sse.ops.temporal_client import TemporalTarget
 from durable_sse.source import SSESource
