@@ -22,6 +22,7 @@ import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import psycopg
 from psycopg import sql
@@ -52,6 +53,14 @@ def _link_or_copy(source: str, target: str) -> None:
 
 def _traversable_by_others(folder: Path) -> bool:
     return all(parent.stat().st_mode & stat.S_IXOTH for parent in folder.resolve().parents)
+
+
+class _RunAs(TypedDict, total=False):
+    """``subprocess.Popen``'s arguments that run the server as another user (as root)."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
 
 
 @dataclass
@@ -158,7 +167,7 @@ class EmbeddedPostgres:
             folder.chmod(0o755)
         return pginstall / "bin"
 
-    def _as_server_user(self) -> dict[str, object]:
+    def _as_server_user(self) -> _RunAs:
         if self._user is None:
             return {}
         uid, gid = self._user
@@ -192,7 +201,7 @@ class EmbeddedPostgres:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                **self._as_server_user(),  # type: ignore[arg-type]
+                **self._as_server_user(),
             )
         try:
             code = initdb.wait(timeout=STARTUP_TIMEOUT * 2)
@@ -228,7 +237,7 @@ class EmbeddedPostgres:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches the owner, which stops us in order
-                **self._as_server_user(),  # type: ignore[arg-type]
+                **self._as_server_user(),
             )
         wait_ready("PostgreSQL", self._answers, self.process, self.log_path)
 
