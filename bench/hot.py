@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
-from durable_sse.log.eventlog import _COPY_LOG_SQL, _rows
 
 from bench.common import (
     Figures,
@@ -34,6 +33,8 @@ from durable_sse.config.spec import StreamSpec
 from durable_sse.cursor.l2 import cursor_key
 from durable_sse.ids import IdOrder
 from durable_sse.log.records import EventRecord
+from durable_sse.log.rows import event_rows
+from durable_sse.log.staging import COPY_LOG_SQL, RowInserter
 from durable_sse.stores import Stores
 
 PERSIST_HISTOGRAM = "durable_sse_batch_persist_seconds"
@@ -217,12 +218,13 @@ async def copy_ceiling(running: Stack, stream: str, *, events: int, batch: int) 
     ]
     target = f"ceiling-{uuid.uuid4().hex[:8]}"
     log = Stores.open(running.database_url)
+    inserter = RowInserter(log.database)
     try:
 
         def write(chunk: list[EventRecord]) -> None:
-            rows = _rows(target, IdOrder.NUMERIC, chunk)
+            rows = event_rows(target, IdOrder.NUMERIC, chunk)
             with log.database.engine.begin() as connection:
-                log._copy_rows(connection, _COPY_LOG_SQL, rows, skip=1)
+                inserter.copy_rows(connection, COPY_LOG_SQL, rows, skip=1)
 
         started = time.perf_counter()
         for start in range(0, len(records), batch):

@@ -28,10 +28,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from durable_sse.log.eventlog import _rows
-
 from durable_sse.ids import IdOrder  # noqa: E402
 from durable_sse.log.records import EventRecord
+from durable_sse.log.rows import event_rows
 from durable_sse.log.schema import STAGING_COLUMNS  # noqa: E402
 from durable_sse.stores import Stores
 
@@ -77,7 +76,7 @@ async def multirow_insert(log: Stores, stream: str, events: Sequence[EventRecord
 
 
 def _multirow_sync(log: Stores, stream: str, events: Sequence[EventRecord]) -> int:
-    rows = [row[1:] for row in _rows(stream, ORDER, events)]
+    rows = [row[1:] for row in event_rows(stream, ORDER, events)]
     sqlite = log.database.dialect == "sqlite"
     if sqlite:
         rows = [(*row[:-1], row[-1].strftime("%Y-%m-%d %H:%M:%S.%f")) for row in rows]

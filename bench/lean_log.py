@@ -29,11 +29,11 @@ import uuid
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from durable_sse.log.eventlog import _rows
 
 from bench.insert_rate import DEFAULT_PG_URL, make_events, production_insert
 from durable_sse.ids import IdOrder
 from durable_sse.log.records import EventRecord
+from durable_sse.log.rows import event_rows
 from durable_sse.log.schema import STAGING_COLUMNS
 from durable_sse.stores import Stores
 
@@ -55,7 +55,7 @@ async def direct_copy(log: Stores, stream: str, events: Sequence[EventRecord]) -
 
 
 def _direct_copy_sync(log: Stores, stream: str, events: Sequence[EventRecord]) -> int:
-    rows = _rows(stream, IdOrder.NATURAL, events)
+    rows = event_rows(stream, IdOrder.NATURAL, events)
     with log.database.engine.begin() as connection:
         driver = connection.connection.driver_connection
         assert driver is not None

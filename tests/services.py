@@ -30,7 +30,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from durable_sse.errors import DurableSSEError
-from durable_sse.ops.embedded import EmbeddedPostgres, EmbeddedServices, start_services
+from durable_sse.ops.embedded.postgres import EmbeddedPostgres
+from durable_sse.ops.embedded.services import EmbeddedServices, start_services
 from tests.conftest import DEFAULT_PG_URL, DEFAULT_REDIS_URL
 
 EMBEDDED_FLAG = "DURABLE_SSE_EMBEDDED_SERVICES"

@@ -39,7 +39,8 @@ from durable_sse.contracts import (
     stream_workflow_id,
 )
 from durable_sse.ops import control
-from durable_sse.ops.cli import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE, format_status_table
+from durable_sse.ops.cli.parser import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE
+from durable_sse.ops.cli.tables import format_status_table
 from durable_sse.ops.dev import summary_line
 from workflows.stream import StreamWorkflow
 

@@ -21,7 +21,7 @@ from durable_sse.consume import positions as position_rows
 from durable_sse.gaps.model import Gap as GapRecord
 from durable_sse.gaps.model import GapChange
 from durable_sse.log.records import EventRecord
-from durable_sse.ops.cli import main
+from durable_sse.ops.cli.main import main
 from durable_sse.stores import Stores
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 import psycopg
 import pytest
 
-from durable_sse.ops.embedded import servers_under
+from durable_sse.ops.embedded.leftovers import servers_under
 
 pytestmark = pytest.mark.slow
 

@@ -268,6 +268,18 @@ def newest_seq(connection: Connection, stream: str) -> int:
     return int(value or 0)
 
 
+def all_streams(connection: Connection) -> list[str]:
+    """Every stream in the log, by a skip scan of the ``(stream, …)`` index (one probe
+    per stream, not a read of every row)."""
+    sql = (
+        f"WITH RECURSIVE s(stream) AS ("
+        f"SELECT min(stream) FROM {EVENTS_TABLE} "
+        f"UNION ALL SELECT (SELECT min(stream) FROM {EVENTS_TABLE} e WHERE e.stream > s.stream) "
+        f"FROM s WHERE s.stream IS NOT NULL) SELECT stream FROM s WHERE stream IS NOT NULL"
+    )
+    return [row[0] for row in connection.exec_driver_sql(sql)]
+
+
 def newest_mark(connection: Connection, stream: str, *, up_to_seq: int | None = None) -> int:
     """The newest marker number of the stream (of markers after events up to
     ``up_to_seq``, when given)."""

@@ -76,8 +76,8 @@ def consumer_statuses(
     }
     dead = dead_letters_table
     dead_counts = {
-        (row.group_name, row.stream): int(row.count)
-        for row in connection.execute(
+        (group_name, stream): int(count)
+        for group_name, stream, count in connection.execute(
             sa.select(dead.c.group_name, dead.c.stream, sa.func.count().label("count")).group_by(
                 dead.c.group_name, dead.c.stream
             )

