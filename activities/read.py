@@ -251,6 +251,8 @@ class _ActivityConnection:
                 if report == self.reported:
                     return
                 info = activity.info()
+                if info.workflow_id is None:  # a standalone activity: no workflow to tell
+                    return
                 handle = activity.client().get_workflow_handle(
                     info.workflow_id, run_id=info.workflow_run_id
                 )

@@ -55,8 +55,9 @@ RANKS = {
     "durable_sse.contracts": 5,
     "durable_sse.cursor": 6,
     "durable_sse.ownership": 6,
+    # The event log's jobs and the cursor caches, built together: what a connection uses.
+    "durable_sse.stores": 6,
     "durable_sse.reader": 7,
-    "durable_sse.stores": 8,
     "durable_sse.consume": 8,
     "durable_sse.ops": 9,
 }
@@ -81,8 +82,15 @@ PURE = (
     "durable_sse.reader.intake",
 )
 
-# The store of sse_gaps rows is the one part of the gap that talks to the database.
-IMPURE_EXCEPTIONS = ("durable_sse.gaps.store",)
+IMPURE_EXCEPTIONS = (
+    # The store of sse_gaps rows is the one part of the gap that talks to the database.
+    "durable_sse.gaps.store",
+    # Where Temporal is: temporal.toml is read with the SDK's own reader
+    # (temporalio.envconfig), so the worker and the `temporal` CLI never disagree about a
+    # profile; settings holds the target it loads. No other module of config imports them.
+    "durable_sse.config.temporal",
+    "durable_sse.config.settings",
+)
 
 FORBIDDEN = frozenset(
     {

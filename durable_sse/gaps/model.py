@@ -202,7 +202,8 @@ def numeric_span(gap: Gap) -> tuple[int, int] | None:
     if gap.start_id is None:
         return None
     low = contiguous_number(gap.start_id)
-    high = contiguous_number(gap.bound()) if gap.bound() is not None else None
+    bound = gap.bound()
+    high = contiguous_number(bound) if bound is not None else None
     if low is None or high is None:
         return None
     if gap.end_id is None:

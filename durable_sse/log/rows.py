@@ -40,7 +40,7 @@ def event_rows(
     replaces them with U+FFFD in ids and types. A carrier's ``digest`` is computed here
     when the reader did not (it does, once per event).
     """
-    rows = []
+    rows: list[Row] = []
     keyed = key_function(order)
     received, received_utc = None, None
     for pos, record in enumerate(events, start):

@@ -354,6 +354,8 @@ def _fault_of_a_batch(error: BaseException) -> bool:
     if isinstance(error, sa.exc.DBAPIError):
         if error.connection_invalidated or error.statement is None:
             return False
+        if error.orig is None:
+            return False
         error = error.orig
     if isinstance(error, UnicodeEncodeError | sqlite3.IntegrityError | sqlite3.DataError):
         return True

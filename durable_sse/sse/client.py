@@ -79,8 +79,14 @@ async def open_stream(
     (``401``/``403``/``404``/``410``, a content type that is not ``text/event-stream``, a
     cross-origin redirect, too many redirects): the stream parks until resumed.
     """
+    # As bytes: a value the request rules made bytes (UTF-8) goes as it is, the others
+    # are ASCII (httpx would encode them the same way).
+    wire = [
+        (name.encode("ascii"), value if isinstance(value, bytes) else value.encode("ascii"))
+        for name, value in headers.items()
+    ]
     for _ in range(MAX_REDIRECTS + 1):
-        request = http.build_request("GET", url, headers=headers, timeout=timeout)
+        request = http.build_request("GET", url, headers=wire, timeout=timeout)
         try:
             response = await waiting(http.send(request, stream=True))
         except httpx.TransportError as error:
