@@ -538,8 +538,8 @@ class Connection:
 
     async def _flush(self) -> None:
         """Commit everything read so far; called before any outcome is returned."""
+        self.session.stop()
         intake = self.session.started
-        intake.end()
         while intake.ready:
             self._submit(intake.ready.popleft())
         # No closing heartbeat unless the commit is slow: the result carries the cursor,

@@ -50,6 +50,10 @@ class Committed:
     """It recorded the loss window of a reconnect that could not resume."""
 
 
+def _page_rows() -> int | None:
+    return PAGE_ROWS
+
+
 class ReadSession:
     """One connection's state, from its start to its result.
 
@@ -113,12 +117,15 @@ class ReadSession:
         )
 
     def begin(
-        self, start: ConnectionStart, *, skip_stored: bool = True, page_rows: int = PAGE_ROWS
+        self, start: ConnectionStart, *, page_rows: Callable[[], int | None] = _page_rows
     ) -> bool:
         """Start from ``start``; True when the connection replays from behind the newest
-        stored id and should fetch the stored keys ahead of it (:meth:`stored_fetch_due`),
-        so that it skips what is stored (``skip_stored`` False: it writes everything and
-        lets ``ON CONFLICT`` absorb it).
+        stored id and fetches the stored keys ahead of it (:meth:`stored_fetch_due`), so
+        that it skips what is stored.
+
+        ``page_rows``: asked only for such a replay, how many keys a page holds (None:
+        skip nothing, write everything and let ``ON CONFLICT`` absorb it; the simulation
+        tries both).
 
         Raises :class:`~durable_sse.errors.ConfigError` for a ``drop_notice`` pattern
         RE2 refuses.
@@ -140,10 +147,12 @@ class ReadSession:
         if start.cursor:
             self.decoder.last_event_id = start.cursor
         floor = start.context.floor
-        if skip_stored and start.cursor and is_newer(floor, start.cursor, self.order):
+        if start.cursor and is_newer(floor, start.cursor, self.order):
             # A replay below the newest stored id: skip what is stored (reader.stored).
-            self.intake.stored = StoredAhead(self.order, start=start.cursor, page_rows=page_rows)
-            return True
+            rows = page_rows()
+            if rows is not None:
+                self.intake.stored = StoredAhead(self.order, start=start.cursor, page_rows=rows)
+                return True
         return False
 
     @property
@@ -208,6 +217,11 @@ class ReadSession:
                 return error
             intake.take(items, received_at=received_at, now=now)
         return None
+
+    def stop(self) -> None:
+        """Reading is over (however it ended): cut what is pending, and any gap change
+        left alone, into batches for the flush."""
+        self.started.end()
 
     def ended(self) -> Outcome:
         """The connection ended by itself: a drop notice seen before still counts."""
