@@ -38,7 +38,8 @@ from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, StoreError, StreamRefusedError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
-from durable_sse.reader.connection import Connection, Heartbeats
+from durable_sse.reader.connection import Connection
+from durable_sse.reader.keepalive import Heartbeats
 from durable_sse.reader.metrics import ReaderMetrics
 from durable_sse.reader.session import progress_from_details
 from durable_sse.stores import Stores

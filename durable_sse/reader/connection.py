@@ -1,27 +1,26 @@
 """One SSE connection, with its I/O: start, read, commit, end.
 
-The decisions are :class:`~durable_sse.reader.session.ReadSession`'s and the commit
-order :class:`~durable_sse.reader.pipeline.CommitPipeline`'s; this module is the I/O
-around them:
+The decisions are :class:`~durable_sse.reader.session.ReadSession`'s and the commit order
+:class:`~durable_sse.reader.pipeline.CommitPipeline`'s; this module and its neighbours are
+the I/O around them:
 
 * the start cursor comes from :class:`~durable_sse.cursor.resolve.CursorResolver`
   together with what the store knows of the stream (lagging id, floor, open gaps) in one
   read, which also refuses an ``id_order`` other than the stream's keys were made with
   (the stream parks) and registers the connection in ``sse_readers`` until it ends, so
   retention keeps what it re-reads (:mod:`durable_sse.cursor.readers`);
-* bytes are read ahead by a pump task into a bounded queue (:mod:`durable_sse.sse.client`),
-  decoded and handed to the intake; up to ``MAX_BATCHES_IN_FLIGHT`` batches commit while
-  the next is parsed, each with its gap changes in its own transaction;
-* per committed batch: L1 -> L2 (coalesced, non-blocking) -> heartbeat; a cursor never
-  points past an uncommitted event or a drop signal not yet recorded (invariants 1, 5);
-* a replay from behind the newest stored id fetches the stored keys ahead of it, a page
-  at a time in the background, and skips what is stored (:mod:`durable_sse.reader.stored`);
-* however the connection ends (a drop signal, a finished repair, its age, a
-  cancellation), what was already read from the socket is taken and committed before the
-  result is built, with the stream's gaps as the store has them then.
+* the request is built with the secrets resolved here, for the URL's host, and opened by
+  :mod:`durable_sse.sse.client`; the body is read by :mod:`~durable_sse.reader.body`,
+  whose batches commit through :mod:`~durable_sse.reader.committer` while it reads on
+  (per committed batch: L1 -> L2 -> heartbeat; a cursor never points past an uncommitted
+  event or a drop signal not yet recorded, invariants 1 and 5);
+* a replay from behind the newest stored id fetches the stored keys ahead of it
+  (:mod:`~durable_sse.reader.prefetch`) and skips what is stored;
+* however the connection ends, what was read is committed before the result is built,
+  with the stream's gaps as the store has them then.
 
 Where it runs (the Temporal activity, :mod:`activities.read`) is told through
-:class:`Heartbeats`; what retrying cannot fix is raised as a
+:class:`~durable_sse.reader.keepalive.Heartbeats`; what retrying cannot fix is raised as a
 :class:`~durable_sse.errors.ConfigError` or :class:`~durable_sse.errors.StreamRefusedError`
 whose message is final (the stream parks).
 """
@@ -31,11 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
 from secrets import token_hex
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
@@ -47,42 +45,24 @@ from durable_sse.cursor.resolve import CursorResolver
 from durable_sse.errors import (
     BatchRefusedError,
     ConfigError,
-    LineTooLongError,
     StoreError,
-    StreamError,
     StreamRefusedError,
     UnsendableIdError,
 )
-from durable_sse.log.records import StoredPage
-from durable_sse.reader.intake import Batch
+from durable_sse.reader.body import BodyReader
+from durable_sse.reader.committer import Committer
+from durable_sse.reader.keepalive import Heartbeats, Keepalive
 from durable_sse.reader.metrics import ReaderMetrics
-from durable_sse.reader.pipeline import CommitPipeline, Settled
+from durable_sse.reader.prefetch import StoredPrefetch
 from durable_sse.reader.session import ReadSession
 from durable_sse.redact import redact_url
-from durable_sse.sse.client import EOF, READ_AHEAD_CHUNKS, Answer, open_stream, pump, read_error
+from durable_sse.sse.client import Answer, open_stream
 from durable_sse.sse.request import request_headers, with_cursor, with_query
 from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-
-def _nothing() -> None:
-    return None
-
-
-@dataclass
-class Heartbeats:
-    """How a connection shows it is alive where it runs (a Temporal activity heartbeats;
-    a connection run outside one need not)."""
-
-    send: Callable[[ReadProgress], None]
-    """Send one heartbeat with these details (a retried attempt gets them back)."""
-    interval: Callable[[bool], float]
-    """Seconds between heartbeats, given whether the connection is streaming yet."""
-    due: Callable[[], None] = _nothing
-    """Called at every heartbeat check, sent or not (the activity's progress reports)."""
+Headers = dict[str, str | bytes]
 
 
 class Connection:
@@ -118,43 +98,42 @@ class Connection:
         log: logging.Logger | logging.LoggerAdapter[Any] = logger,
         cancel_reason: Callable[[], str] = lambda: "no reason given",
     ) -> None:
-        self.input = read_input
         self.spec = read_input.spec
         self.stream = read_input.spec.name
         self.order = read_input.spec.id_order
         self.stores = stores
         self.http = http
-        self.heartbeats = heartbeats
         self.lease = lease
         self.secrets = DeclaredSecrets() if secrets is None else secrets
         self.allowed_hosts = allowed_hosts
         self.metrics = metrics
         self.log = log
         self.cancel_reason = cancel_reason
-        self.session = ReadSession(
+        self.session = session = ReadSession(
             read_input,
             previous=previous,
             retried=retried,
             new_gap_id=_gap_id,
             now_iso=_now_iso,
         )
-        self.pipeline = CommitPipeline(
-            self.session,
-            stores.writer,
-            cursors=[stores.l1.advance, *([stores.l2.submit] if stores.l2 is not None else [])],
-            on_settled=self._settled,
+        self.keepalive = Keepalive(
+            heartbeats,
+            progress=session.progress,
+            started=lambda: session.intake is not None,
         )
+        self.committer = Committer(session, stores, self.keepalive, metrics=metrics, log=log)
+        self.prefetch = StoredPrefetch(session, stores.reads, log=log)
         self.secret_params = frozenset(self.spec.query_from_env)
-        self.last_heartbeat = time.monotonic()
-        self.streaming = False
-        """The response head arrived and events are being read."""
-        self.commit_lag: float | None = None
-        """Seconds from the newest committed event's arrival to its commit."""
-        self.fetching_stored: asyncio.Task[StoredPage] | None = None
-        self.horizon_logged = False
-        """An id dropped at the retention horizon was logged (once per connection)."""
         self.hold: str | None = None
         """What the registration holds now (moved forward by :meth:`move_hold`)."""
+
+    @property
+    def commit_lag(self) -> float | None:
+        """Seconds from the newest committed event's arrival to its commit."""
+        return self.committer.commit_lag
+
+    def heartbeat(self, *, force: bool = False) -> None:
+        self.keepalive.beat(force=force)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -165,21 +144,20 @@ class Connection:
                 f"stream {self.stream!r}: setting 'url' names a host that is not in "
                 f"SSE_ALLOWED_HOSTS ({self.redact(self.spec.url)})"
             )
-        session = self.session
+        session, waiting = self.session, self.keepalive.waiting
         try:
-            start = await self.waiting(session.resolve(self._resolver(), reader=self.lease))
+            start = await waiting(session.resolve(self._resolver(), reader=self.lease))
         except ConfigError as error:  # IdOrderMismatchError: nothing was touched
             self.log.error("stream %s: %s; parked", self.stream, error)
             raise ConfigError(f"{error}; the stream is parked") from None
         self.hold = start.cursor
-        fetch_stored = session.begin(start)  # ConfigError: a drop_notice RE2 refuses
-        if fetch_stored:
-            self._fetch_stored()
+        if session.begin(start):  # ConfigError: a drop_notice pattern RE2 refuses
+            self.prefetch.fetch()
         self.heartbeat(force=True)
-        if self.fetching_stored is not None:
+        if self.prefetch.task is not None:
             # A replay: its first page of stored keys before its first event, so that it
             # skips what is stored from the start (one indexed query, a few ms).
-            await self.waiting(asyncio.wait([self.fetching_stored]))
+            await waiting(asyncio.wait([self.prefetch.task]))
         url, headers = self._request()
         intake = session.started
         if intake.outcome is not None:
@@ -195,14 +173,14 @@ class Connection:
 
     async def close(self) -> None:
         """After the run, however it ended: no fetch left running, the registration gone."""
-        await self._stop_fetching_stored()
+        await self.prefetch.stop()
         await self._release()
 
     def _resolver(self) -> CursorResolver:
         stores = self.stores
         return CursorResolver(stores.l1, stores.l2, stores.starts)
 
-    def _request(self) -> tuple[str, dict[str, str | bytes]]:
+    def _request(self) -> tuple[str, Headers]:
         """The URL (cursor and secret parameters in) and headers of the request: secret
         values are resolved here, for this URL's host, before the wire rules see them
         (a secret the worker does not declare for the host is a ConfigError)."""
@@ -229,12 +207,12 @@ class Connection:
             raise StreamRefusedError(f"{error}; the stream is parked until resumed") from None
         return url, headers
 
-    async def _read_and_commit(self, url: str, headers: dict[str, str | bytes]) -> ReadResult:
+    async def _read_and_commit(self, url: str, headers: Headers) -> ReadResult:
         """Connect, read until an outcome, and commit what was read, whatever ends it."""
         try:
             outcome = await self._connect(url, headers)
         except asyncio.CancelledError:
-            await self._flush()
+            await self.committer.flush()
             self.log.info(
                 "stream %s: connection cancelled (%s) after flushing",
                 self.stream,
@@ -242,10 +220,10 @@ class Connection:
             )
             return await self._finish(Outcome.CANCELLED)
         except StreamRefusedError:
-            await self._flush()
+            await self.committer.flush()
             self._count_ids_out_of_order()
             raise
-        await self._flush()
+        await self.committer.flush()
         return await self._finish(outcome)
 
     async def _finish(self, outcome: Outcome) -> ReadResult:
@@ -254,11 +232,10 @@ class Connection:
         if result.drop is not None and self.metrics is not None:
             self.metrics.drop_signal(result.drop.kind)
         self._count_ids_out_of_order()
+        waiting = self.keepalive.waiting
         try:
-            result.gaps = await self.waiting(
-                self.stores.gap_store.gap_summary(self.stream, self.order)
-            )
-            checkpoint = await self.waiting(self.stores.checkpoints.get_checkpoint(self.stream))
+            result.gaps = await waiting(self.stores.gap_store.gap_summary(self.stream, self.order))
+            checkpoint = await waiting(self.stores.checkpoints.get_checkpoint(self.stream))
             result.lagging_id = checkpoint.lagging_id if checkpoint else None
         except StoreError as error:
             # The gaps are durable; the workflow reads them itself when a result has none.
@@ -292,7 +269,7 @@ class Connection:
 
     # -- HTTP ----------------------------------------------------------------------
 
-    async def _connect(self, url: str, headers: dict[str, str | bytes]) -> Outcome:
+    async def _connect(self, url: str, headers: Headers) -> Outcome:
         timeout = httpx.Timeout(
             connect=self.spec.connect_timeout,
             read=self.spec.idle_timeout,
@@ -306,7 +283,7 @@ class Connection:
             timeout=timeout,
             stream=self.stream,
             redact=self.redact,
-            waiting=self.waiting,
+            waiting=self.keepalive.waiting,
         ) as answer:
             return await self._answered(answer)
 
@@ -321,294 +298,16 @@ class Connection:
             return Outcome.RETRY_LATER
         assert answer.response is not None
         self.session.head(truncation_header=answer.truncation_header)
-        return await self._read(answer.response)
-
-    async def waiting(self, awaitable: Awaitable[T]) -> T:
-        """Await while heartbeating: a server may take up to ``idle_timeout`` to answer
-        and a database may stall on a lock, longer than the heartbeat timeout, and a
-        silent attempt would be timed out and retried by Temporal while it still works
-        (two attempts writing at once). Cancelling the wait cancels ``awaitable``."""
-        task = asyncio.ensure_future(awaitable)
-        try:
-            while True:
-                self.heartbeat()
-                done, _ = await asyncio.wait([task], timeout=self._heartbeat_interval())
-                if done:
-                    return task.result()
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.wait([task])
-
-    # -- reading -------------------------------------------------------------------
-
-    async def _read(self, response: httpx.Response) -> Outcome:
-        """Read until an outcome; then stop reading new bytes and take what was read.
-
-        However the connection ends (a drop signal, a finished repair, its age, a
-        cancellation), the chunks already read from the socket are decoded and taken
-        before the flush (:meth:`_stop_reading`): an event received is stored, or it lies
-        in a recorded gap, never dropped unseen. Only what ends the body itself (its end,
-        a read error, a line or event the decoder refuses) leaves nothing to take.
-        """
-        session = self.session
-        intake = session.started
-        queue: asyncio.Queue[Any] = asyncio.Queue(READ_AHEAD_CHUNKS)
-        held: list[bytes] = []
-        pumping = asyncio.create_task(pump(response, queue, held))
-        self.streaming = True
-        rotate_at = time.monotonic() + self.spec.max_connection_age
-        try:
-            while True:
-                try:
-                    item = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    # Not asyncio.wait_for: on Python 3.11 it returns the item and swallows
-                    # a cancellation that lands as queue.get() completes, so a busy stream
-                    # could ignore replay/pause/stop and worker shutdown (chaos scenarios 4
-                    # and 5). asyncio.timeout re-raises the cancellation.
-                    try:
-                        async with asyncio.timeout(self._wait_budget(rotate_at)):
-                            item = await queue.get()
-                    except TimeoutError:
-                        item = None
-                now = time.monotonic()
-                if item is None:
-                    intake.poll(now)
-                    await self._submit_ready()
-                    self.heartbeat()
-                    if intake.outcome is not None:
-                        return self._stop_reading(pumping, queue, held, intake.outcome)
-                    if now >= rotate_at:
-                        return self._stop_reading(pumping, queue, held, Outcome.ROTATED)
-                    continue
-                if item is EOF:
-                    session.close_body(received_at=datetime.now(UTC), now=now)
-                    session.result.error = "the server ended the stream"
-                    return session.ended()
-                if isinstance(item, BaseException):
-                    session.body_done = True
-                    session.result.error = read_error(item, self.spec.idle_timeout)
-                    return session.ended()
-                try:
-                    session.feed(item, received_at=datetime.now(UTC), now=now)
-                except LineTooLongError as error:
-                    # What the chunk completed before the long line is kept; the cursor
-                    # stays before the event that holds it, and the reconnect resumes there.
-                    session.result.error = str(error)
-                    self.log.warning("stream %s: %s", self.stream, error)
-                    return session.ended()
-                except StreamError as error:
-                    # An event or id over its limit: keep what came before it (the cursor
-                    # stays before the bad event), then park with the setting named.
-                    self.log.warning("stream %s: %s", self.stream, error)
-                    raise StreamRefusedError(
-                        f"{error}; the stream is parked until resumed"
-                    ) from None
-                if intake.stored is not None:
-                    self._fetch_stored()
-                    if intake.stored.fetching:
-                        # Reading chunk after chunk from the queue never yields to the
-                        # event loop: let the page being fetched land before it is needed.
-                        await asyncio.sleep(0)
-                intake.poll(now)
-                await self._submit_ready()
-                if intake.outcome is not None:
-                    return self._stop_reading(pumping, queue, held, intake.outcome)
-        except asyncio.CancelledError:
-            # A signal or the worker's shutdown: what was read is taken, then flushed.
-            self._stop_reading(pumping, queue, held, Outcome.CANCELLED)
-            raise
-        finally:
-            pumping.cancel()
-
-    def _stop_reading(
-        self,
-        pumping: asyncio.Task[None],
-        queue: asyncio.Queue[Any],
-        held: list[bytes],
-        outcome: Outcome,
-    ) -> Outcome:
-        """Read no more bytes, and take every chunk already read from the socket: those
-        queued and the one the pump held for a full queue (bounded by the queue,
-        ``READ_AHEAD_CHUNKS``); ``outcome``."""
-        pumping.cancel()
-        session = self.session
-        if session.body_done:
-            return outcome
-        chunks: list[Any] = []
-        while not queue.empty():
-            chunks.append(queue.get_nowait())
-        chunks.extend(held)
-        held.clear()
-        read_before = session.started.counts.events_read
-        refused = session.take_read_ahead(
-            chunks, received_at=datetime.now(UTC), now=time.monotonic()
+        body = BodyReader(
+            self.session,
+            committer=self.committer,
+            prefetch=self.prefetch,
+            keepalive=self.keepalive,
+            log=self.log,
         )
-        if refused is not None:
-            self.log.warning(
-                "stream %s: %s (read ahead as the connection ended)", self.stream, refused
-            )
-        if chunks:
-            self.log.debug(
-                "stream %s: %d chunk(s) read ahead taken as the connection ended (%d events)",
-                self.stream,
-                len(chunks),
-                session.started.counts.events_read - read_before,
-            )
-        return outcome
+        return await body.read(answer.response)
 
-    def _wait_budget(self, rotate_at: float) -> float:
-        now = time.monotonic()
-        budget = min(self._heartbeat_interval(), rotate_at - now)
-        deadline = self.session.started.next_deadline(now)
-        if deadline is not None:
-            budget = min(budget, deadline)
-        return max(budget, 0.0)
-
-    # -- stored keys ahead of a replay ---------------------------------------------
-
-    def _fetch_stored(self) -> None:
-        """Fetch the next page of stored keys in the background, if one is due."""
-        after = self.session.stored_fetch_due()
-        if after is None:
-            return
-        task = asyncio.create_task(
-            self.stores.reads.stored_keys(
-                self.stream, self.order, after=after, limit=self.session.page_rows
-            )
-        )
-        task.add_done_callback(self._stored_fetched)
-        self.fetching_stored = task
-
-    def _stored_fetched(self, task: asyncio.Task[StoredPage]) -> None:
-        if task.cancelled():
-            self.session.stored_page(None)
-        elif (error := task.exception()) is not None:
-            # An optimisation only: everything is written (ON CONFLICT) from here on.
-            self.log.info("stream %s: stored keys not read: %s", self.stream, error)
-            self.session.stored_page(None)
-        else:
-            self.session.stored_page(task.result())
-
-    async def _stop_fetching_stored(self) -> None:
-        task = self.fetching_stored
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait([task])
-
-    # -- persisting ----------------------------------------------------------------
-
-    async def _submit_ready(self) -> None:
-        """Submit the batches the intake cut, first waiting while too many commit."""
-        pipeline, ready = self.pipeline, self.session.started.ready
-        while ready:
-            pipeline.settle()
-            pipeline.check()  # a batch that failed fails the connection here
-            if pipeline.full:
-                await self.waiting(self._settled_oldest())
-            self._submit(ready.popleft())
-
-    def _submit(self, batch: Batch) -> None:
-        self.pipeline.submit(batch)
-        job = self.pipeline.in_flight[-1].job
-        if job is not None:
-            job.future.add_done_callback(self._landed)
-
-    def _landed(self, future: asyncio.Future[int]) -> None:
-        """A commit landed: apply it now (in order), not at the next chunk, so the cursor,
-        L1, L2 and the heartbeat follow the commits however quiet the stream. Its failure
-        is taken here and raised by the pipeline's ``check`` (for the first that failed)."""
-        if not future.cancelled():
-            future.exception()
-        self.pipeline.settle()
-
-    async def _settled_oldest(self) -> None:
-        """Wait until the oldest batch in flight is applied (or one has failed)."""
-        pipeline = self.pipeline
-        waiting_for = len(pipeline.in_flight)
-        while pipeline.in_flight and len(pipeline.in_flight) >= waiting_for:
-            if pipeline.failure is not None:
-                break
-            job = pipeline.oldest_job
-            if job is not None and not job.future.done():
-                await asyncio.wait([job.future])
-            pipeline.settle()
-        pipeline.check()
-
-    async def _flush(self) -> None:
-        """Commit everything read so far; called before any outcome is returned."""
-        self.session.stop()
-        intake = self.session.started
-        while intake.ready:
-            self._submit(intake.ready.popleft())
-        # No closing heartbeat unless the commit is slow: the result carries the cursor,
-        # and a heartbeat in flight would hold the completion back by one more call.
-        await self.waiting(self._drained())
-
-    async def _drained(self) -> None:
-        pipeline = self.pipeline
-        while pipeline.in_flight and pipeline.failure is None:
-            await self._settled_oldest()
-        pipeline.check()
-
-    def _settled(self, settled: Settled) -> None:
-        """One batch's commit applied: metrics, and a heartbeat when it gave the first id."""
-        metrics, inserted, batch = self.metrics, settled.inserted, settled.batch
-        if inserted.dropped_by_horizon:
-            self._dropped_by_horizon(settled)
-        if metrics is not None:
-            if settled.seconds is not None:
-                metrics.batch_persist.record(settled.seconds)
-            metrics.events_persisted.add(inserted.new_rows)
-            metrics.duplicates.add(inserted.duplicates + batch.skipped)
-            if inserted.reused:
-                metrics.ids_reused.add(len(inserted.reused))
-            if inserted.dropped_by_horizon:
-                metrics.dropped_by_horizon.add(inserted.dropped_by_horizon)
-            if batch.recovered:
-                metrics.events_recovered.add(inserted.new_rows)
-            if settled.moved.blind:
-                metrics.reconnects_without_cursor.add(1)
-        if batch.records:
-            lag = (datetime.now(UTC) - batch.records[-1].received_at).total_seconds()
-            if metrics is not None:
-                metrics.cursor_lag.set(lag)
-            self.commit_lag = round(lag, 2)
-        self.heartbeat(force=settled.moved.first)
-
-    def _dropped_by_horizon(self, settled: Settled) -> None:
-        """Logged once per connection (counted in the intake and the metric)."""
-        if self.horizon_logged:
-            return
-        self.horizon_logged = True
-        inserted = settled.inserted
-        self.log.warning(
-            "stream %s: id %r sorts at or before the retention horizon %r (the newest id "
-            "retention deleted) under id_order %r: not stored, counted as "
-            "dropped_by_horizon (this connection logs it once)",
-            self.stream,
-            (inserted.dropped_id or "")[:64],
-            (inserted.horizon_id or "")[:64],
-            self.order,
-        )
-
-    # -- heartbeats and the retention hold -----------------------------------------
-
-    def heartbeat(self, *, force: bool = False) -> None:
-        """Heartbeat if one is due (or ``force``); the due-check runs every time."""
-        now = time.monotonic()
-        # Checked on every call, not only when a heartbeat goes out: heartbeats may be
-        # far apart, progress reports are due on their own interval.
-        if self.session.intake is not None:
-            self.heartbeats.due()
-        if not force and now - self.last_heartbeat < self._heartbeat_interval():
-            return
-        self.last_heartbeat = now
-        self.heartbeats.send(self.session.progress())
-
-    def _heartbeat_interval(self) -> float:
-        return self.heartbeats.interval(self.streaming)
+    # -- the retention hold --------------------------------------------------------
 
     async def move_hold(self) -> None:
         """Let retention have what this connection no longer needs (``Intake.

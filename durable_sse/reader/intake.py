@@ -71,6 +71,12 @@ class Batch:
 class Intake:
     """What one connection read, what it must write, and whether it must end.
 
+    Longer than the house's ~300 lines for a class (and its module than ~500): every
+    decision about one connection's items (cutting batches, weighing drop signals, keying
+    ids, the gaps a batch proves) reads and moves the same state in reading order; split,
+    each part would reach into the others'. The gap bookkeeping it delegates to is its
+    own class (:class:`~durable_sse.gaps.tracker.GapTracker`).
+
     Args:
         spec: the stream's settings.
         route: the connection's route (a live connection ends at once when it finds
