@@ -1,6 +1,6 @@
 """Small store activities the workflows call: the lagging id, the gaps, ``since``.
 
-Each is one short call on the :class:`~durable_sse.log.eventlog.Stores` built once in the
+Each is one short call on the :class:`~durable_sse.stores.Stores` built once in the
 worker (the composition root). Store failures surface as retryable activity failures;
 the workflow's retry policy rides them out.
 """

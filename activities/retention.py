@@ -3,7 +3,7 @@
 Run by ``CheckpointAdvanceWorkflow`` right after it moves the lagging id, so the fence
 (the lagging id, the oldest open gap) is as fresh as it gets. The decisions are in
 :mod:`durable_sse.log.retention`, the statements in
-:meth:`~durable_sse.log.eventlog.Stores.apply_retention`; this activity picks the
+:meth:`~durable_sse.log.prune.Prune.apply_retention`; this activity picks the
 retention (the stream's own, else the worker's), heartbeats between the bounded
 batches, and records the metrics. A stream whose ``id_order`` is not the one its keys
 were made with is refused (nothing deleted, logged as an error, a non-retryable failure).

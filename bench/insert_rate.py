@@ -1,7 +1,7 @@
 """Event log insert throughput: the production path against a multi-row INSERT.
 
 PostgreSQL: COPY into the per-connection staging table, then one
-``INSERT … SELECT … ON CONFLICT DO NOTHING`` (what ``Stores.insert_batch`` does)
+``INSERT … SELECT … ON CONFLICT DO NOTHING`` (what ``Writer.insert_batch`` does)
 against a single multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING``.
 SQLite: ``executemany`` of ``INSERT … ON CONFLICT DO NOTHING`` (production) against
 multi-row ``VALUES`` statements. Every batch is its own committed transaction.

@@ -11,7 +11,7 @@ every layout alike:
 * ``lean, staging``: schema 3 (primary key ``(stream, seq)``, the event key,
   ``(stream, id_key)``), the same path;
 * ``lean, optimistic COPY``: schema 3 and today's production path
-  (``Stores.insert_batch``: live batches COPYed straight into ``sse_events``);
+  (``Writer.insert_batch``: live batches COPYed straight into ``sse_events``);
 * ``direct COPY``: ``COPY`` straight into the lean table, no staging, no conflict
   handling, one transaction per batch: the ceiling the issue measures against.
 

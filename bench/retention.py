@@ -5,7 +5,7 @@ One PostgreSQL database, a private schema (dropped at the end). A stream holds
 neighbour stream's rows are interleaved with them so the deletes walk a shared table.
 Then:
 
-* **drain**: ``Stores.apply_retention`` deletes the whole backlog in batches of
+* **drain**: ``Prune.apply_retention`` deletes the whole backlog in batches of
   ``--batch`` rows, as runs of ``MAX_BATCHES`` statements each (what one checkpoint run
   does), back to back; reported: rows/s, runs, the longest single statement;
 * **writers meanwhile**: a live stream commits a batch of 500 rows every 20 ms while the
@@ -31,23 +31,23 @@ import sqlalchemy as sa
 
 from bench.insert_rate import DEFAULT_PG_URL, make_events, production_insert
 from bench.lean_log import _direct_copy_sync, _scoped
+from durable_sse.ids import IdOrder
+from durable_sse.log.records import BatchPayload
 from durable_sse.log.retention import MAX_BATCHES
+from durable_sse.log.staging import RowInserter
 from durable_sse.stores import Stores
 
 WINDOW = 600.0
 
 
 @dataclass
-class _Payload:
-    events: tuple[int, ...] = (1,)
-
-
-@dataclass
 class _Job:
-    """What ``Stores._horizons`` reads of a commit job."""
+    """What ``RowInserter.horizons`` reads of a commit job."""
 
     stream: str
-    payload: _Payload = field(default_factory=_Payload)
+    payload: BatchPayload = field(
+        default_factory=lambda: BatchPayload(IdOrder.NUMERIC, make_events(1))
+    )
 
 
 FILL_CHUNK = 50_000
@@ -171,14 +171,14 @@ async def main(argv: list[str] | None = None) -> None:
             "no horizon": [],
             "with horizon": [],
         }
-        lookup = Stores._horizons
+        lookup = RowInserter.horizons
         for _ in range(3):
             for label in rates:
                 target = "w-" + uuid.uuid4().hex[:8]
                 if label.startswith("without"):
-                    Stores._horizons = lambda self, connection, jobs: {}  # type: ignore[method-assign]
+                    RowInserter.horizons = lambda self, connection, jobs: {}  # type: ignore[method-assign]
                 else:
-                    Stores._horizons = lookup  # type: ignore[method-assign]
+                    RowInserter.horizons = lookup  # type: ignore[method-assign]
                 if label == "with horizon":
                     with log.database.engine.begin() as connection:
                         connection.execute(
@@ -192,11 +192,12 @@ async def main(argv: list[str] | None = None) -> None:
                 for start in range(0, len(events), 1500):
                     await production_insert(log, target, events[start : start + 1500])
                 rates[label].append(len(events) / (time.perf_counter() - begin))
+        inserter = RowInserter(log.database)
         with log.database.engine.begin() as connection:
             lookups = []
             for _ in range(2000):
                 begin = time.perf_counter()
-                lookup(log, connection, [_Job(target)])
+                lookup(inserter, connection, [_Job(target)])  # type: ignore[list-item]
                 lookups.append(time.perf_counter() - begin)
         print(
             f"horizon lookup alone: median {statistics.median(lookups) * 1e6:.0f} us, "

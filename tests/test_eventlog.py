@@ -1108,7 +1108,7 @@ async def test_connection_context_says_whether_a_stream_without_ids_has_rows(
     event_log: Stores, stream_name: str
 ) -> None:
     """A connection with no cursor learns whether the stream has stored anything: rows
-    without ids make it a reconnect that cannot resume (gaps.no_resume)."""
+    without ids make it a reconnect that cannot resume (gaps.model.no_resume)."""
     fresh = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none"
     )

@@ -1,5 +1,5 @@
 """A replay skips what is stored (durable_sse/reader/stored.py, its use in the intake, and
-``Stores.stored_keys``): stored events become no rows and count as duplicates, holes are
+``Reads.stored_keys``): stored events become no rows and count as duplicates, holes are
 written, counts and gap evidence stay exact, on real PostgreSQL and SQLite."""
 
 from __future__ import annotations

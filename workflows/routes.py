@@ -7,7 +7,7 @@ gaps are now, how long to wait), and before every connection :func:`plan_connect
 to cancel it.
 
 The workflow does not own the gaps: they are durable records the reader writes with its
-batches (:mod:`durable_sse.gaps`). It mirrors their summary, read back from the store
+batches (:mod:`durable_sse.gaps.tracker`). It mirrors their summary, read back from the store
 after each connection, and routes on it:
 
 * no gap open: live;

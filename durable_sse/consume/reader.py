@@ -2,13 +2,13 @@
 markers between them, a truncation first.
 
 Why this is safe to read with ``seq > position``: the writer makes each stream's rows
-visible in ``seq`` order (``Stores._order_and_notify`` on PostgreSQL; SQLite has one
+visible in ``seq`` order (``Writer._order_and_notify`` on PostgreSQL; SQLite has one
 writer), so once a row is visible every row of its stream with a smaller ``seq`` is too,
 and a reader that moved past a ``seq`` can never meet a smaller one later.
 
 Gap markers carry ``(after_seq, mark)``: the stream's newest ``seq`` when the gap opened
 (or closed) and the marker's number among the stream's markers; both only grow
-(``Stores._place_gap_markers``). A marker comes after the events up to its
+(``GapStore._place_gap_markers``). A marker comes after the events up to its
 ``after_seq`` and before the later ones. The events and the markers are two statements
 (two snapshots on PostgreSQL's READ COMMITTED): a marker committed between them has an
 ``after_seq`` at or past the newest event the first statement saw, so only markers up to

@@ -1,7 +1,7 @@
 """Wake a consumer when its streams may have something new.
 
 PostgreSQL: the writer's group transaction queues one ``NOTIFY`` per stream it wrote
-(``Stores._order_and_notify``; delivered on commit, never for a rollback). A consumer
+(``Writer._order_and_notify``; delivered on commit, never for a rollback). A consumer
 process keeps one ``LISTEN`` connection, shared by every consumer in it (psycopg's own
 async notifications, no polling), and marks the stream named in each payload.
 Notifications are not durable: one sent while the connection was down is gone. So after

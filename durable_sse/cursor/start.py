@@ -122,7 +122,7 @@ class StartStore:
                 oldest=(lambda: oldest_id(connection, stream)) if from_oldest else None,
             )
             # Rows without ids only matter to a connection with no cursor: a reconnect
-            # of a stream that has read events cannot resume (gaps.no_resume).
+            # of a stream that has read events cannot resume (gaps.model.no_resume).
             any_rows = floor is not None or (cursor is None and has_rows(connection, stream))
             if reader is not None:
                 self._readers.register(connection, stream, reader, cursor)

@@ -86,7 +86,7 @@ class Prune:
         writer, taken by each transaction's first statement, a write). So a gap or a
         connection that appears while a run goes on holds the very next statement, and
         one that appears during a statement is written after it, against the horizon it
-        left (:func:`durable_sse.log.retention.opening_past_horizon`).
+        left (:func:`durable_sse.gaps.transitions.opening_past_horizon`).
 
         Raises :class:`~durable_sse.errors.IdOrderMismatchError` (nothing deleted) when
         ``id_order`` is not the one the stream's keys were made with.

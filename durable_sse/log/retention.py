@@ -1,7 +1,7 @@
 """Retention: how long a stream's events are kept, and which old rows must stay anyway.
 
 Deleting is irreversible, so the decisions are plain functions here and the store only
-carries them out (:meth:`durable_sse.log.eventlog.Stores.apply_retention`):
+carries them out (:meth:`durable_sse.log.prune.Prune.apply_retention`):
 
 * **How long.** A stream's own ``retention`` wins; a stream without one takes the
   worker's ``DURABLE_SSE_RETENTION``, raised to the stream's ``replay_window`` if it is
@@ -25,7 +25,7 @@ carries them out (:meth:`durable_sse.log.eventlog.Stores.apply_retention`):
   the history no longer holds repaired. A stream with no lagging id
   yet keeps every row that carries an id. The fence is read again inside
   every delete transaction, under a lock that gap openings and connection starts take
-  too (see :meth:`durable_sse.log.eventlog.Stores.apply_retention`): a gap committed or a
+  too (see :meth:`durable_sse.log.prune.Prune.apply_retention`): a gap committed or a
   connection started while a run goes on holds the very next statement.
 * **Deduplication after a delete.** Deleted keys can no longer conflict, so a server
   that re-sends ids older than the fence (one that ignores ``Last-Event-ID``, or an

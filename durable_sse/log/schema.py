@@ -148,7 +148,7 @@ class SSECheckpoint(SQLModel, table=True):
 class SSEGap(SQLModel, table=True):
     """One gap: where a stream's server skipped events, and what became of them.
 
-    Rows are written only by :func:`durable_sse.gaps.apply_change` (see that module for
+    Rows are written only by :func:`durable_sse.gaps.transitions.apply_change` (see that module for
     the meaning of each column); like everything stored, they are keyed by stream.
     ``ix_sse_gaps_stream_state`` serves the two queries on the reconnect path: a
     stream's open gaps, and its totals by state.
@@ -220,7 +220,7 @@ class SSERetention(SQLModel, table=True):
 
 class SSEReader(SQLModel, table=True):
     """A running connection of a stream and the cursor it started from (see
-    :class:`durable_sse.log.retention.RunningReader`): retention keeps that row and every
+    :class:`durable_sse.cursor.fence.RunningReader`): retention keeps that row and every
     newer one until the connection ends or ``expires_at`` passes.
 
     Written when a connection resolves its start, deleted when it ends. A table of its

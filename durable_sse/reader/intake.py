@@ -9,7 +9,7 @@ connection must end is made here, once.
 Batches are cut by count, by bytes, by age (``poll``), before a drop notice (what was
 read before it is clean evidence), and where the set of open gaps an id would fill
 changes (so a batch's new rows are wholly inside or outside each gap). Each batch carries
-the gap changes that must commit with it (:mod:`durable_sse.gaps`). The cursor moves only
+the gap changes that must commit with it (:mod:`durable_sse.gaps.tracker`). The cursor moves only
 when :meth:`Intake.committed` is told, in commit order.
 
 Ending a connection stops only the reading of new bytes: once :attr:`Intake.outcome` is
@@ -90,7 +90,7 @@ class Intake:
         retried: this attempt replaces one that died (see ``GapTracker.suspect``).
         read_before: the stream read events before this connection (the workflow's
             counters, or an attempt that died): with no cursor, the connection is a
-            reconnect that cannot resume (:func:`~durable_sse.gaps.no_resume`).
+            reconnect that cannot resume (:func:`~durable_sse.gaps.model.no_resume`).
     """
 
     def __init__(

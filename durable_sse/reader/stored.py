@@ -4,7 +4,7 @@ A replay (the ``replay`` signal, a repair on the lagged route, a retried attempt
 ids that are mostly stored already. Writing them costs a row each through the staging
 table and an ``ON CONFLICT`` probe, only to be discarded; building their records costs the
 event loop as much again. Instead the reader fetches the stored keys of the next id range,
-a page at a time with one indexed query (:meth:`durable_sse.log.eventlog.Stores.stored_keys`),
+a page at a time with one indexed query (:meth:`durable_sse.log.reads.Reads.stored_keys`),
 and the intake drops an event whose key is in it before it becomes a record: it counts
 as a duplicate, exactly what ``ON CONFLICT DO NOTHING`` would have made of it.
 

@@ -1,11 +1,11 @@
 """In-memory stand-ins for the event log and Redis, with the same semantics.
 
-The memory event log applies batches exactly as :class:`~durable_sse.log.eventlog.Stores`
+The memory event log applies batches exactly as :class:`~durable_sse.stores.Stores`
 does: rows deduplicated on ``(event_id, follower_key)``, an event whose key is stored under
 another digest (a reused id) kept under its extended key, the batch's gap changes applied in
-the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
-chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
-:func:`durable_sse.gaps.lagging_target`. Retention takes the same decisions from
+the same step with :func:`durable_sse.gaps.transitions.apply_change`, the start of a connection
+chosen with :func:`durable_sse.cursor.fence.choose_start`, the lagging id moved with
+:func:`durable_sse.cursor.fence.lagging_target`. Retention takes the same decisions from
 :mod:`durable_sse.log.retention`: the fence (lagging id, open gaps, running connections'
 starts) read for every delete statement, the rows one statement deletes, the horizon the
 write path drops rows at, and where a gap opened behind it starts. Only the storage is
@@ -66,7 +66,7 @@ class Row:
 
 @dataclass
 class RetentionBatch:
-    """One delete statement (``Stores._delete_batch_sync``)."""
+    """One delete statement (``Prune._delete_batch_sync``)."""
 
     deleted: int
     last_seq: int | None
@@ -224,7 +224,7 @@ class MemoryEventLog:
         return self._keys[index][1] if index < len(self._keys) else None
 
     def stored_page(self, after: str | None, limit: int) -> StoredPage:
-        """``Stores.stored_keys``: the first ``limit`` stored keys after ``after``."""
+        """``Reads.stored_keys``: the first ``limit`` stored keys after ``after``."""
         low = None if after is None else sort_key(after, self.order)
         ahead = sorted(
             (
@@ -292,7 +292,7 @@ class MemoryEventLog:
     def retention_batch(
         self, *, cutoff: datetime, after: int | None, limit: int, now: datetime
     ) -> RetentionBatch:
-        """One delete statement, as ``Stores._delete_batch_sync`` takes it: the fence
+        """One delete statement, as ``Prune._delete_batch_sync`` takes it: the fence
         read now, the next ``limit`` rows before the fence row's in ``seq`` order."""
         fence = retention_fence(
             self.lagging_id,
@@ -342,7 +342,7 @@ class MemoryEventLog:
         return RetentionBatch(len(doomed), choice.last_seq, choice.done)
 
     def _fence_seq(self, key: bytes) -> int | None:
-        """``Stores._fence_seq``: the fence id's row, else the first id after it."""
+        """``Prune._fence_seq``: the fence id's row, else the first id after it."""
         at = [row.seq for row in self.rows.values() if row.key == key]
         if at:
             return min(at)

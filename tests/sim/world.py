@@ -890,7 +890,7 @@ class Attempt:
 
 @dataclass
 class RetentionRun:
-    """A retention run in progress (``EventLog.apply_retention``, one statement a step)."""
+    """A retention run in progress (``Prune.apply_retention``, one statement a step)."""
 
     cutoff: datetime
     limit: int
