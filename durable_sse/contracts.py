@@ -79,6 +79,10 @@ class ReadInput:
     """Events the stream's earlier connections read (the workflow's counter): a connection
     with no id to send on a stream that has read events is a reconnect that cannot
     resume, a loss window (``GapKind.NO_RESUME``)."""
+    verify: bool = False
+    """Suspect what was read since the lagging id and re-read it (``verify_reconnects``:
+    the connection before was ended by the server, which may have skipped events and
+    dropped it before its notice went out; ``GapKind.SUSPECTED``)."""
 
 
 @dataclass
@@ -315,6 +319,12 @@ class StreamCounters:
     dropped_by_horizon: int = 0
     """Events not stored because their id sorts at or before the retention horizon
     (``ReadCounts.dropped_by_horizon``); never in ``duplicates``."""
+    suspicions: int = 0
+    """Reconnects suspected of silent skips and re-read (``verify_reconnects``: gaps of
+    kind ``suspected``)."""
+    suspicions_closed: int = 0
+    suspicions_recovered: int = 0
+    """Events re-reading the suspicions stored that were missing."""
 
 
 @dataclass

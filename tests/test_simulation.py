@@ -260,7 +260,14 @@ def _no_horizon(key, horizon):  # noqa: ANN001, ANN202
     return True
 
 
+def _verify_nothing(self, detail):  # noqa: ANN001, ANN202
+    return None
+
+
 MUTATIONS += [
+    # verify_reconnects (issue 24, item 10): a notice lost with a cut connection is no
+    # excuse when the stream verifies its reconnects.
+    Mutation("reconnects are never verified", tracker.GapTracker, "verify", _verify_nothing, 1000),
     # Retention (issue 24): the memory store takes its decisions from these names.
     Mutation("retention ignores open gaps", stores, "retention_fence", _fence_without_gaps, 300),
     Mutation("the write path ignores the horizon", stores, "after_horizon", _no_horizon, 300),

@@ -366,7 +366,10 @@ class StreamWorkflow:
             known_gaps=plan.known_gaps,
             connection=s.counters.connections,
             events_read_before=s.counters.events_read,
+            verify=plan.verify,
         )
+        c = s.counters
+        suspected_before = (c.suspicions, c.suspicions_closed, c.suspicions_recovered)
         started = workflow.now()
         self._repairing = plan.repairs
         self._running = read_input.connection
@@ -387,6 +390,7 @@ class StreamWorkflow:
             duration=duration,
             refused=refused,
             max_retry_delay=spec.max_retry_delay if bounded else None,
+            verify_reconnects=spec.verify_reconnects,
         )
         if decision.retry_capped_from_ms is not None and not self._retry_cap_logged:
             self._retry_cap_logged = True
@@ -416,10 +420,30 @@ class StreamWorkflow:
             decision.new_unrecoverable_gaps,
             no_resume=decision.reconnects_without_cursor,
         )
+        self._report_suspicions(suspected_before)
         if decision.replay_finished:
             workflow.logger.info("requested replay finished")
         if decision.delay > 0:
             s.next_reconnect_at = (workflow.now() + timedelta(seconds=decision.delay)).isoformat()
+
+    def _report_suspicions(self, before: tuple[int, int, int]) -> None:
+        """Export what ``verify_reconnects`` suspected, closed and recovered since
+        ``before`` (the counters as the connection started)."""
+        c = self._state.counters
+        now = (c.suspicions, c.suspicions_closed, c.suspicions_recovered)
+        if now == before:
+            return
+        metrics = WorkflowMetrics(workflow.metric_meter(), self._spec.name)
+        for counter, new, old in zip(metrics.suspicions, now, before, strict=True):
+            if new > old:
+                counter.add(new - old)
+        if now[2] > before[2]:
+            workflow.logger.warning(
+                "stream %s: re-reading a reconnect brought back %d events the server had "
+                "skipped without a notice that arrived (verify_reconnects)",
+                self._spec.name,
+                now[2] - before[2],
+            )
 
     def _report_unrecoverable(self, events: int, gaps: int, *, no_resume: int = 0) -> None:
         """Export what became unrecoverable and warn; gaps of a reconnect that could not
@@ -705,6 +729,12 @@ class StreamWorkflow:
             lines.append(
                 f"reconnects without a cursor {c.reconnects_without_cursor} (the server sends "
                 "no ids: each lost what was sent meanwhile)"
+            )
+        if c.suspicions:
+            lines.append(
+                f"verified reconnects {c.suspicions} (closed {c.suspicions_closed}): "
+                f"{c.suspicions_recovered} events the server skipped without a notice that "
+                "arrived were read again and stored"
             )
         if status.repair_pending:
             lines.append("repair pending (lagged reconnects are throttled)")

@@ -224,6 +224,10 @@ class StreamSpec:
     """Treat a ``Mercure-Last-Event-ID`` response header unlike the cursor sent as a drop."""
     contiguous_ids: bool = False
     """Ids are consecutive integers: a hole in them is a drop signal."""
+    verify_reconnects: bool = False
+    """After a connection the server ended, re-read from the lagging id (throttled like a
+    repair): for servers that may skip events and drop the connection before their
+    notice goes out, which no drop signal can show without contiguous ids."""
     idle_timeout: Annotated[float, seconds(0.01, 30 * DAY)] = 45.0
     headers_from_env: Annotated[dict[HeaderName, EnvName], Field(max_length=MAX_TABLE_ITEMS)] = (
         field(default_factory=dict)
@@ -276,6 +280,7 @@ EXPECTED = {
     "drop_event_types": f"expected a list of at most {MAX_LIST_ITEMS} event types (strings)",
     "mercure_last_event_id": "expected true or false",
     "contiguous_ids": "expected true or false",
+    "verify_reconnects": "expected true or false",
     "headers_from_env": (
         f"expected a table of at most {MAX_TABLE_ITEMS} header name = environment variable name"
     ),

@@ -90,6 +90,13 @@ class GapKind(StrEnum):
     recorded, so the span is re-read like a gap. If the history no longer holds it, it is
     reported as unrecoverable of unknown size (exact with contiguous ids): a notice may
     have died with the worker, and loud beats silent."""
+    SUSPECTED = "suspected"
+    """A reconnect of a stream with ``verify_reconnects``: the server may have skipped
+    events and dropped the connection before its notice went out, so what was read since
+    the lagging id is re-read like a gap (from the lagging id to the newest stored id).
+    Closed on evidence like every gap: repaired when a re-read crosses it (``recovered``
+    counts what it brought back), unrecoverable when the history no longer reaches it
+    (of unknown size, exact with contiguous ids: loud, though it may have lost nothing)."""
     NO_RESUME = "no_resume"
     """A reconnect that could not resume: no id to send, on a stream that had read
     events (a server that sends no ids). What the server sent while no connection was
@@ -238,6 +245,14 @@ class GapTotals:
     """Unrecoverable gaps whose size nobody can know (no count announced, ids not
     contiguous): their events are *not* in ``events_unrecoverable``."""
     events_recovered: int = 0
+    suspicions: int = 0
+    """Gaps of kind ``suspected`` recorded (``verify_reconnects``), open or closed."""
+    suspicions_closed: int = 0
+    """Of those, closed (repaired, or unrecoverable because the history no longer held
+    them)."""
+    suspicions_recovered: int = 0
+    """Events re-reading the suspicions stored that were missing: what silent skips a
+    notice never announced cost before ``verify_reconnects`` brought them back."""
 
 
 @dataclass
@@ -258,6 +273,10 @@ def summarize(gaps: Sequence[Gap], order: IdOrder | str) -> GapSummary:
     open_gaps = []
     for gap in gaps:
         totals.events_recovered += gap.recovered
+        if gap.kind == GapKind.SUSPECTED:
+            totals.suspicions += 1
+            totals.suspicions_closed += 0 if gap.is_open else 1
+            totals.suspicions_recovered += gap.recovered
         if gap.is_open:
             totals.open += 1
             open_gaps.append(gap)

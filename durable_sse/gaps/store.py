@@ -224,29 +224,37 @@ class GapStore:
         table = gaps_table
         with self._database.begin() as connection:
             open_gaps = self.open_gaps(connection, stream)
+            suspected = table.c.kind == GapKind.SUSPECTED.value
             rows = connection.execute(
                 sa.select(
                     table.c.state,
+                    suspected,
                     sa.func.count(),
                     sa.func.coalesce(sa.func.sum(table.c.missing), 0),
                     sa.func.sum(sa.case((table.c.missing.is_(None), 1), else_=0)),
                     sa.func.coalesce(sa.func.sum(table.c.recovered), 0),
                 )
                 .where(table.c.stream == stream)
-                .group_by(table.c.state)
+                .group_by(table.c.state, suspected)
             ).all()
         summary = summarize(open_gaps, order)
         totals = GapTotals()
-        for state, count, missing, unknown, recovered in rows:
-            totals.events_recovered += int(recovered or 0)
+        for state, is_suspicion, count, missing, unknown, recovered in rows:
+            count, recovered = int(count), int(recovered or 0)
+            totals.events_recovered += recovered
+            if is_suspicion:
+                totals.suspicions += count
+                totals.suspicions_recovered += recovered
+                if state != GapState.OPEN:
+                    totals.suspicions_closed += count
             if state == GapState.OPEN:
-                totals.open = int(count)
+                totals.open += count
             elif state == GapState.REPAIRED:
-                totals.repaired = int(count)
+                totals.repaired += count
             else:
-                totals.unrecoverable = int(count)
-                totals.events_unrecoverable = int(missing or 0)
-                totals.unknown_size = int(unknown or 0)
+                totals.unrecoverable += count
+                totals.events_unrecoverable += int(missing or 0)
+                totals.unknown_size += int(unknown or 0)
         summary.totals = totals
         return summary
 

@@ -161,6 +161,31 @@ class GapTracker:
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
         return gap
 
+    def verify(self, detail: str) -> Gap | None:
+        """A reconnect of a stream that verifies its reconnects: record what was read
+        since the lagging id (up to the newest stored id) as a suspected gap, to be
+        re-read and closed on evidence like any gap (:data:`GapKind.SUSPECTED`).
+
+        A suspicion still open from an earlier reconnect already covers the span up to
+        its own end: the new one starts there, so suspicions never overlap. None when
+        there is nothing to suspect (no lagging id yet, nothing stored after it).
+        """
+        start = self.context.lagging_id
+        for gap in self.context.open_gaps:
+            if gap.is_open and gap.kind == GapKind.SUSPECTED:
+                start = newest([start, gap.bound()], self.order)
+        bound = self.context.floor
+        if start is None or bound is None or compare_ids(bound, start, self.order) <= 0:
+            return None
+        # Through the newest stored id, which is its end: a skip the lost notice was about
+        # lies before an id the connection read after it (the cursor passed it); a skip
+        # after the newest stored id is sent again to the next connection anyway.
+        gap = self._open(
+            GapKind.SUSPECTED, start=start, end=bound, notice=bound, announced=None, detail=detail
+        )
+        self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
+        return gap
+
     def no_resume(self) -> Gap:
         """This connection reconnects with no id to resume from (see :func:`no_resume`):
         record the loss window as lost, of unknown size; the first id it reads, if any,

@@ -10,6 +10,7 @@ Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
 ``drop_signals{kind}``, ``reconnects{route}``, ``lagged_replays``, ``events_recovered``,
 ``events_unrecoverable``, ``gaps_unrecoverable``, ``ids_out_of_order``, ``ids_reused``,
 ``reconnects_without_cursor`` (reconnects that could not resume: a ``no_resume`` gap each),
+``suspicions``, ``suspicions_closed``, ``suspicions_recovered`` (``verify_reconnects``),
 ``redis_write_failures``, ``batch_persist_seconds`` (histogram), ``cursor_lag_seconds``
 (gauge: now - receive time of the newest persisted event), ``retention_deleted_rows``
 (rows retention deleted), ``retention_oldest_kept_timestamp_seconds`` (gauge: receive time
@@ -51,6 +52,20 @@ class WorkflowMetrics:
             PREFIX + "gaps_unrecoverable",
             "Gaps closed with events lost for good (exact count or unknown size)",
         )
+        self.suspicions = (
+            meter.create_counter(
+                PREFIX + "suspicions",
+                "Reconnects suspected of silent skips and re-read (verify_reconnects)",
+            ),
+            meter.create_counter(
+                PREFIX + "suspicions_closed", "Suspicions closed (re-read, or out of history)"
+            ),
+            meter.create_counter(
+                PREFIX + "suspicions_recovered",
+                "Events re-reading a suspicion stored that were missing",
+            ),
+        )
+        """Opened, closed, recovered (``StreamCounters.suspicions*``)."""
 
     def reconnect(self, route: str) -> None:
         self._reconnects.add(1, {"route": route})

@@ -91,6 +91,9 @@ class Intake:
         read_before: the stream read events before this connection (the workflow's
             counters, or an attempt that died): with no cursor, the connection is a
             reconnect that cannot resume (:func:`~durable_sse.gaps.model.no_resume`).
+        verify: suspect what was read since the lagging id (``verify_reconnects``: a
+            server may have skipped events and dropped the connection before its notice);
+            see ``GapTracker.verify``.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class Intake:
         now_iso: Callable[[], str],
         retried: bool = False,
         read_before: bool = False,
+        verify: bool = False,
     ) -> None:
         self.spec = spec
         self.order = spec.id_order
@@ -174,6 +178,11 @@ class Intake:
 
         if retried:
             self.gaps.suspect("an attempt that read here died; what it read is read again")
+        if verify:
+            self.gaps.verify(
+                "a reconnect of a stream that verifies its reconnects: what was read since "
+                "the lagging id is read again"
+            )
         known = set(known_gaps)
         unknown = [gap.gap_id for gap in context.open_gaps if gap.gap_id not in known]
         # A workflow that knows one open gap has its repair pending already (it names

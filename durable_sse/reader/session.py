@@ -143,6 +143,7 @@ class ReadSession:
             now_iso=self._now_iso,
             retried=self.retried,
             read_before=self.input.events_read_before > 0 or self.carried.events_read > 0,
+            verify=self.input.verify,
         )
         if start.cursor:
             self.decoder.last_event_id = start.cursor

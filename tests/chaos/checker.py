@@ -72,6 +72,9 @@ class Verdict:
     reread: int = 0
     faults: str = ""
     first_lost: list[int] = field(default_factory=list)
+    lost_unannounced: int = 0
+    """Of ``lost``: ids inside a skip the source never announced (its connection closed
+    first, ``truth.unannounced``): no drop signal on the wire told of them."""
 
     def row(self) -> str:
         unknown = f" ({self.unknown_size} of unknown size)" if self.unknown_size else ""
@@ -95,7 +98,10 @@ def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] =
     A skipped id inside an unrecoverable gap record of *unknown size* (``gaps``, from
     ``sse_gaps``: no count was announced and ids are not contiguous) was announced lost:
     out of window too, and counted in ``unknown_size`` since no exact figure includes it.
-    Every other missing id is *lost* (silently).
+    A skip the source never announced (``truth.unannounced``: its connection closed
+    first) that the history still holds is no excuse: its missing ids are *lost*, and
+    counted in ``lost_unannounced`` (only ``contiguous_ids`` or ``verify_reconnects`` can
+    bring them back). Every other missing id is *lost* (silently).
     """
     verdict = Verdict(scenario=scenario, stored=rows.rows, duplicate_rows=rows.duplicate_rows)
     if not rows.ids:
@@ -111,6 +117,8 @@ def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] =
     skipped = {i for i in missing if any(low <= i <= high for low, high in truth.dropped)}
     out_of_window: set[int] = set()
     for low, high in truth.dropped:
+        if (low, high) in truth.unannounced and low >= truth.history_start:
+            continue  # still in the history: lost unless re-read (counted apart below)
         recovered = [i for i in range(low, high + 1) if i in have]
         bound = min(recovered) if recovered else high + 1
         out_of_window |= {i for i in missing if low <= i < bound}
@@ -122,6 +130,9 @@ def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] =
     lost = sorted(missing - out_of_window - announced)
     verdict.lost = len(lost)
     verdict.first_lost = lost[:10]
+    verdict.lost_unannounced = sum(
+        1 for i in lost if any(low <= i <= high for low, high in truth.unannounced)
+    )
     verdict.out_of_window = len(out_of_window | announced)
     verdict.unknown_size = len(announced)
     return verdict

@@ -374,6 +374,81 @@ async def test_5_drop_notices_inside_the_window(
     assert status.counters.events_unrecoverable == 0 and verdict.out_of_window == 0
 
 
+# -- 12. skips whose notice is lost with the connection ------------------------------------------
+
+
+async def skip_and_cut(source: SSESource, name: str, count: int, *, late: int, rate: float) -> None:
+    """Make the source skip ``count`` events, send ``late`` more, then close the
+    connection before its notice goes out: a silent skip, as a plain disconnect."""
+    before = len(source.truth(name).unannounced)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(20.0, 30 * (count + late) / rate)
+    source.inject(name, action="drop", count=count, late=late, lost=True)
+    while len(source.truth(name).unannounced) == before:
+        if loop.time() > deadline:
+            raise AssertionError(f"the source never took the silent skip: {source.describe(name)}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("setting", ["verify_reconnects", "contiguous_ids", "neither"])
+async def test_12_skips_whose_notice_dies_with_the_connection(
+    temporal: WorkflowEnvironment,
+    queue: str,
+    source: SSESource,
+    chaos_log: Stores,
+    redis_url: str,
+    sizes: Sizes,
+    seed: int,
+    verdicts: list[Verdict],
+    setting: str,
+) -> None:
+    """Issue 24: a server that skips events and drops the connection before its notice
+    goes out looks like a plain disconnect. ``verify_reconnects`` re-reads from the
+    lagging id after it and brings every skipped id back; ``contiguous_ids`` sees the
+    hole; with neither, what is lost is lost only inside those never-announced skips."""
+    rng = random.Random(f"{seed}:{setting}")
+    name = new_stream(source, f"silent-{setting.split('_')[0]}", sizes)
+    overrides = {setting: True} if setting != "neither" else {}
+    spec = chaos_spec(name, source.url(name), **overrides)
+    skips = 0
+    async with CursorSampler(chaos_log, redis_url, name) as sampler:
+        handle = await start_stream(temporal.client, spec, queue)
+        await ready_for_a_gap(chaos_log, name)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + sizes.seconds
+        while skips < 6 or loop.time() < until:
+            await skip_and_cut(
+                source, name, rng.randint(5, 40), late=rng.randint(1, 5), rate=sizes.rate
+            )
+            skips += 1
+            await asyncio.sleep(rng.uniform(0.2, 1.5))
+        status = await drain_and_stop(handle, source, chaos_log, name, min_events=sizes.min_events)
+    truth = source.truth(name)
+    faults = f"{skips} skips cut before their notice, {setting}"
+    verdict = await verdict_of(
+        f"12 silent skips ({setting})", faults, source, chaos_log, name, sampler, status, verdicts
+    )
+    print(
+        f"12 {setting}: suspicions {status.counters.suspicions} (closed "
+        f"{status.counters.suspicions_closed}, recovered {status.counters.suspicions_recovered}), "
+        f"re-read {status.counters.duplicates}, lost {verdict.lost} "
+        f"({verdict.lost_unannounced} inside unannounced skips)"
+    )
+    assert len(truth.unannounced) == skips
+    assert verdict.unexpected == 0 and verdict.duplicate_rows == 0
+    assert sampler.regressions == [] and sampler.ahead == []
+    if setting == "neither":
+        # Loss is possible, and only where no signal ever told of a skip.
+        assert verdict.lost == verdict.lost_unannounced
+    else:
+        assert verdict.lost == 0, f"{verdict.lost} lost, first {verdict.first_lost}"
+        assert status.counters.gaps_unrecoverable == 0
+    if setting == "verify_reconnects":
+        assert status.counters.suspicions >= 1
+        assert status.counters.suspicions_closed == status.counters.suspicions
+        assert status.counters.suspicions_recovered > 0
+
+
 async def test_6_gap_older_than_the_history_is_reported(
     temporal: WorkflowEnvironment,
     address: str,

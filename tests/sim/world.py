@@ -148,6 +148,9 @@ class World:
         self.seed = seed
         self.rng = random.Random(seed)
         self.profile = profile or random_profile(self.rng)
+        if profile is None:
+            # Its own generator: schedules draw what they drew before the setting existed.
+            self.profile.verify = random.Random(f"{seed}:verify").random() < 0.5
         self.faults = faults or Faults()
         self.server = SimServer(self.rng, self.profile)
         order = "numeric" if self.rng.random() < 0.5 else "natural"
@@ -160,6 +163,7 @@ class World:
             replay_window=history_seconds * self.rng.choice([0.5, 0.8, 1.5]),
             lagged_reconnect_interval=self.rng.choice([0.0, 0.5, 2.0]),
             contiguous_ids=self.profile.contiguous,
+            verify_reconnects=self.profile.verify,
             mercure_last_event_id=self.profile.mercure,
             batch_max_events=self.rng.choice([1, 3, 8]),
             batch_max_delay=0.1,
@@ -193,6 +197,8 @@ class World:
                 self.spec.replay_window,
             )
         self.deleting: RetentionRun | None = None
+        self.cut_connections: list[SimConnection] = []
+        """Connections the server cut since the last connection started."""
         self._attempts = count(1)
 
     def maybe_inject_drop(self, chance: float) -> None:
@@ -395,7 +401,12 @@ class World:
             start_id=plan.start_id,
             known_gaps=plan.known_gaps,
             events_read_before=state.counters.events_read,
+            verify=plan.verify,
         )
+        for cut in self.cut_connections:
+            # What a verification of this reconnect covers, as the store has it now.
+            cut.verified = (self.log.lagging_id, self.log.floor)
+        self.cut_connections.clear()
         attempt = await Attempt.start(self, read_input, retried=False, progress=None)
         self.note(
             f"connect {plan.route.value} start_id={plan.start_id} -> cursor "
@@ -445,6 +456,7 @@ class World:
             id_order=self.spec.id_order,
             jitter=self.rng.random(),
             duration=steps * STEP,
+            verify_reconnects=self.spec.verify_reconnects,
         )
         if decision.refresh_gaps:
             fold_gaps(state, await self.log.gap_summary(STREAM, self.log.order))
@@ -510,6 +522,23 @@ class World:
 
     # -- the end ----------------------------------------------------------------------
 
+    def _verifiable_skips(self) -> set[int]:
+        """Ids a cut connection skipped whose notice was lost with it, inside the span the
+        next connection's verification covers: ``verify_reconnects`` must bring them back
+        (or count them, when the history lost them before the re-read)."""
+        found: set[int] = set()
+        for connection in self.server.connections:
+            if not connection.cut or connection.verified is None:
+                continue
+            lagging, floor = connection.verified
+            if lagging is None or floor is None:
+                continue
+            low, high = int(lagging), int(floor)
+            for notice in connection.notices:
+                if not notice.read:
+                    found.update(n for n in notice.skipped if low < n <= high)
+        return found
+
     def verdict(self) -> None:
         """The final oracle (after :meth:`run` settled)."""
         for connection in self.server.connections:
@@ -563,6 +592,14 @@ class World:
                 if not notice.read
                 for n in notice.skipped
             }
+            # With verify_reconnects a notice lost with a connection the server cut is no
+            # excuse: the next connection suspects everything read since the lagging id
+            # and re-reads it. Only ids outside that span (no lagging id yet, or ids the
+            # lagging id had passed) stay unknowable.
+            must_recover = self._verifiable_skips() if self.profile.verify else set()
+            silent -= must_recover
+            if must_recover:
+                self.tally.counts["ids skipped with a notice lost, verified"] += len(must_recover)
             # A gap that starts at the stream's oldest stored id has no older id to
             # start its repair from, so nothing can show that the history no longer
             # reaches it: its loss is unknowable too.
@@ -572,7 +609,7 @@ class World:
                 for n in lost
                 if counted_by_a_gap(n)
                 or (
-                    n in self.server.delivered
+                    (n in self.server.delivered or n in must_recover)
                     and n not in silent
                     and not any(g.contains(str(n), self.log.order) for g in blind)
                 )
@@ -793,6 +830,9 @@ class Attempt:
         if self.rng.random() < self.world.profile.disconnect_rate:
             cut = self.rng.randint(0, len(connection.buffer))
             self._take(connection.read(cut))
+            if not self.zombie:
+                connection.cut = True
+                self.world.cut_connections.append(connection)
             outcome = session.ended()
             self._collect()
             return outcome
