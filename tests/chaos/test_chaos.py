@@ -379,13 +379,24 @@ async def test_5_drop_notices_inside_the_window(
 
 async def skip_and_cut(source: SSESource, name: str, count: int, *, late: int, rate: float) -> None:
     """Make the source skip ``count`` events, send ``late`` more, then close the
-    connection before its notice goes out: a silent skip, as a plain disconnect."""
+    connection before its notice goes out: a silent skip, as a plain disconnect.
+
+    A one-shot is taken by the next connection that looks; one that we end before the
+    skip is complete (a repair closing its gaps, a verification's interrupt) wastes it, as
+    ``drop_for_real`` says: inject again when it has not shown long after it should have.
+    """
     before = len(source.truth(name).unannounced)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(20.0, 30 * (count + late) / rate)
+    patience = max(2.0, 3 * (count + late) / rate)
+    deadline = loop.time() + 10 * patience
     source.inject(name, action="drop", count=count, late=late, lost=True)
+    retry_at = loop.time() + patience
     while len(source.truth(name).unannounced) == before:
-        if loop.time() > deadline:
+        now = loop.time()
+        if now > retry_at and not source.describe(name)["pending"]:
+            source.inject(name, action="drop", count=count, late=late, lost=True)
+            retry_at = now + patience
+        if now > deadline:
             raise AssertionError(f"the source never took the silent skip: {source.describe(name)}")
         await asyncio.sleep(0.05)
 
@@ -434,7 +445,7 @@ async def test_12_skips_whose_notice_dies_with_the_connection(
         f"re-read {status.counters.duplicates}, lost {verdict.lost} "
         f"({verdict.lost_unannounced} inside unannounced skips)"
     )
-    assert len(truth.unannounced) == skips
+    assert len(truth.unannounced) >= skips  # a wasted one-shot injected again may land twice
     assert verdict.unexpected == 0 and verdict.duplicate_rows == 0
     assert sampler.regressions == [] and sampler.ahead == []
     if setting == "neither":
