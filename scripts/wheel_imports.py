@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import pkgutil
 import sys
 import sysconfig
@@ -69,12 +70,21 @@ def main() -> int:
     names = installed_modules(failures)
     imported = 0
     for name in names:
-        try:
-            module = importlib.import_module(name)
-        except (Exception, SystemExit) as error:  # a module that exits on import fails too
-            failures.append(f"{name}: {type(error).__name__}: {error}")
-            continue
-        origin = Path(module.__file__ or "").resolve()
+        if name.rpartition(".")[2] == "__main__":
+            # An entry point (``python -m``): importing it runs the program. Found, not run;
+            # its package and what it imports are imported on their own.
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.origin is None:
+                failures.append(f"{name}: not found in the installed wheel")
+                continue
+            origin = Path(spec.origin).resolve()
+        else:
+            try:
+                module = importlib.import_module(name)
+            except (Exception, SystemExit) as error:  # a module that exits on import fails too
+                failures.append(f"{name}: {type(error).__name__}: {error}")
+                continue
+            origin = Path(module.__file__ or "").resolve()
         if any(origin.is_relative_to(folder) for folder in site):
             imported += 1
         else:
