@@ -28,18 +28,17 @@ from activities.nudge import NudgeActivities
 from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
 from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
-from durable_sse import temporal_client
-from durable_sse.codec import data_converter_from_env
+from durable_sse.config.secrets import DeclaredSecrets
+from durable_sse.config.settings import Settings
 from durable_sse.consume.retention import retention_holds
+from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.errors import ConfigError
-from durable_sse.eventlog import EventLog
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
-from durable_sse.logs import configure_logging
-from durable_sse.metrics import prometheus_runtime, redis_failures_counter
-from durable_sse.nudge import Nudges
-from durable_sse.secrets import DeclaredSecrets
-from durable_sse.settings import Settings
+from durable_sse.ops import temporal_client
+from durable_sse.ops.codec import data_converter_from_env
+from durable_sse.ops.logs import configure_logging
+from durable_sse.ops.metrics import prometheus_runtime, redis_failures_counter
+from durable_sse.ops.nudge import Nudges
+from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamWorkflow
 
@@ -47,7 +46,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_THROTTLE = timedelta(milliseconds=500)
 """Cancellation reaches an activity only on a heartbeat: keep signals prompt (~1 s), also
-the heartbeat a nudge asks for (durable_sse/nudge.py)."""
+the heartbeat a nudge asks for (durable_sse/ops/nudge.py)."""
 DEPENDENCY_WAIT = 60.0
 STORE_SLOTS = 100
 """Activity slots beyond the connections: checkpoint, gap and schedule activities."""
@@ -57,22 +56,22 @@ STORE_SLOTS = 100
 class WorkerResources:
     """Clients the activities share, built once per worker process."""
 
-    event_log: EventLog
-    l1: LocalCursors
-    l2: RedisCursors
+    stores: Stores
     http: httpx.AsyncClient
     nudges: Nudges
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerResources:
         return cls(
-            # Retention keeps what consumer groups that hold it have not consumed.
-            event_log=EventLog(settings.database_url, consumer_holds=retention_holds),
-            l1=LocalCursors(),
-            l2=RedisCursors(
-                settings.redis_url,
-                ttl_days=settings.redis_cursor_ttl_days,
-                timeout=settings.redis_timeout,
+            stores=Stores.open(
+                settings.database_url,
+                # Retention keeps what consumer groups that hold it have not consumed.
+                consumer_holds=retention_holds,
+                l2=RedisCursors(
+                    settings.redis_url,
+                    ttl_days=settings.redis_cursor_ttl_days,
+                    timeout=settings.redis_timeout,
+                ),
             ),
             http=httpx.AsyncClient(
                 follow_redirects=False,
@@ -83,11 +82,9 @@ class WorkerResources:
         )
 
     async def close(self) -> None:
-        await self.l2.flush()
-        await self.l2.close()
         await self.nudges.close()
         await self.http.aclose()
-        await self.event_log.close()
+        await self.stores.close()
 
 
 def build_worker(
@@ -107,9 +104,7 @@ def build_worker(
     it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own."""
     reader = StreamReader(
         http=resources.http,
-        event_log=resources.event_log,
-        l1=resources.l1,
-        l2=resources.l2,
+        stores=resources.stores,
         secrets=secrets,
         allowed_hosts=allowed_hosts,
         progress_interval=progress_interval,
@@ -118,8 +113,8 @@ def build_worker(
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
-        *CheckpointActivities(resources.event_log).activities(),
-        *RetentionActivities(resources.event_log, worker_retention=retention).activities(),
+        *CheckpointActivities(resources.stores).activities(),
+        *RetentionActivities(resources.stores, worker_retention=retention).activities(),
         *ScheduleActivities(client, task_queue).activities(),
         *SearchAttributeActivities(client).activities(),
     ]
@@ -206,7 +201,7 @@ async def report_redis_failures(resources: WorkerResources, runtime: Runtime) ->
     reported = 0
     while True:
         await asyncio.sleep(5)
-        failures = resources.l2.write_failures
+        failures = resources.stores.l2.write_failures if resources.stores.l2 else 0
         if failures > reported:
             counter.add(failures - reported)
             reported = failures
@@ -221,12 +216,12 @@ async def run_worker(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-    secrets = DeclaredSecrets.from_settings(settings)
+    secrets = DeclaredSecrets(settings.secrets)
     log_security_posture(settings, secrets)
     runtime = prometheus_runtime(settings.metrics_port) if settings.metrics_port else None
     client = await connect_client(settings, runtime=runtime)
     resources = WorkerResources.from_settings(settings)
-    await wait_for("the database", resources.event_log.create_schema, timeout=DEPENDENCY_WAIT)
+    await wait_for("the database", resources.stores.create_schema, timeout=DEPENDENCY_WAIT)
     worker = build_worker(
         client,
         resources,

@@ -1,6 +1,6 @@
 """Small store activities the workflows call: the lagging id, the gaps, ``since``.
 
-Each is one short call on the :class:`~durable_sse.eventlog.EventLog` built once in the
+Each is one short call on the :class:`~durable_sse.stores.Stores` built once in the
 worker (the composition root). Store failures surface as retryable activity failures;
 the workflow's retry policy rides them out.
 """
@@ -22,16 +22,16 @@ from durable_sse.contracts import (
     StreamRef,
 )
 from durable_sse.errors import IdOrderMismatchError
-from durable_sse.eventlog import EventLog
+from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
 
 
 class CheckpointActivities:
-    """Activities over one shared :class:`EventLog`."""
+    """Activities over the worker's :class:`~durable_sse.stores.Stores`."""
 
-    def __init__(self, event_log: EventLog) -> None:
-        self._log = event_log
+    def __init__(self, stores: Stores) -> None:
+        self._stores = stores
 
     @activity.defn
     async def advance_checkpoint(self, input: AdvanceInput) -> AdvanceResult:
@@ -40,7 +40,7 @@ class CheckpointActivities:
         keys were made with."""
         now = _parse_time(input.now) if input.now else datetime.now(UTC)
         try:
-            result = await self._log.advance_lagging(
+            result = await self._stores.checkpoints.advance_lagging(
                 input.stream.name,
                 input.stream.id_order,
                 window=input.replay_window,
@@ -60,18 +60,20 @@ class CheckpointActivities:
     @activity.defn
     async def stream_gaps(self, input: StreamRef) -> StreamGaps:
         """The stream's gaps and lagging id (when a connection's result did not say)."""
-        gaps = await self._log.gap_summary(input.name, input.id_order)
-        checkpoint = await self._log.get_checkpoint(input.name)
+        gaps = await self._stores.gap_store.gap_summary(input.name, input.id_order)
+        checkpoint = await self._stores.checkpoints.get_checkpoint(input.name)
         return StreamGaps(gaps=gaps, lagging_id=checkpoint.lagging_id if checkpoint else None)
 
     @activity.defn
     async def resolve_since(self, input: SinceInput) -> str | None:
         """The newest id persisted at or before ``since`` (None when there is none)."""
-        return await self._log.newest_id_at_or_before(input.stream.name, _parse_time(input.since))
+        return await self._stores.reads.newest_id_at_or_before(
+            input.stream.name, _parse_time(input.since)
+        )
 
     @activity.defn
     async def get_checkpoint(self, input: StreamRef) -> CheckpointState | None:
-        return await self._log.get_checkpoint(input.name)
+        return await self._stores.checkpoints.get_checkpoint(input.name)
 
     def activities(self) -> list:
         return [

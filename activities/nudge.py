@@ -1,6 +1,6 @@
 """``nudge_reader``: the workflow's way to make a cancelled connection notice it now.
 
-See :mod:`durable_sse.nudge`. The activity may run on any worker: the nudge goes to all
+See :mod:`durable_sse.ops.nudge`. The activity may run on any worker: the nudge goes to all
 of them and only the one holding the stream's connection acts on it.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from durable_sse.contracts import StreamRef
-from durable_sse.nudge import Nudges
+from durable_sse.ops.nudge import Nudges
 
 
 class NudgeActivities:

@@ -2,8 +2,8 @@
 
 Run by ``CheckpointAdvanceWorkflow`` right after it moves the lagging id, so the fence
 (the lagging id, the oldest open gap) is as fresh as it gets. The decisions are in
-:mod:`durable_sse.retention`, the statements in
-:meth:`~durable_sse.eventlog.EventLog.apply_retention`; this activity picks the
+:mod:`durable_sse.log.retention`, the statements in
+:meth:`~durable_sse.log.prune.Prune.apply_retention`; this activity picks the
 retention (the stream's own, else the worker's), heartbeats between the bounded
 batches, and records the metrics. A stream whose ``id_order`` is not the one its keys
 were made with is refused (nothing deleted, logged as an error, a non-retryable failure).
@@ -17,27 +17,28 @@ from datetime import UTC, datetime, timedelta
 from temporalio import activity
 
 from activities.checkpoint import _parse_time, refused
+from durable_sse.config.durations import effective_retention
 from durable_sse.contracts import RetentionInput, RetentionStatus
 from durable_sse.errors import IdOrderMismatchError
-from durable_sse.eventlog import EventLog
-from durable_sse.metrics import RetentionMetrics
-from durable_sse.retention import BATCH_ROWS, MAX_BATCHES, effective_retention
+from durable_sse.log.retention import BATCH_ROWS, MAX_BATCHES
+from durable_sse.ops.metrics import RetentionMetrics
+from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
 
 
 class RetentionActivities:
-    """``apply_retention`` over the worker's :class:`EventLog` and its retention setting."""
+    """``apply_retention`` over the worker's stores and its retention setting."""
 
     def __init__(
         self,
-        event_log: EventLog,
+        stores: Stores,
         *,
         worker_retention: float | None = None,
         batch_rows: int = BATCH_ROWS,
         max_batches: int = MAX_BATCHES,
     ) -> None:
-        self._log = event_log
+        self._stores = stores
         self._worker_retention = worker_retention
         self._batch_rows = batch_rows
         self._max_batches = max_batches
@@ -58,7 +59,7 @@ class RetentionActivities:
                 activity.heartbeat(deleted)
 
         try:
-            run = await self._log.apply_retention(
+            run = await self._stores.prune.apply_retention(
                 name,
                 input.stream.id_order,
                 cutoff=now - timedelta(seconds=retention),

@@ -32,9 +32,9 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import AdvanceInput, ScheduleInput, StreamRef, checkpoint_schedule_id
 from durable_sse.ownership import schedule_caller_error
-from durable_sse.spec import StreamSpec
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from durable_sse.binaries import redis_server
+from durable_sse.ops.binaries import redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

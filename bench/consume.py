@@ -4,7 +4,7 @@ Three figures, each a ratio or a percentile measured in one run on one machine:
 
 * **writer cost**: ``insert_batch`` (what ``bench/insert_rate.py`` measures) with the
   per-stream commit-order lock and the ``NOTIFY`` on, against the same with both off
-  (``EventLog.order_commits`` / ``notify_commits``), runs interleaved; and a hot stream's
+  (``Stores.order_commits`` / ``notify_commits``), runs interleaved; and a hot stream's
   pipelined batches (``submit_batch`` without waiting, the reader's shape), where the lock
   serialises a stream's consecutive group transactions.
 * **throughput**: an exactly-once consumer with a no-op handler over ``--rows`` rows in
@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Figures, Row, percentile, print_table, verdict  # noqa: E402
 from bench.insert_rate import make_events  # noqa: E402
 from durable_sse.consume import Consumer, Group, Start  # noqa: E402
-from durable_sse.eventlog import EventLog, EventRecord  # noqa: E402
+from durable_sse.log.records import EventRecord
+from durable_sse.stores import Stores
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test_consume"
 STREAMS = 100
@@ -62,18 +63,18 @@ def load() -> str:
 # -- writer cost ---------------------------------------------------------------------
 
 
-async def _timed_inserts(log: EventLog, events: list[EventRecord], batch: int) -> float:
+async def _timed_inserts(log: Stores, events: list[EventRecord], batch: int) -> float:
     stream = "bench-" + uuid.uuid4().hex[:12]
     started = time.perf_counter()
     for start in range(0, len(events), batch):
-        await log.insert_batch(stream, "natural", events[start : start + batch])
+        await log.writer.insert_batch(stream, "natural", events[start : start + batch])
     rate = len(events) / (time.perf_counter() - started)
     await asyncio.to_thread(_delete_streams, log, [stream])
     return rate
 
 
 async def _timed_pipeline(
-    log: EventLog, events: list[EventRecord], batch: int, streams: int
+    log: Stores, events: list[EventRecord], batch: int, streams: int
 ) -> float:
     """``submit_batch`` without waiting (the reader pipelines a stream's batches)."""
     names = ["bench-" + uuid.uuid4().hex[:12] for _ in range(streams)]
@@ -81,16 +82,16 @@ async def _timed_pipeline(
     jobs = []
     for index, start in enumerate(range(0, len(events), batch)):
         name = names[index % streams]
-        jobs.append(log.submit_batch(name, "natural", events[start : start + batch]))
+        jobs.append(log.writer.submit_batch(name, "natural", events[start : start + batch]))
     for job in jobs:
-        await log.committed(job)
+        await log.writer.committed(job)
     rate = len(events) / (time.perf_counter() - started)
     await asyncio.to_thread(_delete_streams, log, names)
     return rate
 
 
-def _delete_streams(log: EventLog, streams: list[str]) -> None:
-    with log.engine.begin() as connection:
+def _delete_streams(log: Stores, streams: list[str]) -> None:
+    with log.database.engine.begin() as connection:
         connection.execute(
             sa.text("DELETE FROM sse_events WHERE stream IN :s").bindparams(
                 sa.bindparam("s", expanding=True)
@@ -101,12 +102,12 @@ def _delete_streams(log: EventLog, streams: list[str]) -> None:
 
 async def writer_cost(url: str, *, events: int, runs: int) -> list[Row]:
     """On against off, interleaved: the ratio is what item 1 and the NOTIFY cost."""
-    log = EventLog(url)
+    log = Stores.open(url)
     await log.create_schema()
     rows: list[Row] = []
     data = make_events(events)
     spent = [0.0]
-    order_and_notify = log._order_and_notify
+    order_and_notify = log.writer._order_and_notify
 
     def timed(*args: Any) -> None:
         """The lock + NOTIFY statement's time, its waits for the stream's lock included."""
@@ -116,7 +117,7 @@ async def writer_cost(url: str, *, events: int, runs: int) -> list[Row]:
         finally:
             spent[0] += time.perf_counter() - started
 
-    log._order_and_notify = timed  # type: ignore[method-assign]
+    log.writer._order_and_notify = timed  # type: ignore[method-assign]
     try:
         shapes = [
             ("insert_batch, batch 500", lambda: _timed_inserts(log, data, 500)),
@@ -132,14 +133,14 @@ async def writer_cost(url: str, *, events: int, runs: int) -> list[Row]:
             await measure()  # warm up
             for _ in range(runs):
                 for enabled in (True, False):
-                    log.order_commits = log.notify_commits = enabled
+                    log.writer.order_commits = log.writer.notify_commits = enabled
                     spent[0] = 0.0
                     started = time.perf_counter()
                     (on if enabled else off).values.append(await measure())
                     if enabled:
                         share.values.append(spent[0] / (time.perf_counter() - started))
                 ratio.values.append(on.values[-1] / off.values[-1])
-            log.order_commits = log.notify_commits = True
+            log.writer.order_commits = log.writer.notify_commits = True
             rows.append(
                 Row("8", f"writer {label}: with / without (ev/s)", f"{on.fmt()} / {off.fmt()}")
             )
@@ -168,8 +169,8 @@ async def writer_cost(url: str, *, events: int, runs: int) -> list[Row]:
 # -- throughput ----------------------------------------------------------------------
 
 
-async def _fill(url: str, rows: int) -> tuple[EventLog, list[str]]:
-    log = EventLog(url)
+async def _fill(url: str, rows: int) -> tuple[Stores, list[str]]:
+    log = Stores.open(url)
     await log.create_schema()
     prefix = "bench-c-" + uuid.uuid4().hex[:8]
     streams = [f"{prefix}-{n:03d}" for n in range(STREAMS)]
@@ -177,9 +178,9 @@ async def _fill(url: str, rows: int) -> tuple[EventLog, list[str]]:
     events = make_events(per_stream)
     for stream in streams:
         for start in range(0, per_stream, 5000):
-            await log.insert_batch(stream, "natural", events[start : start + 5000])
-    with log.engine.begin() as connection:
-        if log.dialect == "postgresql":
+            await log.writer.insert_batch(stream, "natural", events[start : start + 5000])
+    with log.database.engine.begin() as connection:
+        if log.database.dialect == "postgresql":
             connection.exec_driver_sql("ANALYZE sse_events")
     return log, streams
 
@@ -254,7 +255,7 @@ async def throughput(url: str, label: str, *, rows: int, runs: int) -> list[Row]
     try:
         raw, ours, ours_one, ours_async = Figures(), Figures(), Figures(), Figures()
         ours_big = Figures()
-        postgresql = log.dialect == "postgresql"
+        postgresql = log.database.dialect == "postgresql"
         for _ in range(runs):
             started = time.perf_counter()
             assert await asyncio.to_thread(_raw_keyset, url, streams) == total
@@ -318,7 +319,7 @@ async def write_at_rate(
     """Store ``rate`` events a second over ``streams`` for ``seconds`` (as the reader
     does: batches submitted without waiting, stamped ``received_at`` as submitted).
     Returns the events written and, per batch, ``(first id, last id, commit time)``."""
-    log = EventLog(url)
+    log = Stores.open(url)
     await log.create_schema()
     interval = 0.02
     per_batch = max(1, int(rate * interval / len(streams)))
@@ -335,7 +336,7 @@ async def write_at_rate(
                     EventRecord(str(written + n), 0, "tick", '{"n": 1}', now)
                     for n in range(per_batch)
                 ]
-                job = log.submit_batch(stream, "numeric", events)
+                job = log.writer.submit_batch(stream, "numeric", events)
                 job.future.add_done_callback(
                     lambda _f, first=written, last=written + per_batch - 1: commits.append(
                         (first, last, time.time())
@@ -345,7 +346,7 @@ async def write_at_rate(
                 written += per_batch
             await asyncio.sleep(max(0.0, interval - (time.perf_counter() - tick)))
         for job in jobs:
-            await log.committed(job)
+            await log.writer.committed(job)
     finally:
         await log.close()
     return written, commits
@@ -384,7 +385,7 @@ async def latency(url: str, label: str) -> list[Row]:
     stop.set()
     await task
     await consumer.close()
-    log = EventLog(url)
+    log = Stores.open(url)
     await asyncio.to_thread(_delete_streams, log, streams)
     await log.close()
     committed_at = {n: at for first, last, at in commits for n in range(first, last + 1)}

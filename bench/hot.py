@@ -28,11 +28,14 @@ from bench.common import (
     wait_until,
 )
 from bench.temporal_stack import Temporal
-from durable_sse.contracts import ReplaySignal
-from durable_sse.eventlog import _COPY_LOG_SQL, EventLog, EventRecord, _rows
+from durable_sse.config.replay import ReplaySignal
+from durable_sse.config.spec import StreamSpec
+from durable_sse.cursor.l2 import cursor_key
 from durable_sse.ids import IdOrder
-from durable_sse.l2 import cursor_key
-from durable_sse.spec import StreamSpec
+from durable_sse.log.records import EventRecord
+from durable_sse.log.rows import event_rows
+from durable_sse.log.staging import COPY_LOG_SQL, RowInserter
+from durable_sse.stores import Stores
 
 PERSIST_HISTOGRAM = "durable_sse_batch_persist_seconds"
 
@@ -214,13 +217,14 @@ async def copy_ceiling(running: Stack, stream: str, *, events: int, batch: int) 
         for event_id, ordinal, follower, event_type, data, received_at in stored
     ]
     target = f"ceiling-{uuid.uuid4().hex[:8]}"
-    log = EventLog(running.database_url)
+    log = Stores.open(running.database_url)
+    inserter = RowInserter(log.database)
     try:
 
         def write(chunk: list[EventRecord]) -> None:
-            rows = _rows(target, IdOrder.NUMERIC, chunk)
-            with log.engine.begin() as connection:
-                log._copy_rows(connection, _COPY_LOG_SQL, rows, skip=1)
+            rows = event_rows(target, IdOrder.NUMERIC, chunk)
+            with log.database.engine.begin() as connection:
+                inserter.copy_rows(connection, COPY_LOG_SQL, rows, skip=1)
 
         started = time.perf_counter()
         for start in range(0, len(records), batch):

@@ -1,7 +1,7 @@
 """Event log insert throughput: the production path against a multi-row INSERT.
 
 PostgreSQL: COPY into the per-connection staging table, then one
-``INSERT … SELECT … ON CONFLICT DO NOTHING`` (what ``EventLog.insert_batch`` does)
+``INSERT … SELECT … ON CONFLICT DO NOTHING`` (what ``Writer.insert_batch`` does)
 against a single multi-row ``INSERT … VALUES (…), (…) ON CONFLICT DO NOTHING``.
 SQLite: ``executemany`` of ``INSERT … ON CONFLICT DO NOTHING`` (production) against
 multi-row ``VALUES`` statements. Every batch is its own committed transaction.
@@ -28,16 +28,18 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from durable_sse.db import STAGING_COLUMNS  # noqa: E402
-from durable_sse.eventlog import EventLog, EventRecord, _rows  # noqa: E402
 from durable_sse.ids import IdOrder  # noqa: E402
+from durable_sse.log.records import EventRecord
+from durable_sse.log.rows import event_rows
+from durable_sse.log.schema import STAGING_COLUMNS  # noqa: E402
+from durable_sse.stores import Stores
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 COLUMNS = STAGING_COLUMNS[1:]
 SQLITE_MAX_VARIABLES = 32766
 ORDER = IdOrder.NATURAL
 
-Technique = Callable[[EventLog, str, Sequence[EventRecord]], Awaitable[int]]
+Technique = Callable[[Stores, str, Sequence[EventRecord]], Awaitable[int]]
 
 
 def make_events(
@@ -65,23 +67,23 @@ def make_events(
     ]
 
 
-async def production_insert(log: EventLog, stream: str, events: Sequence[EventRecord]) -> int:
-    return (await log.insert_batch(stream, ORDER.value, events)).new_rows
+async def production_insert(log: Stores, stream: str, events: Sequence[EventRecord]) -> int:
+    return (await log.writer.insert_batch(stream, ORDER.value, events)).new_rows
 
 
-async def multirow_insert(log: EventLog, stream: str, events: Sequence[EventRecord]) -> int:
+async def multirow_insert(log: Stores, stream: str, events: Sequence[EventRecord]) -> int:
     return await asyncio.to_thread(_multirow_sync, log, stream, events)
 
 
-def _multirow_sync(log: EventLog, stream: str, events: Sequence[EventRecord]) -> int:
-    rows = [row[1:] for row in _rows(stream, ORDER, events)]
-    sqlite = log.dialect == "sqlite"
+def _multirow_sync(log: Stores, stream: str, events: Sequence[EventRecord]) -> int:
+    rows = [row[1:] for row in event_rows(stream, ORDER, events)]
+    sqlite = log.database.dialect == "sqlite"
     if sqlite:
         rows = [(*row[:-1], row[-1].strftime("%Y-%m-%d %H:%M:%S.%f")) for row in rows]
     placeholder = "(" + ", ".join(["?" if sqlite else "%s"] * len(COLUMNS)) + ")"
     chunk = SQLITE_MAX_VARIABLES // len(COLUMNS) if sqlite else len(rows)
     inserted = 0
-    with log.engine.begin() as connection:
+    with log.database.engine.begin() as connection:
         cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
         for start in range(0, len(rows), chunk):
             part = rows[start : start + chunk]
@@ -98,7 +100,7 @@ def _multirow_sync(log: EventLog, stream: str, events: Sequence[EventRecord]) ->
 
 
 async def measure(
-    log: EventLog, technique: Technique, events: list[EventRecord], batch: int, runs: int
+    log: Stores, technique: Technique, events: list[EventRecord], batch: int, runs: int
 ) -> float:
     """Median rows/s over ``runs`` fresh streams (every row new)."""
     rates: list[float] = []
@@ -116,15 +118,15 @@ async def measure(
     return statistics.median(rates)
 
 
-def _delete_stream(log: EventLog, stream: str) -> None:
-    with log.engine.begin() as connection:
+def _delete_stream(log: Stores, stream: str) -> None:
+    with log.database.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM sse_events WHERE stream = :s"), {"s": stream})
 
 
 async def bench_backend(
     label: str, url: str, events: list[EventRecord], batches: list[int], runs: int
 ) -> list[tuple[str, int, float, float]]:
-    log = EventLog(url)
+    log = Stores.open(url)
     try:
         await log.create_schema()
         results = []

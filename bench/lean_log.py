@@ -11,7 +11,7 @@ every layout alike:
 * ``lean, staging``: schema 3 (primary key ``(stream, seq)``, the event key,
   ``(stream, id_key)``), the same path;
 * ``lean, optimistic COPY``: schema 3 and today's production path
-  (``EventLog.insert_batch``: live batches COPYed straight into ``sse_events``);
+  (``Writer.insert_batch``: live batches COPYed straight into ``sse_events``);
 * ``direct COPY``: ``COPY`` straight into the lean table, no staging, no conflict
   handling, one transaction per batch: the ceiling the issue measures against.
 
@@ -31,9 +31,11 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from bench.insert_rate import DEFAULT_PG_URL, make_events, production_insert
-from durable_sse.db import STAGING_COLUMNS
-from durable_sse.eventlog import EventLog, EventRecord, _rows
 from durable_sse.ids import IdOrder
+from durable_sse.log.records import EventRecord
+from durable_sse.log.rows import event_rows
+from durable_sse.log.schema import STAGING_COLUMNS
+from durable_sse.stores import Stores
 
 SCHEMA_2_INDEXES = (
     "ALTER TABLE sse_events DROP CONSTRAINT sse_events_pkey, ADD PRIMARY KEY (seq)",
@@ -48,13 +50,13 @@ def _scoped(url: str, schema: str) -> str:
     return f"{url}{joiner}options=-csearch_path%3D{schema}"
 
 
-async def direct_copy(log: EventLog, stream: str, events: Sequence[EventRecord]) -> int:
+async def direct_copy(log: Stores, stream: str, events: Sequence[EventRecord]) -> int:
     return await asyncio.to_thread(_direct_copy_sync, log, stream, events)
 
 
-def _direct_copy_sync(log: EventLog, stream: str, events: Sequence[EventRecord]) -> int:
-    rows = _rows(stream, IdOrder.NATURAL, events)
-    with log.engine.begin() as connection:
+def _direct_copy_sync(log: Stores, stream: str, events: Sequence[EventRecord]) -> int:
+    rows = event_rows(stream, IdOrder.NATURAL, events)
+    with log.database.engine.begin() as connection:
         driver = connection.connection.driver_connection
         assert driver is not None
         with (
@@ -80,13 +82,13 @@ async def main(argv: list[str] | None = None) -> None:
     with admin.begin() as connection:
         for schema in layouts.values():
             connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    logs: dict[str, EventLog] = {}
+    logs: dict[str, Stores] = {}
     try:
         for label, schema in layouts.items():
-            log = EventLog(_scoped(args.postgres, schema))
+            log = Stores.open(_scoped(args.postgres, schema))
             await log.create_schema()
             if label == "schema 2 indexes":
-                with log.engine.begin() as connection:
+                with log.database.engine.begin() as connection:
                     for statement in SCHEMA_2_INDEXES:
                         connection.exec_driver_sql(statement)
             logs[label] = log
@@ -99,7 +101,7 @@ async def main(argv: list[str] | None = None) -> None:
         rates: dict[str, list[float]] = {label: [] for label, *_ in variants}
         for run in range(args.runs):
             for label, technique, log, optimistic in variants:
-                log.optimistic_copy = optimistic
+                log.writer.optimistic_copy = optimistic
                 stream = "bench-" + uuid.uuid4().hex[:12]
                 started = time.perf_counter()
                 stored = 0

@@ -29,11 +29,11 @@ from bench.common import (
 )
 from bench.hot import PERSIST_HISTOGRAM
 from bench.temporal_stack import temporal
-from durable_sse.eventlog import POSTGRES_LANES
-from durable_sse.l2 import cursor_key
+from durable_sse.config.spec import StreamSpec
+from durable_sse.cursor.l2 import cursor_key
+from durable_sse.log.writer import POSTGRES_LANES
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.source.stream import SourceStream
-from durable_sse.spec import StreamSpec
 
 SAMPLE_EVERY = 0.05
 START_CONCURRENCY = 50

@@ -34,10 +34,11 @@ from bench.common import (
     wait_until,
 )
 from bench.temporal_stack import Temporal, temporal
-from durable_sse.contracts import ReplaySignal, StreamStatus
+from durable_sse.config.replay import ReplaySignal
+from durable_sse.config.spec import StreamSpec
+from durable_sse.contracts import StreamStatus
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.source.connection import EventConnection
-from durable_sse.spec import StreamSpec
 
 RATE = 500.0
 EVENTS_PER_CONNECTION = 50

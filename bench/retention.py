@@ -5,7 +5,7 @@ One PostgreSQL database, a private schema (dropped at the end). A stream holds
 neighbour stream's rows are interleaved with them so the deletes walk a shared table.
 Then:
 
-* **drain**: ``EventLog.apply_retention`` deletes the whole backlog in batches of
+* **drain**: ``Prune.apply_retention`` deletes the whole backlog in batches of
   ``--batch`` rows, as runs of ``MAX_BATCHES`` statements each (what one checkpoint run
   does), back to back; reported: rows/s, runs, the longest single statement;
 * **writers meanwhile**: a live stream commits a batch of 500 rows every 20 ms while the
@@ -31,29 +31,29 @@ import sqlalchemy as sa
 
 from bench.insert_rate import DEFAULT_PG_URL, make_events, production_insert
 from bench.lean_log import _direct_copy_sync, _scoped
-from durable_sse.eventlog import EventLog
-from durable_sse.retention import MAX_BATCHES
+from durable_sse.ids import IdOrder
+from durable_sse.log.records import BatchPayload
+from durable_sse.log.retention import MAX_BATCHES
+from durable_sse.log.staging import RowInserter
+from durable_sse.stores import Stores
 
 WINDOW = 600.0
 
 
 @dataclass
-class _Payload:
-    events: tuple[int, ...] = (1,)
-
-
-@dataclass
 class _Job:
-    """What ``EventLog._horizons`` reads of a commit job."""
+    """What ``RowInserter.horizons`` reads of a commit job."""
 
     stream: str
-    payload: _Payload = field(default_factory=_Payload)
+    payload: BatchPayload = field(
+        default_factory=lambda: BatchPayload(IdOrder.NUMERIC, make_events(1))
+    )
 
 
 FILL_CHUNK = 50_000
 
 
-async def fill(log: EventLog, stream: str, neighbour: str, rows: int, now: datetime) -> None:
+async def fill(log: Stores, stream: str, neighbour: str, rows: int, now: datetime) -> None:
     old = now - timedelta(days=2)
     step = timedelta(microseconds=50)
     for start in range(0, rows, FILL_CHUNK):
@@ -70,19 +70,19 @@ async def fill(log: EventLog, stream: str, neighbour: str, rows: int, now: datet
         )
     fresh = make_events(10_000, start=rows, at=now - timedelta(seconds=WINDOW / 2), step=step)
     await asyncio.to_thread(_direct_copy_sync, log, stream, fresh)
-    with log.engine.begin() as connection:
+    with log.database.engine.begin() as connection:
         connection.exec_driver_sql("ANALYZE sse_events")
-    moved = await log.advance_lagging(stream, "natural", window=WINDOW, now=now)
+    moved = await log.checkpoints.advance_lagging(stream, "natural", window=WINDOW, now=now)
     assert moved.lagging_id == f"{1_700_000_000_000 + rows - 1}-0", moved
 
 
-async def live_writer(log: EventLog, stop: asyncio.Event, latencies: list[float]) -> None:
+async def live_writer(log: Stores, stop: asyncio.Event, latencies: list[float]) -> None:
     stream = "live-" + uuid.uuid4().hex[:8]
     index = 0
     while not stop.is_set():
         batch = make_events(500, start=index, at=datetime.now(UTC), step=timedelta(microseconds=1))
         started = time.perf_counter()
-        await log.insert_batch(stream, "natural", batch)
+        await log.writer.insert_batch(stream, "natural", batch)
         latencies.append(time.perf_counter() - started)
         index += 500
         await asyncio.sleep(0.02)
@@ -97,12 +97,12 @@ def summary(latencies: list[float]) -> str:
     )
 
 
-async def drain(log: EventLog, stream: str, cutoff: datetime, batch: int) -> dict[str, float]:
+async def drain(log: Stores, stream: str, cutoff: datetime, batch: int) -> dict[str, float]:
     deleted = runs = statements = 0
     longest = 0.0
     started = time.perf_counter()
     while True:
-        run = await log.apply_retention(
+        run = await log.prune.apply_retention(
             stream, "natural", cutoff=cutoff, batch_rows=batch, max_batches=MAX_BATCHES
         )
         runs += 1
@@ -131,7 +131,7 @@ async def main(argv: list[str] | None = None) -> None:
     admin = sa.create_engine(args.postgres)
     with admin.begin() as connection:
         connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    log = EventLog(_scoped(args.postgres, schema))
+    log = Stores.open(_scoped(args.postgres, schema))
     try:
         await log.create_schema()
         now = datetime.now(UTC)
@@ -153,7 +153,7 @@ async def main(argv: list[str] | None = None) -> None:
         result = await drain(log, stream, now - timedelta(days=1), args.batch)
         stop.set()
         await writer
-        kept = (await log.retention_state(stream)).oldest_kept_id
+        kept = (await log.prune.retention_state(stream)).oldest_kept_id
         print(
             f"drain: {result['deleted']:,.0f} rows in {result['seconds']:.1f} s = "
             f"{result['deleted'] / result['seconds']:,.0f} rows/s; {result['runs']:.0f} runs "
@@ -171,16 +171,16 @@ async def main(argv: list[str] | None = None) -> None:
             "no horizon": [],
             "with horizon": [],
         }
-        lookup = EventLog._horizons
+        lookup = RowInserter.horizons
         for _ in range(3):
             for label in rates:
                 target = "w-" + uuid.uuid4().hex[:8]
                 if label.startswith("without"):
-                    EventLog._horizons = lambda self, connection, jobs: {}  # type: ignore[method-assign]
+                    RowInserter.horizons = lambda self, connection, jobs: {}  # type: ignore[method-assign]
                 else:
-                    EventLog._horizons = lookup  # type: ignore[method-assign]
+                    RowInserter.horizons = lookup  # type: ignore[method-assign]
                 if label == "with horizon":
-                    with log.engine.begin() as connection:
+                    with log.database.engine.begin() as connection:
                         connection.execute(
                             sa.text(
                                 "INSERT INTO sse_retention (stream, horizon_id, horizon_key, "
@@ -192,11 +192,12 @@ async def main(argv: list[str] | None = None) -> None:
                 for start in range(0, len(events), 1500):
                     await production_insert(log, target, events[start : start + 1500])
                 rates[label].append(len(events) / (time.perf_counter() - begin))
-        with log.engine.begin() as connection:
+        inserter = RowInserter(log.database)
+        with log.database.engine.begin() as connection:
             lookups = []
             for _ in range(2000):
                 begin = time.perf_counter()
-                lookup(log, connection, [_Job(target)])
+                lookup(inserter, connection, [_Job(target)])  # type: ignore[list-item]
                 lookups.append(time.perf_counter() - begin)
         print(
             f"horizon lookup alone: median {statistics.median(lookups) * 1e6:.0f} us, "

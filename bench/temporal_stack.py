@@ -27,9 +27,9 @@ from bench.common import (
     stop_process,
     wait_until,
 )
-from durable_sse.binaries import temporal_dev_server
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.spec import StreamSpec
+from durable_sse.ops.binaries import temporal_dev_server
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from durable_sse.gaps import GapSummary, GapView
-from durable_sse.spec import StreamSpec
+from durable_sse.config.spec import StreamSpec
+from durable_sse.gaps.model import GapSummary, GapView
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
 SCHEDULE_ID_PREFIX = "sse-checkpoint:"
@@ -79,6 +79,10 @@ class ReadInput:
     """Events the stream's earlier connections read (the workflow's counter): a connection
     with no id to send on a stream that has read events is a reconnect that cannot
     resume, a loss window (``GapKind.NO_RESUME``)."""
+    verify: bool = False
+    """Suspect what was read since the lagging id and re-read it (``verify_reconnects``:
+    the connection before was ended by the server, which may have skipped events and
+    dropped it before its notice went out; ``GapKind.SUSPECTED``)."""
 
 
 @dataclass
@@ -100,7 +104,7 @@ class ReadCounts:
     dropped_by_horizon: int = 0
     """Events whose id sorts at or before the stream's retention horizon (the newest id
     retention deleted): not stored, and not counted in ``duplicates`` either, since they
-    may never have been stored (see durable_sse/retention.py)."""
+    may never have been stored (see durable_sse/log/retention.py)."""
 
 
 @dataclass
@@ -281,14 +285,6 @@ class ScheduleInput:
 
 
 @dataclass
-class ReplaySignal:
-    """Payload of the ``replay`` signal: nothing = lagged route."""
-
-    from_id: str | None = None
-    since: str | None = None
-
-
-@dataclass
 class StreamCounters:
     connections: int = 0
     drop_signals: int = 0
@@ -323,6 +319,12 @@ class StreamCounters:
     dropped_by_horizon: int = 0
     """Events not stored because their id sorts at or before the retention horizon
     (``ReadCounts.dropped_by_horizon``); never in ``duplicates``."""
+    suspicions: int = 0
+    """Reconnects suspected of silent skips and re-read (``verify_reconnects``: gaps of
+    kind ``suspected``)."""
+    suspicions_closed: int = 0
+    suspicions_recovered: int = 0
+    """Events re-reading the suspicions stored that were missing."""
 
 
 @dataclass

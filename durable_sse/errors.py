@@ -6,7 +6,7 @@
     │   │                      its host, or a workflow id does not own the stream it names
     │   └── IdOrderMismatchError  a stream's ``id_order`` is not the one its stored keys
     │                          were made with; the stream parks, retention deletes nothing
-    ├── PlaintextPayloadError  (durable_sse.codec; also a non-retryable ApplicationError)
+    ├── PlaintextPayloadError  (durable_sse.ops.codec; also a non-retryable ApplicationError)
     │                          an unencrypted payload where a payload key is set
     ├── StoreError             a store (database, Redis) could not be reached or refused a write
     │   └── BatchRefusedError  the database refused a batch for its own rows (a trigger, a

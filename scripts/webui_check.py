@@ -33,8 +33,8 @@ from pathlib import Path
 from temporalio.client import Client
 
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, stream_workflow_id
-from durable_sse.control import PARKED_QUERY, STREAMS_QUERY, web_ui_links
-from durable_sse.dev import DEMO_SOURCE_PORT, free_port
+from durable_sse.ops.control import PARKED_QUERY, STREAMS_QUERY, web_ui_links
+from durable_sse.ops.dev import DEMO_SOURCE_PORT, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

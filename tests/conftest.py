@@ -18,9 +18,9 @@ import pytest
 import redis
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse.binaries import temporal_dev_server
-from durable_sse.eventlog import EventLog
+from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.source import SSESource
+from durable_sse.stores import Stores
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -110,20 +110,32 @@ async def source() -> AsyncIterator[SSESource]:
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
-async def event_log(
+async def stores(
     request: pytest.FixtureRequest, pg_url: str, tmp_path: Path
-) -> AsyncIterator[EventLog]:
-    """An :class:`EventLog` with its schema, on PostgreSQL and on a fresh SQLite file."""
+) -> AsyncIterator[Stores]:
+    """:class:`Stores` with the schema, on PostgreSQL and on a fresh SQLite file (no L2)."""
     url = pg_url if request.param == "postgresql" else f"sqlite:///{tmp_path / 'events.db'}"
-    log = EventLog(url)
-    await log.create_schema()
-    yield log
-    await log.close()
+    opened = Stores.open(url)
+    await opened.create_schema()
+    yield opened
+    await opened.close()
 
 
 @pytest.fixture
-async def pg_event_log(pg_url: str) -> AsyncIterator[EventLog]:
-    log = EventLog(pg_url)
-    await log.create_schema()
-    yield log
-    await log.close()
+async def pg_stores(pg_url: str) -> AsyncIterator[Stores]:
+    """:class:`Stores` on PostgreSQL, with the schema (no L2)."""
+    opened = Stores.open(pg_url)
+    await opened.create_schema()
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+def event_log(stores: Stores) -> Stores:
+    """The event log's jobs (``stores.writer``, ``stores.reads`` …), both backends."""
+    return stores
+
+
+@pytest.fixture
+def pg_event_log(pg_stores: Stores) -> Stores:
+    return pg_stores

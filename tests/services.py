@@ -5,7 +5,7 @@ service, where the tests' stores are:
 
 * ``TEST_DATABASE_URL`` / ``TEST_REDIS_URL`` set: that one;
 * unset, and the default address answers (``DEFAULT_PG_URL``, ``DEFAULT_REDIS_URL``): it;
-* unset and nothing answers: a throwaway server (durable_sse.embedded) for the session;
+* unset and nothing answers: a throwaway server (durable_sse.ops.embedded) for the session;
 * ``DURABLE_SSE_EMBEDDED_SERVICES=1``: throwaway servers for both, whatever answers.
 
 The chosen URLs are exported as ``TEST_DATABASE_URL`` / ``TEST_REDIS_URL`` before any
@@ -29,8 +29,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from durable_sse.embedded import EmbeddedPostgres, EmbeddedServices, start_services
 from durable_sse.errors import DurableSSEError
+from durable_sse.ops.embedded.postgres import EmbeddedPostgres
+from durable_sse.ops.embedded.services import EmbeddedServices, start_services
 from tests.conftest import DEFAULT_PG_URL, DEFAULT_REDIS_URL
 
 EMBEDDED_FLAG = "DURABLE_SSE_EMBEDDED_SERVICES"

@@ -8,7 +8,7 @@ events before its first event: 401..800 were skipped, 801 came next. 401..500 ar
 
 from __future__ import annotations
 
-from durable_sse.gaps import Gap, GapState
+from durable_sse.gaps.model import Gap, GapState
 from durable_sse.source import SourceTruth
 from tests.chaos.checker import Stored, check
 
@@ -98,3 +98,15 @@ def test_the_oldest_part_of_a_partly_recovered_drop_is_out_of_window() -> None:
     stored.discard(700)  # a hole after the recovered start is lost
     verdict = check("5", truth([(401, 800)]), rows(stored))
     assert (verdict.lost, verdict.first_lost) == (1, [700])
+
+
+def test_a_skip_never_announced_and_still_in_the_history_is_lost_and_said_so() -> None:
+    """Chaos scenario 12: the source skipped 801..810 and closed the connection before its
+    notice went out; the history still holds them. Missing, they are lost (no excuse), and
+    counted as lost inside an unannounced skip."""
+    source = truth([(801, 810)])
+    source.unannounced = [(801, 810)]
+    verdict = check("12", source, rows(set(range(1, NEWEST + 1)) - set(range(801, 811))))
+    assert (verdict.lost, verdict.lost_unannounced, verdict.out_of_window) == (10, 10, 0)
+    recovered = check("12", source, rows(set(range(1, NEWEST + 1))))
+    assert (recovered.lost, recovered.lost_unannounced) == (0, 0)

@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 from activities.checkpoint import CheckpointActivities
 from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
-from durable_sse.binaries import temporal_dev_server
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     AdvanceInput,
     AdvanceResult,
@@ -34,9 +34,10 @@ from durable_sse.contracts import (
     StreamRef,
     checkpoint_schedule_id,
 )
-from durable_sse.eventlog import EventLog, EventRecord
-from durable_sse.gaps import Gap, GapChange
-from durable_sse.spec import StreamSpec
+from durable_sse.gaps.model import Gap, GapChange
+from durable_sse.log.records import EventRecord
+from durable_sse.ops.binaries import temporal_dev_server
+from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 
 POLL_LIMIT = 30.0
@@ -52,14 +53,14 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 
 
 @pytest.fixture(scope="module")
-async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
-    log = EventLog(pg_url)
+async def event_log(pg_url: str) -> AsyncIterator[Stores]:
+    log = Stores.open(pg_url)
     await log.create_schema()
     yield log
     await log.close()
 
 
-async def persist(event_log: EventLog, stream: str, ids: range, received_at: datetime) -> None:
+async def persist(event_log: Stores, stream: str, ids: range, received_at: datetime) -> None:
     records = [
         EventRecord(
             event_id=str(i),
@@ -70,12 +71,14 @@ async def persist(event_log: EventLog, stream: str, ids: range, received_at: dat
         )
         for i in ids
     ]
-    await event_log.insert_batch(stream, "numeric", records)
+    await event_log.writer.insert_batch(stream, "numeric", records)
 
 
-async def record_gap(event_log: EventLog, stream: str, gap: GapChange) -> None:
+async def record_gap(event_log: Stores, stream: str, gap: GapChange) -> None:
     """Commit a gap change alone (as the reader commits one with a batch)."""
-    await event_log.committed(event_log.submit_batch(stream, "numeric", [], gap_changes=[gap]))
+    await event_log.writer.committed(
+        event_log.writer.submit_batch(stream, "numeric", [], gap_changes=[gap])
+    )
 
 
 def opened(stream: str, gap_id: str, start: str, end: str) -> GapChange:
@@ -85,8 +88,8 @@ def opened(stream: str, gap_id: str, start: str, end: str) -> GapChange:
     return GapChange(gap_id, opened=gap)
 
 
-async def lagging_id(event_log: EventLog, stream: str) -> str | None:
-    checkpoint = await event_log.get_checkpoint(stream)
+async def lagging_id(event_log: Stores, stream: str) -> str | None:
+    checkpoint = await event_log.checkpoints.get_checkpoint(stream)
     return checkpoint.lagging_id if checkpoint else None
 
 
@@ -109,7 +112,7 @@ async def run_scheduled(env: WorkflowEnvironment, handle: ScheduleHandle) -> Adv
 
 
 async def test_schedule_advances_and_an_open_gap_holds_it(
-    env: WorkflowEnvironment, event_log: EventLog
+    env: WorkflowEnvironment, event_log: Stores
 ) -> None:
     name = f"ck-{uuid.uuid4().hex[:16]}"
     spec = StreamSpec(name=name, url="http://127.0.0.1:9/events", id_order="numeric")
@@ -125,7 +128,10 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
         env.client,
         task_queue=queue,
         workflows=[CheckpointAdvanceWorkflow],
-        activities=[*checkpoints.activities(), *RetentionActivities(event_log).activities()],
+        activities=[
+            *checkpoints.activities(),
+            *RetentionActivities(event_log).activities(),
+        ],
     ):
         # Created, then updated in place (idempotent; the interval follows the window).
         spec.replay_window = 3.0
@@ -185,7 +191,7 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
         assert missing.value.status == RPCStatusCode.NOT_FOUND
 
 
-async def test_resolve_since_and_get_checkpoint(event_log: EventLog) -> None:
+async def test_resolve_since_and_get_checkpoint(event_log: Stores) -> None:
     name = f"ck-{uuid.uuid4().hex[:16]}"
     ref = StreamRef(name=name, id_order="numeric")
     checkpoints = CheckpointActivities(event_log)
@@ -202,7 +208,7 @@ async def test_resolve_since_and_get_checkpoint(event_log: EventLog) -> None:
 
 
 async def test_a_checkpoint_run_applies_retention_without_its_stream_running(
-    env: WorkflowEnvironment, event_log: EventLog
+    env: WorkflowEnvironment, event_log: Stores
 ) -> None:
     """A run built with retention deletes behind the lagging id it just set, and returns
     what it did even when the stream's workflow is gone (its signal has nowhere to go)."""
@@ -249,4 +255,4 @@ async def test_a_checkpoint_run_applies_retention_without_its_stream_running(
             result_type=AdvanceResult,
         )
         assert legacy.retention is None
-        assert (await event_log.retention_state(name)).deleted_rows == 10
+        assert (await event_log.prune.retention_state(name)).deleted_rows == 10

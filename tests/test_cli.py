@@ -27,8 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.attributes import SearchAttributeActivities
-from durable_sse import control
-from durable_sse.cli import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE, format_status_table
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     CheckpointState,
     Outcome,
@@ -39,8 +38,10 @@ from durable_sse.contracts import (
     checkpoint_schedule_id,
     stream_workflow_id,
 )
-from durable_sse.dev import summary_line
-from durable_sse.spec import StreamSpec
+from durable_sse.ops import control
+from durable_sse.ops.cli.parser import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE
+from durable_sse.ops.cli.tables import format_status_table
+from durable_sse.ops.dev import summary_line
 from workflows.stream import StreamWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k != "DURABLE_SSE_PAYLOAD_KEY"}
     return subprocess.run(
-        [sys.executable, "-m", "durable_sse.cli", *args],
+        [sys.executable, "-m", "durable_sse.ops.cli", *args],
         env={**environ, **(env or {})},
         capture_output=True,
         text=True,

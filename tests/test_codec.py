@@ -22,16 +22,17 @@ from temporalio.converter import DataConverter, DefaultFailureConverterWithEncod
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from durable_sse.binaries import temporal_dev_server
+from durable_sse.ops.binaries import temporal_dev_server
 from tests.codec_workflows import MarkerWorkflow, fail_loudly
 
 with workflow.unsafe.imports_passed_through():
     import httpx
     from google.protobuf import json_format
 
-    from durable_sse.codec import (
+    from durable_sse.config.temporal import PAYLOAD_KEY_ENV as KEY_ENV
+    from durable_sse.errors import ConfigError, DurableSSEError
+    from durable_sse.ops.codec import (
         ENCODING,
-        KEY_ENV,
         REFUSED_ENCODING,
         EncryptionCodec,
         PlaintextPayloadError,
@@ -40,8 +41,7 @@ with workflow.unsafe.imports_passed_through():
         key_id,
         parse_key,
     )
-    from durable_sse.codec_server import TOKEN_ENV, main, serve
-    from durable_sse.errors import ConfigError, DurableSSEError
+    from durable_sse.ops.codec_server import TOKEN_ENV, main, serve
 
 KEY = generate_key()
 OTHER_KEY = generate_key()

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from durable_sse.commits import CommitGroup, CommitJob, CommitQueue
 from durable_sse.errors import StoreError
+from durable_sse.log.commits import CommitGroup, CommitJob, CommitQueue
 
 
 class RecordingWriter:

@@ -13,8 +13,8 @@ SERVICES = COMPOSE["services"]
 
 
 def settings_variables() -> set[str]:
-    """Every variable durable_sse.settings reads, taken from its source so it stays true."""
-    source = (ROOT / "durable_sse" / "settings.py").read_text()
+    """Every variable durable_sse.config.settings reads, taken from its source so it stays true."""
+    source = (ROOT / "durable_sse" / "config" / "settings.py").read_text()
     return set(re.findall(r'env\.get\("([A-Z_]+)"\)', source))
 
 

@@ -32,9 +32,10 @@ from durable_sse.consume import (
 )
 from durable_sse.consume.model import Position
 from durable_sse.consume.reader import read_items
-from durable_sse.eventlog import EventLog, EventRecord
-from durable_sse.gaps import Gap as GapRecord
-from durable_sse.gaps import GapChange
+from durable_sse.gaps.model import Gap as GapRecord
+from durable_sse.gaps.model import GapChange
+from durable_sse.log.records import EventRecord
+from durable_sse.stores import Stores
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -54,15 +55,15 @@ def db_url(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-async def log(db_url: str) -> AsyncIterator[EventLog]:
-    event_log = EventLog(db_url)
+async def log(db_url: str) -> AsyncIterator[Stores]:
+    event_log = Stores.open(db_url)
     await event_log.create_schema()
     yield event_log
     await event_log.close()
 
 
-async def stored_seqs(log: EventLog, stream: str) -> list[int]:
-    return [event.seq for event in await log.events(stream, limit=100_000)]
+async def stored_seqs(log: Stores, stream: str) -> list[int]:
+    return [event.seq for event in await log.reads.events(stream, limit=100_000)]
 
 
 class Collector:
@@ -110,16 +111,16 @@ async def until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
 
 
 async def test_exactly_once_delivers_every_event_in_order_with_exact_data(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
     events = records(1, 7)
     events[2] = EventRecord("3", 0, "message", "nul\x00inside", events[2].received_at)
-    await log.insert_batch(stream_name, "numeric", events)
+    await log.writer.insert_batch(stream_name, "numeric", events)
     handler = Collector()
     consumer = Consumer(db_url, Group(group_name(), streams=[stream_name], batch_size=3))
     async with running(consumer, handler):
         await until(lambda: len(handler.seqs) == 7)
-        await log.insert_batch(stream_name, "numeric", records(8, 9))
+        await log.writer.insert_batch(stream_name, "numeric", records(8, 9))
         await until(lambda: len(handler.seqs) == 9)
     assert handler.seqs == await stored_seqs(log, stream_name)
     datas = [item.data for item in handler.items]
@@ -128,14 +129,14 @@ async def test_exactly_once_delivers_every_event_in_order_with_exact_data(
 
 
 async def test_the_handler_writes_and_the_position_commit_together(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
     """A failing handler rolls its own writes back with the batch; the redelivery writes
     them once."""
     table = "consume_sink_" + uuid.uuid4().hex[:8]
-    with log.engine.begin() as connection:
+    with log.database.engine.begin() as connection:
         connection.exec_driver_sql(f"CREATE TABLE {table} (stream TEXT, seq BIGINT)")
-    await log.insert_batch(stream_name, "numeric", records(1, 5))
+    await log.writer.insert_batch(stream_name, "numeric", records(1, 5))
     failures = [2]
 
     def handler(tx: Any, batch: Batch) -> None:
@@ -151,21 +152,21 @@ async def test_the_handler_writes_and_the_position_commit_together(
     async with running(consumer, handler):
 
         def written() -> list[int]:
-            with log.engine.connect() as connection:
+            with log.database.engine.connect() as connection:
                 return [r[0] for r in connection.exec_driver_sql(f"SELECT seq FROM {table}")]
 
         await until(lambda: len(written()) == 5)
         await asyncio.sleep(0.3)
         assert sorted(written()) == await stored_seqs(log, stream_name)
-    with log.engine.begin() as connection:
+    with log.database.engine.begin() as connection:
         connection.exec_driver_sql(f"DROP TABLE {table}")
 
 
 async def test_a_group_starts_earliest_latest_at_a_seq_or_a_time(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
-    await log.insert_batch(stream_name, "numeric", records(1, 3, at=T0))
-    await log.insert_batch(stream_name, "numeric", records(4, 6, at=T0 + timedelta(hours=1)))
+    await log.writer.insert_batch(stream_name, "numeric", records(1, 3, at=T0))
+    await log.writer.insert_batch(stream_name, "numeric", records(4, 6, at=T0 + timedelta(hours=1)))
     seqs = await stored_seqs(log, stream_name)
     starts = {
         "earliest": (Start.earliest(), seqs),
@@ -192,7 +193,7 @@ async def test_a_consumer_never_skips_a_row_a_slower_writer_commits_later(
     (taking the smaller seq) and is held before its commit; writer B writes the next
     row. Without the per-stream lock B commits first, a consumer reads past A's seq, and
     A's row, committed a moment later, is never delivered."""
-    writer_a, writer_b = EventLog(pg_url), EventLog(pg_url)
+    writer_a, writer_b = Stores.open(pg_url), Stores.open(pg_url)
     await writer_a.create_schema()
     opened = GapRecord(
         gap_id="g",
@@ -202,14 +203,14 @@ async def test_a_consumer_never_skips_a_row_a_slower_writer_commits_later(
         notice_id="1",
         seen_at=T0.isoformat(),
     )
-    await writer_a.committed(
-        writer_a.submit_batch(
+    await writer_a.writer.committed(
+        writer_a.writer.submit_batch(
             stream_name, "numeric", records(1, 1), gap_changes=[GapChange("g", opened=opened)]
         )
     )
     handler = Collector()
     consumer = Consumer(pg_url, Group(group_name(), streams=[stream_name], batch_size=10))
-    holder = writer_a.engine.connect()
+    holder = writer_a.database.engine.connect()
     try:
         async with running(consumer, handler):
             await until(lambda: len(handler.seqs) == 1)
@@ -219,16 +220,16 @@ async def test_a_consumer_never_skips_a_row_a_slower_writer_commits_later(
                 "SELECT 1 FROM sse_gaps WHERE stream = %s AND gap_id = 'g' FOR UPDATE",
                 (stream_name,),
             )
-            job_a = writer_a.submit_batch(
+            job_a = writer_a.writer.submit_batch(
                 stream_name, "numeric", records(2, 2), gap_changes=[GapChange("g", reread_to="2")]
             )
             await until(lambda: _waiting_on_gap_row(pg_url, stream_name))
             task_b = asyncio.create_task(
-                writer_b.insert_batch(stream_name, "numeric", records(3, 3))
+                writer_b.writer.insert_batch(stream_name, "numeric", records(3, 3))
             )
             await asyncio.sleep(1.0)  # B commits now, without the lock; the consumer reads
             holder.rollback()
-            await writer_a.committed(job_a)
+            await writer_a.writer.committed(job_a)
             await task_b
             stored = await stored_seqs(writer_a, stream_name)
             assert len(stored) == 3
@@ -271,12 +272,14 @@ def gap_change(stream: str, gap_id: str, start: str, end: str | None) -> GapChan
     return GapChange(gap_id, opened=opened, contiguous=True)
 
 
-async def submit(log: EventLog, stream: str, events: list, *changes: GapChange) -> None:
-    await log.committed(log.submit_batch(stream, "numeric", events, gap_changes=changes))
+async def submit(log: Stores, stream: str, events: list, *changes: GapChange) -> None:
+    await log.writer.committed(
+        log.writer.submit_batch(stream, "numeric", events, gap_changes=changes)
+    )
 
 
 async def test_gaps_are_met_between_the_events_where_they_happened(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
     """A gap comes after the events stored before it was recorded; its closing after
     those stored before it closed, also when it closes in a transaction that stores no
@@ -309,7 +312,7 @@ async def test_gaps_are_met_between_the_events_where_they_happened(
         seqs[5], "repaired", 0, False,
     )  # fmt: skip
     # A group that starts later reads the same order from the store.
-    with log.engine.connect() as connection:
+    with log.database.engine.connect() as connection:
         read = read_items(connection, stream_name, Position(), limit=100)
     assert [shown(item) for item in read.items] == [shown(item) for item in handler.items]
 
@@ -322,11 +325,11 @@ def refuses_data(data: str) -> Callable[[Batch], bool]:
 
 
 async def test_a_poison_event_parks_the_group_on_its_stream_only(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
     other = stream_name + "-other"
-    await log.insert_batch(stream_name, "numeric", records(1, 5))
-    await log.insert_batch(other, "numeric", records(1, 2, data="x"))
+    await log.writer.insert_batch(stream_name, "numeric", records(1, 5))
+    await log.writer.insert_batch(other, "numeric", records(1, 2, data="x"))
     handler = Collector(fail=refuses_data("d3"))
     group = Group(group_name(), streams=[stream_name, other], max_attempts=2)
     consumer = Consumer(db_url, group)
@@ -343,10 +346,10 @@ async def test_a_poison_event_parks_the_group_on_its_stream_only(
 
 
 async def test_a_poison_event_goes_to_the_dead_letters_and_the_stream_goes_on(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
-    await log.insert_batch(stream_name, "numeric", records(1, 5))
-    await log.insert_batch(
+    await log.writer.insert_batch(stream_name, "numeric", records(1, 5))
+    await log.writer.insert_batch(
         stream_name, "numeric", [EventRecord("6", 0, "message", "nul\x00", datetime.now(UTC))]
     )
     handler = Collector(fail=lambda b: any(e.data in ("d3", "nul\x00") for e in b.events))
@@ -359,7 +362,7 @@ async def test_a_poison_event_goes_to_the_dead_letters_and_the_stream_goes_on(
         await until(lambda: len(handler.seqs) == 4)
         await until(lambda: _row(log, group.name, stream_name)["position_seq"] == seqs[-1])
     assert handler.seqs == [seqs[0], seqs[1], seqs[3], seqs[4]]
-    with log.engine.connect() as connection:
+    with log.database.engine.connect() as connection:
         dead = connection.execute(
             sa.text(
                 "SELECT seq, kind, event_id, data, data_bytes, error, attempts "
@@ -376,8 +379,8 @@ async def test_a_poison_event_goes_to_the_dead_letters_and_the_stream_goes_on(
     assert "RuntimeError: the handler refuses this batch" in dead[0].error
 
 
-def _row(log: EventLog, group: str, stream: str) -> dict[str, Any]:
-    with log.engine.connect() as connection:
+def _row(log: Stores, group: str, stream: str) -> dict[str, Any]:
+    with log.database.engine.connect() as connection:
         row = connection.execute(
             sa.text("SELECT * FROM sse_consumers WHERE group_name = :g AND stream = :s"),
             {"g": group, "s": stream},
@@ -389,9 +392,9 @@ def _row(log: EventLog, group: str, stream: str) -> dict[str, Any]:
 
 
 async def test_at_least_once_acks_move_the_position_and_a_zombie_ack_is_refused(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
-    await log.insert_batch(stream_name, "numeric", records(1, 6))
+    await log.writer.insert_batch(stream_name, "numeric", records(1, 6))
     stored = await stored_seqs(log, stream_name)
     group = Group(group_name(), streams=[stream_name], batch_size=2, lease=0.6)
     first, second = Consumer(db_url, group), Consumer(db_url, group)
@@ -417,7 +420,7 @@ async def test_at_least_once_acks_move_the_position_and_a_zombie_ack_is_refused(
         assert [e.seq for e in got] == stored
         assert _row(log, group.name, stream_name)["position_seq"] == stored[-1]
         # An ack after the lease ran out is refused even when nobody took over.
-        await log.insert_batch(stream_name, "numeric", records(7, 7))
+        await log.writer.insert_batch(stream_name, "numeric", records(7, 7))
         late = await asyncio.wait_for(anext(b), 10)
         await asyncio.sleep(0.8)
         with pytest.raises(LeaseLostError):
@@ -432,7 +435,7 @@ async def test_at_least_once_acks_move_the_position_and_a_zombie_ack_is_refused(
 
 
 async def test_processes_of_one_group_share_its_streams_each_event_once(
-    log: EventLog, db_url: str, stream_name: str
+    log: Stores, db_url: str, stream_name: str
 ) -> None:
     streams = [f"{stream_name}-{n}" for n in range(4)]
     group = Group(group_name(), streams=streams, batch_size=5)
@@ -441,7 +444,7 @@ async def test_processes_of_one_group_share_its_streams_each_event_once(
     async with running(consumers[0], handlers[0]), running(consumers[1], handlers[1]):
         for round_ in range(3):
             for stream in streams:
-                await log.insert_batch(
+                await log.writer.insert_batch(
                     stream, "numeric", records(round_ * 10 + 1, round_ * 10 + 10)
                 )
         await until(lambda: sum(len(h.seqs) for h in handlers) >= 120, timeout=30)
@@ -467,21 +470,21 @@ async def test_a_killed_listen_connection_comes_back(pg_url: str, stream_name: s
     stream once."""
     import psycopg
 
-    log = EventLog(pg_url)
+    log = Stores.open(pg_url)
     await log.create_schema()
     handler = Collector()
     consumer = Consumer(pg_url, Group(group_name(), streams=[stream_name]), poll_interval=3600)
     try:
         async with running(consumer, handler):
-            await log.insert_batch(stream_name, "numeric", records(1, 2))
+            await log.writer.insert_batch(stream_name, "numeric", records(1, 2))
             await until(lambda: len(handler.seqs) == 2, timeout=5)
             assert consumer.wakeups.listens == 1
             with psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (consumer.wakeups.backend_pid,))
-            await log.insert_batch(stream_name, "numeric", records(3, 3))  # while down
+            await log.writer.insert_batch(stream_name, "numeric", records(3, 3))  # while down
             await until(lambda: consumer.wakeups.listens == 2, timeout=10)
             await until(lambda: len(handler.seqs) == 3, timeout=5)  # the catch-up read
-            await log.insert_batch(stream_name, "numeric", records(4, 5))
+            await log.writer.insert_batch(stream_name, "numeric", records(4, 5))
             await until(lambda: len(handler.seqs) == 5, timeout=5)  # notified again
         assert handler.seqs == await stored_seqs(log, stream_name)
     finally:
@@ -490,13 +493,13 @@ async def test_a_killed_listen_connection_comes_back(pg_url: str, stream_name: s
 
 async def test_sqlite_polling_costs_nothing_when_idle(tmp_path: Path, stream_name: str) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
-    log = EventLog(url)
+    log = Stores.open(url)
     await log.create_schema()
     handler = Collector()
     consumer = Consumer(url, Group(group_name(), streams=[stream_name]), poll_interval=3600)
     try:
         async with running(consumer, handler):
-            await log.insert_batch(stream_name, "numeric", records(1, 3))
+            await log.writer.insert_batch(stream_name, "numeric", records(1, 3))
             await until(lambda: len(handler.seqs) == 3, timeout=5)
             await asyncio.sleep(0.3)
             poller = consumer.wakeups
@@ -504,7 +507,7 @@ async def test_sqlite_polling_costs_nothing_when_idle(tmp_path: Path, stream_nam
             await asyncio.sleep(1.0)
             assert poller.checks > checks + 10  # type: ignore[attr-defined]
             assert poller.queries == queries  # type: ignore[attr-defined]
-            await log.insert_batch(stream_name, "numeric", records(4, 4))
+            await log.writer.insert_batch(stream_name, "numeric", records(4, 4))
             await until(lambda: len(handler.seqs) == 4, timeout=2)
     finally:
         await log.close()
@@ -516,13 +519,17 @@ async def test_sqlite_polling_costs_nothing_when_idle(tmp_path: Path, stream_nam
 async def test_retention_keeps_what_a_holding_group_has_not_consumed_up_to_max_hold(
     db_url: str, stream_name: str
 ) -> None:
-    log = EventLog(db_url, consumer_holds=retention_holds)
+    log = Stores.open(db_url, consumer_holds=retention_holds)
     await log.create_schema()
     try:
-        await log.insert_batch(stream_name, "numeric", records(1, 6, at=T0))
-        await log.insert_batch(stream_name, "numeric", records(7, 7))  # new: the table's newest
+        await log.writer.insert_batch(stream_name, "numeric", records(1, 6, at=T0))
+        await log.writer.insert_batch(
+            stream_name, "numeric", records(7, 7)
+        )  # new: the table's newest
         seqs = await stored_seqs(log, stream_name)
-        await log.advance_lagging(stream_name, "numeric", window=0, now=datetime.now(UTC))
+        await log.checkpoints.advance_lagging(
+            stream_name, "numeric", window=0, now=datetime.now(UTC)
+        )
         holding = Group(group_name(), streams=[stream_name], hold_retention=True,
                         start=Start.after_seq(seqs[2]))  # fmt: skip
         lapsed = Group(group_name(), streams=[stream_name], hold_retention=True, max_hold=60)
@@ -532,7 +539,7 @@ async def test_retention_keeps_what_a_holding_group_has_not_consumed_up_to_max_h
             consumer = Consumer(db_url, group)
             await consumer.start()
             await consumer.close()
-        run = await log.apply_retention(
+        run = await log.prune.apply_retention(
             stream_name, "numeric", cutoff=datetime.now(UTC) + timedelta(days=1)
         )
         assert run.held_by_consumers == (holding.name,)
@@ -557,15 +564,15 @@ async def test_retention_keeps_what_a_holding_group_has_not_consumed_up_to_max_h
 
 async def test_a_group_of_every_stream_finds_new_streams(tmp_path: Path, stream_name: str) -> None:
     url = f"sqlite:///{tmp_path / 'events.db'}"
-    log = EventLog(url)
+    log = Stores.open(url)
     await log.create_schema()
     try:
-        await log.insert_batch(stream_name + "-a", "numeric", records(1, 2))
+        await log.writer.insert_batch(stream_name + "-a", "numeric", records(1, 2))
         handler = Collector()
         consumer = Consumer(url, Group(group_name()), poll_interval=0.3)
         async with running(consumer, handler):
             await until(lambda: len(handler.seqs) == 2)
-            await log.insert_batch(stream_name + "-b", "numeric", records(1, 3))
+            await log.writer.insert_batch(stream_name + "-b", "numeric", records(1, 3))
             await until(lambda: len(handler.seqs) == 5)
         assert {item.stream for item in handler.items} == {stream_name + "-a", stream_name + "-b"}
     finally:
@@ -582,10 +589,10 @@ async def test_a_consumer_process_serves_its_metrics(pg_url: str, stream_name: s
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     meter = serve_metrics(port, host="127.0.0.1")
-    log = EventLog(pg_url)
+    log = Stores.open(pg_url)
     await log.create_schema()
     try:
-        await log.insert_batch(stream_name, "numeric", records(1, 4))
+        await log.writer.insert_batch(stream_name, "numeric", records(1, 4))
         handler = Collector(fail=lambda batch: batch.attempt == 1)  # one redelivery
         group = Group(group_name(), streams=[stream_name])
         async with running(Consumer(pg_url, group, metrics=meter), handler):
@@ -614,7 +621,7 @@ async def test_a_consumer_process_serves_its_metrics(pg_url: str, stream_name: s
 async def test_consumers_in_one_process_share_one_listen_connection(
     pg_url: str, stream_name: str
 ) -> None:
-    log = EventLog(pg_url)
+    log = Stores.open(pg_url)
     await log.create_schema()
     first, second = Collector(), Collector()
     a = Consumer(pg_url, Group(group_name(), streams=[stream_name]), poll_interval=3600)
@@ -622,7 +629,7 @@ async def test_consumers_in_one_process_share_one_listen_connection(
     try:
         async with running(a, first), running(b, second):
             assert a.wakeups.backend_pid == b.wakeups.backend_pid is not None  # type: ignore[attr-defined]
-            await log.insert_batch(stream_name, "numeric", records(1, 3))
+            await log.writer.insert_batch(stream_name, "numeric", records(1, 3))
             await until(lambda: len(first.seqs) == 3 and len(second.seqs) == 3, timeout=5)
     finally:
         await log.close()

@@ -16,24 +16,25 @@ from pathlib import Path
 
 import pytest
 
-from durable_sse.cli import main
 from durable_sse.consume import Consumer, Group
 from durable_sse.consume import positions as position_rows
-from durable_sse.eventlog import EventLog, EventRecord
-from durable_sse.gaps import Gap as GapRecord
-from durable_sse.gaps import GapChange
+from durable_sse.gaps.model import Gap as GapRecord
+from durable_sse.gaps.model import GapChange
+from durable_sse.log.records import EventRecord
+from durable_sse.ops.cli.main import main
+from durable_sse.stores import Stores
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
-CLI = [sys.executable, "-m", "durable_sse.cli"]
+CLI = [sys.executable, "-m", "durable_sse.ops.cli"]
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
 async def log(
     request: pytest.FixtureRequest, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[EventLog]:
+) -> AsyncIterator[Stores]:
     url = pg_url if request.param == "postgresql" else f"sqlite:///{tmp_path / 'events.db'}"
     monkeypatch.setenv("DATABASE_URL", url)
-    event_log = EventLog(url)
+    event_log = Stores.open(url)
     await event_log.create_schema()
     yield event_log
     await event_log.close()
@@ -43,9 +44,9 @@ def event(event_id: str, data: str, at: datetime) -> EventRecord:
     return EventRecord(event_id, 0, "tick", data, at)
 
 
-async def fill(log: EventLog, stream: str) -> list[int]:
+async def fill(log: Stores, stream: str) -> list[int]:
     """Three events at T0 (one with NUL), a gap, two events an hour later."""
-    await log.insert_batch(
+    await log.writer.insert_batch(
         stream, "numeric", [event("1", "a", T0), event("2", "nul\x00é", T0), event("3", "c", T0)]
     )
     gap = GapRecord(
@@ -53,15 +54,15 @@ async def fill(log: EventLog, stream: str) -> list[int]:
         seen_at=T0.isoformat(), announced=2,
     )  # fmt: skip
     later = T0 + timedelta(hours=1)
-    await log.committed(
-        log.submit_batch(
+    await log.writer.committed(
+        log.writer.submit_batch(
             stream,
             "numeric",
             [event("4", '{"x": 1}', later), event("5", "e", later)],
             gap_changes=[GapChange("g1", opened=gap)],
         )
     )
-    return [e.seq for e in await log.events(stream)]
+    return [e.seq for e in await log.reads.events(stream)]
 
 
 async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -91,7 +92,7 @@ def lines(stream: str, seqs: list[int], *, first: int = 0) -> str:
 
 
 async def test_tail_prints_json_lines_byte_for_byte(
-    log: EventLog, stream_name: str, capsys: pytest.CaptureFixture[str]
+    log: Stores, stream_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seqs = await fill(log, stream_name)
     assert await run_cli(capsys, "tail", stream_name) == (0, lines(stream_name, seqs), "")
@@ -109,7 +110,7 @@ async def test_tail_prints_json_lines_byte_for_byte(
 
 
 async def test_tail_of_a_group_reads_from_its_position_and_commits_only_when_asked(
-    log: EventLog, stream_name: str, capsys: pytest.CaptureFixture[str]
+    log: Stores, stream_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seqs = await fill(log, stream_name)
     group = "g-" + uuid.uuid4().hex[:8]
@@ -129,15 +130,15 @@ async def test_tail_of_a_group_reads_from_its_position_and_commits_only_when_ask
     assert await run_cli(capsys, "tail", stream_name, "--group", group) == (0, "", "")
 
 
-def _position(log: EventLog, group: str, stream: str) -> int:
-    with log.engine.connect() as connection:
+def _position(log: Stores, group: str, stream: str) -> int:
+    with log.database.engine.connect() as connection:
         row = position_rows.read_row(connection, group, stream)
     assert row is not None
     return row.position.seq
 
 
 async def test_consumers_lists_groups_and_resets_only_when_confirmed_and_free(
-    log: EventLog, stream_name: str, capsys: pytest.CaptureFixture[str]
+    log: Stores, stream_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seqs = await fill(log, stream_name)
     group = "g-" + uuid.uuid4().hex[:8]
@@ -180,7 +181,7 @@ def _spawn_tail(url: str, *argv: str) -> subprocess.Popen[bytes]:
 async def test_tail_follow_ends_cleanly_on_a_closed_pipe_and_on_ctrl_c(
     pg_url: str, stream_name: str
 ) -> None:
-    log = EventLog(pg_url)
+    log = Stores.open(pg_url)
     await log.create_schema()
     try:
         seqs = await fill(log, stream_name)
@@ -198,7 +199,7 @@ async def test_tail_follow_ends_cleanly_on_a_closed_pipe_and_on_ctrl_c(
         follower = _spawn_tail(pg_url, "-f", "-n", "0", stream_name)
         try:
             await asyncio.sleep(3)  # it has started and waits for events
-            await log.insert_batch(stream_name, "numeric", [event("6", "f", T0)])
+            await log.writer.insert_batch(stream_name, "numeric", [event("6", "f", T0)])
             deadline = asyncio.get_running_loop().time() + 20
             line = b""
             while not line:  # the new event arrives by NOTIFY

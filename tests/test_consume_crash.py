@@ -25,7 +25,8 @@ import pytest
 import sqlalchemy as sa
 
 from durable_sse.consume import Group
-from durable_sse.eventlog import EventLog, EventRecord
+from durable_sse.log.records import EventRecord
+from durable_sse.stores import Stores
 from tests import consume_victim
 
 STREAMS = 20
@@ -47,7 +48,7 @@ def _context() -> Any:
     return context
 
 
-async def _write(log: EventLog, streams: list[str], stop: asyncio.Event) -> int:
+async def _write(log: Stores, streams: list[str], stop: asyncio.Event) -> int:
     """Store ``RATE`` events a second until ``stop``; the number stored."""
     loop = asyncio.get_running_loop()
     interval = 0.05
@@ -64,10 +65,10 @@ async def _write(log: EventLog, streams: list[str], stop: asyncio.Event) -> int:
                 EventRecord(str(n), 0, "tick", f'{{"n": {n}}}', now)
                 for n in range(first, first + per_batch)
             ]
-            jobs.append(log.submit_batch(stream, "numeric", events))
+            jobs.append(log.writer.submit_batch(stream, "numeric", events))
         await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
     for job in jobs:
-        await log.committed(job)
+        await log.writer.committed(job)
     return sum(counts.values())
 
 
@@ -97,10 +98,10 @@ async def _crash_run(url: str, mode: str, kills: int, seed: int) -> tuple[Any, .
     prefix = "crash-" + uuid.uuid4().hex[:8]
     streams = [f"{prefix}-{n}" for n in range(STREAMS)]
     table = "consume_sink_" + uuid.uuid4().hex[:8]
-    log = EventLog(url)
+    log = Stores.open(url)
     await log.create_schema()
-    with log.engine.begin() as connection:
-        connection.exec_driver_sql(consume_victim.sink_ddl(log.dialect, table))
+    with log.database.engine.begin() as connection:
+        connection.exec_driver_sql(consume_victim.sink_ddl(log.database.dialect, table))
     group = Group(prefix, streams=streams, batch_size=BATCH, lease=LEASE[mode])
     context = _context()
 
@@ -121,8 +122,8 @@ async def _crash_run(url: str, mode: str, kills: int, seed: int) -> tuple[Any, .
             await asyncio.sleep(rng.uniform(0.1, 1.0))
             _kill(process)
             await asyncio.to_thread(process.join, 10)
-            sunk = len(_sink_rows(log.engine, table))
-            behind += sunk < len(_stored(log.engine, streams))
+            sunk = len(_sink_rows(log.database.engine, table))
+            behind += sunk < len(_stored(log.database.engine, streams))
             progressed += sunk > consumed
             consumed = sunk
         stop.set()
@@ -131,8 +132,8 @@ async def _crash_run(url: str, mode: str, kills: int, seed: int) -> tuple[Any, .
         process = start()
         try:
             deadline = time.monotonic() + 90
-            expected = len(_stored(log.engine, streams))
-            while len(set(_sink_rows(log.engine, table))) < expected:
+            expected = len(_stored(log.database.engine, streams))
+            while len(set(_sink_rows(log.database.engine, table))) < expected:
                 assert time.monotonic() < deadline, "the last consumer did not catch up"
                 await asyncio.sleep(0.2)
             await asyncio.sleep(0.3)  # anything more it would (wrongly) write
@@ -143,7 +144,12 @@ async def _crash_run(url: str, mode: str, kills: int, seed: int) -> tuple[Any, .
             f"{mode} once, {kills} kills (seed {seed}): the consumer was behind at {behind}, "
             f"had consumed more since the last kill at {progressed}"
         )
-        return _stored(log.engine, streams), _sink_rows(log.engine, table), table, log
+        return (
+            _stored(log.database.engine, streams),
+            _sink_rows(log.database.engine, table),
+            table,
+            log,
+        )
     finally:
         stop.set()
         if not writer.done():
@@ -190,7 +196,7 @@ async def test_exactly_once_under_sigkill(crash_url: str) -> None:
         for stream, seqs in _in_order(sink).items():
             assert seqs == sorted(seqs), f"seed {seed}: stream {stream} out of order"
     finally:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             connection.exec_driver_sql(f"DROP TABLE {table}")
         await log.close()
 
@@ -211,6 +217,6 @@ async def test_at_least_once_under_sigkill(crash_url: str) -> None:
             first_seen = list(dict.fromkeys(seqs))
             assert first_seen == sorted(first_seen), f"seed {seed}: {stream} out of order"
     finally:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             connection.exec_driver_sql(f"DROP TABLE {table}")
         await log.close()

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 import psycopg
 import pytest
 
-from durable_sse.embedded import servers_under
+from durable_sse.ops.embedded.leftovers import servers_under
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,7 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
             [
                 sys.executable,
                 "-m",
-                "durable_sse.cli",
+                "durable_sse.ops.cli",
                 "dev",
                 "--dir",
                 str(state),
@@ -213,7 +213,7 @@ def test_dev_postgres_runs_the_demo_on_an_embedded_postgresql_and_ctrl_c_stops_i
                 [
                     sys.executable,
                     "-m",
-                    "durable_sse.cli",
+                    "durable_sse.ops.cli",
                     "dev",
                     "--postgres",
                     "--dir",

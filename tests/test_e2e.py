@@ -27,12 +27,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 import worker as worker_module
-from durable_sse.binaries import temporal_dev_server
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.settings import Settings
+from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from tests.chaos.harness import end_process, wait_until, worker_process
 from tests.test_portable import machine_paths
 from workflows.stream import STREAM_STATE
@@ -77,8 +77,8 @@ async def worker(
 
 
 @pytest.fixture(scope="module")
-async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
-    log = EventLog(pg_url)
+async def event_log(pg_url: str) -> AsyncIterator[Stores]:
+    log = Stores.open(pg_url)
     await log.create_schema()
     yield log
     await log.close()
@@ -88,9 +88,9 @@ async def status_of(handle: WorkflowHandle) -> StreamStatus:
     return await handle.query("status", result_type=StreamStatus)
 
 
-async def stored_ids(log: EventLog, stream: str) -> list[int]:
+async def stored_ids(log: Stores, stream: str) -> list[int]:
     def query() -> list[int]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             rows = connection.execute(
                 sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
             )
@@ -127,9 +127,9 @@ def portable(text: str) -> str:
     return text
 
 
-async def gaps_closed(log: EventLog, stream: str, state: str = "repaired") -> bool:
+async def gaps_closed(log: Stores, stream: str, state: str = "repaired") -> bool:
     """The stream has gap records, and every one is closed in ``state``."""
-    records = await log.gaps(stream)
+    records = await log.gap_store.gaps(stream)
     return bool(records) and all(record.state == state for record in records)
 
 
@@ -176,11 +176,11 @@ def gap_spec(source: SSESource, name: str) -> StreamSpec:
     )
 
 
-async def ready_for_a_gap(handle: WorkflowHandle, log: EventLog, name: str) -> None:
+async def ready_for_a_gap(handle: WorkflowHandle, log: Stores, name: str) -> None:
     """1,000+ events stored and a lagging id older than them exists."""
 
     async def ready() -> bool:
-        checkpoint = await log.get_checkpoint(name)
+        checkpoint = await log.checkpoints.get_checkpoint(name)
         return (
             checkpoint is not None
             and checkpoint.lagging_id is not None
@@ -191,7 +191,7 @@ async def ready_for_a_gap(handle: WorkflowHandle, log: EventLog, name: str) -> N
 
 
 async def test_drop_notice_gap_is_repaired_exactly_once(
-    temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: EventLog
+    temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: Stores
 ) -> None:
     name = "gap-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
@@ -232,7 +232,7 @@ async def test_drop_notice_gap_is_repaired_exactly_once(
 
 
 async def test_disconnect_during_replay_resumes_the_replay(
-    temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: EventLog
+    temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: Stores
 ) -> None:
     name = "cut-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
@@ -273,7 +273,7 @@ async def test_sigkilled_worker_is_replaced_without_loss_or_duplicates(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    event_log: EventLog,
+    event_log: Stores,
     tmp_path: Path,
 ) -> None:
     name = "kill-" + uuid.uuid4().hex[:8]
@@ -310,7 +310,7 @@ async def test_sigkilled_worker_is_replaced_without_loss_or_duplicates(
 
 
 async def test_readme_temporal_cli_commands_work_as_written(
-    temporal: WorkflowEnvironment, address: str, worker: None, event_log: EventLog
+    temporal: WorkflowEnvironment, address: str, worker: None, event_log: Stores
 ) -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split("The same with the plain Temporal CLI:", 1)[1].split("```sh", 1)[1]
@@ -337,7 +337,7 @@ async def test_readme_temporal_cli_commands_work_as_written(
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "durable_sse.cli", *args],
+        [sys.executable, "-m", "durable_sse.ops.cli", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -440,7 +440,7 @@ async def test_metrics_endpoint_counts_what_happened(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    event_log: EventLog,
+    event_log: Stores,
     tmp_path: Path,
 ) -> None:
     import socket
@@ -487,7 +487,7 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     address: str,
     worker: None,
     source: SSESource,
-    event_log: EventLog,
+    event_log: Stores,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     header_secret, query_secret = "hdr-" + uuid.uuid4().hex, "qry-" + uuid.uuid4().hex
@@ -557,9 +557,9 @@ async def test_secrets_never_reach_logs_history_or_the_database(
         assert secret not in rows
 
 
-async def stored_ids_any(log: EventLog, stream: str) -> list[str]:
+async def stored_ids_any(log: Stores, stream: str) -> list[str]:
     def query() -> list[str]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             rows = connection.execute(
                 sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
             )
@@ -568,8 +568,8 @@ async def stored_ids_any(log: EventLog, stream: str) -> list[str]:
     return await asyncio.to_thread(query)
 
 
-def dump_stream_rows(log: EventLog, stream: str) -> str:
-    with log.engine.connect() as connection:
+def dump_stream_rows(log: Stores, stream: str) -> str:
+    with log.database.engine.connect() as connection:
         events = connection.execute(
             sa.text("SELECT * FROM sse_events WHERE stream = :s"), {"s": stream}
         ).fetchall()
@@ -587,7 +587,8 @@ async def test_cli_reads_status_of_an_encrypted_stream_only_with_the_key(
     source: SSESource,
     tmp_path: Path,
 ) -> None:
-    from durable_sse.codec import KEY_ENV, data_converter_from_env, generate_key
+    from durable_sse.config.temporal import PAYLOAD_KEY_ENV as KEY_ENV
+    from durable_sse.ops.codec import data_converter_from_env, generate_key
 
     key = generate_key()
     name = "sealed-" + uuid.uuid4().hex[:8]

@@ -21,15 +21,11 @@ import psycopg
 import pytest
 import redis
 
-from durable_sse.embedded import (
-    EmbeddedPostgres,
-    EmbeddedRedis,
-    embedded_services,
-    servers_under,
-    start_services,
-    sweep_stale,
-)
 from durable_sse.errors import EmbeddedServiceError
+from durable_sse.ops.embedded.leftovers import servers_under, sweep_stale
+from durable_sse.ops.embedded.postgres import EmbeddedPostgres
+from durable_sse.ops.embedded.redis import EmbeddedRedis
+from durable_sse.ops.embedded.services import embedded_services, start_services
 from tests.services import DEFAULT_PG_URL, DEFAULT_REDIS_URL, services_to_embed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +156,7 @@ def _child(script: str, tmpdir: Path) -> tuple[subprocess.Popen[str], Path]:
 def test_ctrl_c_stops_and_removes_everything(scratch: Path) -> None:
     process, root = _child(
         "import time\n"
-        "from durable_sse.embedded import embedded_services\n"
+        "from durable_sse.ops.embedded.services import embedded_services\n"
         "with embedded_services() as services:\n"
         "    print(services.root, flush=True)\n"
         "    time.sleep(600)\n",
@@ -178,7 +174,7 @@ def test_ctrl_c_stops_and_removes_everything(scratch: Path) -> None:
 def test_servers_of_a_killed_owner_are_stopped_by_the_next_start(scratch: Path) -> None:
     process, root = _child(
         "import time\n"
-        "from durable_sse.embedded import start_services\n"
+        "from durable_sse.ops.embedded.services import start_services\n"
         "print(start_services().root, flush=True)\n"
         "time.sleep(600)\n",
         scratch,

@@ -13,12 +13,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_sse.db import SCHEMA_VERSION
 from durable_sse.errors import StoreError
-from durable_sse.eventlog import SMALL_BATCH, EventLog, EventRecord, InsertResult
-from durable_sse.followers import FOLLOWER_WINDOW, FollowerKeys, data_digest
-from durable_sse.gaps import Gap, GapChange
+from durable_sse.gaps.model import Gap, GapChange
 from durable_sse.ids import IdOrder, sort_key
+from durable_sse.log.keys import FOLLOWER_WINDOW, FollowerKeys, data_digest
+from durable_sse.log.records import EventRecord, InsertResult
+from durable_sse.log.schema import SCHEMA_VERSION
+from durable_sse.log.staging import SMALL_BATCH
+from durable_sse.stores import Stores
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -41,15 +43,15 @@ def record(
     )
 
 
-async def query(log: EventLog, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+async def query(log: Stores, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     def run() -> list[tuple[Any, ...]]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             return [tuple(row) for row in connection.execute(sa.text(sql), params)]
 
     return await asyncio.to_thread(run)
 
 
-async def stored(log: EventLog, stream: str) -> list[tuple[Any, ...]]:
+async def stored(log: Stores, stream: str) -> list[tuple[Any, ...]]:
     """``(event_id, event_ord, data)`` of a stream in insertion (seq) order."""
     return await query(
         log,
@@ -58,9 +60,9 @@ async def stored(log: EventLog, stream: str) -> list[tuple[Any, ...]]:
     )
 
 
-async def execute(log: EventLog, *statements: str) -> None:
+async def execute(log: Stores, *statements: str) -> None:
     def run() -> None:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             for statement in statements:
                 connection.exec_driver_sql(statement)
 
@@ -76,22 +78,24 @@ def closed_port() -> int:
 # -- inserts -------------------------------------------------------------------------
 
 
-async def test_same_batch_twice_is_stored_once(event_log: EventLog, stream_name: str) -> None:
+async def test_same_batch_twice_is_stored_once(event_log: Stores, stream_name: str) -> None:
     batch = [record("1"), record("2"), record("3")]
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, 3)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(0, 3)
     assert await stored(event_log, stream_name) == [("1", 0, "x"), ("2", 0, "x"), ("3", 0, "x")]
 
 
 @pytest.mark.parametrize("size", [SMALL_BATCH, SMALL_BATCH + 1, 2000])
 async def test_both_insert_paths_are_idempotent_and_keep_order(
-    event_log: EventLog, stream_name: str, size: int
+    event_log: Stores, stream_name: str, size: int
 ) -> None:
     """Small batches go through one multi-row INSERT, larger ones through COPY."""
     batch = [record(str(i), data=f"d{i}") for i in range(size, 0, -1)]
     overlap = batch[size // 2 :] + [record(str(size + 1))]
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(size, 0)
-    result = await event_log.insert_batch(stream_name, "numeric", overlap)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(
+        size, 0
+    )
+    result = await event_log.writer.insert_batch(stream_name, "numeric", overlap)
     assert result == InsertResult(1, len(overlap) - 1)
     rows = await stored(event_log, stream_name)
     assert [row[0] for row in rows] == [str(i) for i in range(size, 0, -1)] + [str(size + 1)]
@@ -103,44 +107,48 @@ def numbered(first: int, last: int) -> list[EventRecord]:
 
 
 async def test_live_batches_are_copied_straight_into_the_log(
-    pg_event_log: EventLog, stream_name: str, pg_url: str
+    pg_event_log: Stores, stream_name: str, pg_url: str
 ) -> None:
     """Issue 16 item 2: a large batch whose ids all sort after the stream's newest stored
     id is COPYed into sse_events; one that meets a stored key (ids out of order, another
     worker writing the same stream) falls back to staging, with exact counts."""
     log = pg_event_log
-    copies, fallbacks = log.direct_copies, log.optimistic_fallbacks
-    assert await log.insert_batch(stream_name, "numeric", numbered(1, 100)) == InsertResult(100, 0)
-    assert await log.insert_batch(stream_name, "numeric", numbered(101, 200)) == InsertResult(
+    copies, fallbacks = log.writer.direct_copies, log.writer.optimistic_fallbacks
+    assert await log.writer.insert_batch(stream_name, "numeric", numbered(1, 100)) == InsertResult(
         100, 0
     )
-    assert log.direct_copies == copies + 2
+    assert await log.writer.insert_batch(
+        stream_name, "numeric", numbered(101, 200)
+    ) == InsertResult(100, 0)
+    assert log.writer.direct_copies == copies + 2
     # Ids at or before the newest: straight to staging, no attempt wasted.
-    assert await log.insert_batch(stream_name, "numeric", numbered(150, 250)) == InsertResult(
-        50, 51
-    )
-    assert (log.direct_copies, log.optimistic_fallbacks) == (copies + 2, fallbacks)
+    assert await log.writer.insert_batch(
+        stream_name, "numeric", numbered(150, 250)
+    ) == InsertResult(50, 51)
+    assert (log.writer.direct_copies, log.writer.optimistic_fallbacks) == (copies + 2, fallbacks)
     # Another worker moved the stream on: this log's hint is stale, the COPY meets a
     # stored key, rolls back, and the batch goes through staging.
-    other = EventLog(pg_url)
+    other = Stores.open(pg_url)
     try:
-        assert await other.insert_batch(stream_name, "numeric", numbered(300, 400)) == (
+        assert await other.writer.insert_batch(stream_name, "numeric", numbered(300, 400)) == (
             InsertResult(101, 0)
         )
     finally:
         await other.close()
-    assert await log.insert_batch(stream_name, "numeric", numbered(350, 450)) == InsertResult(
-        50, 51
-    )
-    assert log.optimistic_fallbacks == fallbacks + 1
+    assert await log.writer.insert_batch(
+        stream_name, "numeric", numbered(350, 450)
+    ) == InsertResult(50, 51)
+    assert log.writer.optimistic_fallbacks == fallbacks + 1
     # A key repeated inside one fresh batch: the same (a true re-send is a duplicate, an
     # id sent again with other data is kept: issue 24 item 7).
     repeated = [*numbered(500, 600), record("550", data="d550")]
-    assert await log.insert_batch(stream_name, "numeric", repeated) == InsertResult(101, 1)
-    assert log.optimistic_fallbacks == fallbacks + 2
+    assert await log.writer.insert_batch(stream_name, "numeric", repeated) == InsertResult(101, 1)
+    assert log.writer.optimistic_fallbacks == fallbacks + 2
     reused = [*numbered(601, 700), record("650", data="again")]
-    assert await log.insert_batch(stream_name, "numeric", reused) == InsertResult(101, 0, ("650",))
-    assert log.optimistic_fallbacks == fallbacks + 3
+    assert await log.writer.insert_batch(stream_name, "numeric", reused) == InsertResult(
+        101, 0, ("650",)
+    )
+    assert log.writer.optimistic_fallbacks == fallbacks + 3
     rows = await stored(log, stream_name)
     ids = [int(row[0]) for row in rows]
     assert ids == [*range(1, 251), *range(300, 451), *range(500, 601), *range(601, 701), 650]
@@ -148,47 +156,47 @@ async def test_live_batches_are_copied_straight_into_the_log(
 
 
 async def test_a_fallback_keeps_the_other_streams_of_its_group(
-    pg_event_log: EventLog, stream_name: str
+    pg_event_log: Stores, stream_name: str
 ) -> None:
     log = pg_event_log
-    await log.insert_batch(stream_name, "numeric", numbered(1, 100))
+    await log.writer.insert_batch(stream_name, "numeric", numbered(1, 100))
     fillers = hold_the_lanes(log)
     await asyncio.sleep(0)
-    live = log.submit_batch(f"{stream_name}-live", "numeric", numbered(1, 100))
-    clash = log.submit_batch(
+    live = log.writer.submit_batch(f"{stream_name}-live", "numeric", numbered(1, 100))
+    clash = log.writer.submit_batch(
         stream_name, "numeric", [*numbered(101, 200), record("101", data="d101")]
     )
-    await asyncio.gather(*(log.committed(job) for job in fillers))
-    assert await log.committed(live) == InsertResult(100, 0)
-    assert await log.committed(clash) == InsertResult(100, 1)
+    await asyncio.gather(*(log.writer.committed(job) for job in fillers))
+    assert await log.writer.committed(live) == InsertResult(100, 0)
+    assert await log.writer.committed(clash) == InsertResult(100, 1)
     assert len(await stored(log, f"{stream_name}-live")) == 100
     assert len(await stored(log, stream_name)) == 200
 
 
 async def test_key_repeated_within_a_batch_counts_as_duplicate(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     batch = [record("1", data="first"), record("2"), record("1", data="first")]
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(2, 1)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(2, 1)
     assert await stored(event_log, stream_name) == [("1", 0, "first"), ("2", 0, "x")]
 
 
-async def test_seq_keeps_batch_order(event_log: EventLog, stream_name: str) -> None:
+async def test_seq_keeps_batch_order(event_log: Stores, stream_name: str) -> None:
     ids = ["b", "a", "d", "c"]
-    await event_log.insert_batch(stream_name, "lexicographic", [record(i) for i in ids])
+    await event_log.writer.insert_batch(stream_name, "lexicographic", [record(i) for i in ids])
     assert [row[0] for row in await stored(event_log, stream_name)] == ids
 
 
 async def test_idless_followers_are_kept_apart_and_deduplicated(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     batch = [
         record("5", 0, data="carries id"),
         record("5", 1, data="follower one"),
         record("5", 2, data="follower two"),
     ]
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, 3)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(0, 3)
     assert await stored(event_log, stream_name) == [
         ("5", 0, "carries id"),
         ("5", 1, "follower one"),
@@ -197,7 +205,7 @@ async def test_idless_followers_are_kept_apart_and_deduplicated(
 
 
 async def test_idless_followers_are_told_apart_by_content_across_connections(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Issue 13 case 8, at the store: positions restart per connection, keys do not."""
 
@@ -216,15 +224,17 @@ async def test_idless_followers_are_told_apart_by_content_across_connections(
         ]
 
     first = connection(("5", 0, "a"), ("5", 1, "b"))
-    assert await event_log.insert_batch(stream_name, "numeric", first) == InsertResult(2, 0)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", first) == InsertResult(2, 0)
     resumed = connection(("5", 1, "c"))  # after 5: a new event at b's position
-    assert await event_log.insert_batch(stream_name, "numeric", resumed) == InsertResult(1, 0)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", resumed) == InsertResult(
+        1, 0
+    )
     resent = connection(("5", 1, "b"), ("5", 2, "c"))
-    assert await event_log.insert_batch(stream_name, "numeric", resent) == InsertResult(0, 2)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", resent) == InsertResult(0, 2)
     replay = connection(("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c"))
-    assert await event_log.insert_batch(stream_name, "numeric", replay) == InsertResult(0, 3)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", replay) == InsertResult(0, 3)
     twins = connection(("6", 0, "p"), ("6", 1, "p"), ("6", 2, "p"))
-    assert await event_log.insert_batch(stream_name, "numeric", twins) == InsertResult(3, 0)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", twins) == InsertResult(3, 0)
     assert await stored(event_log, stream_name) == [
         ("5", 0, "a"),
         ("5", 1, "b"),
@@ -280,7 +290,7 @@ def data_of(rows: list[tuple[Any, ...]]) -> list[str]:
 
 @pytest.mark.parametrize("count", [5, SMALL_BATCH + 5])
 async def test_an_id_stored_with_other_data_is_kept_and_a_resend_is_a_duplicate(
-    event_log: EventLog, stream_name: str, count: int
+    event_log: Stores, stream_name: str, count: int
 ) -> None:
     """A server restarts its counter: ids 1..n again with new data are new events, kept
     beside the old ones and reported as reused, never as duplicates; either use re-sent
@@ -288,21 +298,25 @@ async def test_an_id_stored_with_other_data_is_kept_and_a_resend_is_a_duplicate(
     through one multi-row INSERT, the larger one through the staging table.)"""
     log, order = event_log, "numeric"
     ids = tuple(str(n) for n in range(1, count + 1))
-    assert await log.insert_batch(stream_name, order, generation("a", 1, count)) == (
+    assert await log.writer.insert_batch(stream_name, order, generation("a", 1, count)) == (
         InsertResult(count, 0)
     )
     restarted = generation("b", 1, count)
-    assert await log.insert_batch(stream_name, order, restarted) == InsertResult(count, 0, ids)
-    assert await log.insert_batch(stream_name, order, restarted) == InsertResult(0, count)
-    assert await log.insert_batch(stream_name, order, generation("a", 1, count)) == (
+    assert await log.writer.insert_batch(stream_name, order, restarted) == InsertResult(
+        count, 0, ids
+    )
+    assert await log.writer.insert_batch(stream_name, order, restarted) == InsertResult(0, count)
+    assert await log.writer.insert_batch(stream_name, order, generation("a", 1, count)) == (
         InsertResult(0, count)
     )
     third = generation("c", 1, 2)
-    assert await log.insert_batch(stream_name, order, third) == InsertResult(2, 0, ("1", "2"))
-    assert await log.insert_batch(stream_name, order, third) == InsertResult(0, 2)
+    assert await log.writer.insert_batch(stream_name, order, third) == InsertResult(
+        2, 0, ("1", "2")
+    )
+    assert await log.writer.insert_batch(stream_name, order, third) == InsertResult(0, 2)
     # Reused ids beside new ones in one batch: the reused rows go in after the others.
     mixed = [*generation("d", 1, 1), *generation("d", count + 1, count + 2)]
-    assert await log.insert_batch(stream_name, order, mixed) == InsertResult(3, 0, ("1",))
+    assert await log.writer.insert_batch(stream_name, order, mixed) == InsertResult(3, 0, ("1",))
     assert data_of(await stored(log, stream_name)) == [
         *(f"a{n}" for n in range(1, count + 1)),
         *(f"b{n}" for n in range(1, count + 1)),
@@ -312,35 +326,37 @@ async def test_an_id_stored_with_other_data_is_kept_and_a_resend_is_a_duplicate(
         f"d{count + 2}",
         "d1",
     ]
-    assert await log.floor(stream_name) == str(count + 2)
-    page = await log.stored_keys(stream_name, order, after=None, limit=10)
+    assert await log.reads.floor(stream_name) == str(count + 2)
+    page = await log.reads.stored_keys(stream_name, order, after=None, limit=10)
     assert [key[0] for key in page.keys][:4] == ["1"] * 4  # a1, b1, c1 and d1
 
 
 @pytest.mark.parametrize("large", [False, True])
 async def test_reused_ids_are_counted_per_batch_in_a_group_of_streams(
-    event_log: EventLog, stream_name: str, large: bool
+    event_log: Stores, stream_name: str, large: bool
 ) -> None:
     """One group transaction of several streams' batches: each batch gets its own new
     rows and reused ids, a reused event repeated by a later batch of the group is that
     batch's duplicate. ``large``: the group goes through the staging table (PostgreSQL)."""
     log, order, other = event_log, "numeric", f"{stream_name}-other"
-    await log.insert_batch(stream_name, order, generation("a", 1, 5))
-    await log.insert_batch(other, order, generation("a", 1, 3))
+    await log.writer.insert_batch(stream_name, order, generation("a", 1, 5))
+    await log.writer.insert_batch(other, order, generation("a", 1, 3))
     filler = generation("f", 1, SMALL_BATCH + 1) if large else generation("f", 1, 1)
-    before = log.commits.transactions
+    before = log.writer.commits.transactions
     fillers = hold_the_lanes(log)
     jobs = [
-        log.submit_batch(stream_name, order, generation("b", 1, 2)),
-        log.submit_batch(other, order, generation("a", 1, 4)),
-        log.submit_batch(stream_name, order, generation("b", 2, 3)),
-        log.submit_batch(f"{stream_name}-filler", order, filler),
-        log.submit_batch(other, order, generation("z", 3, 3)),
-        log.submit_batch(stream_name, order, [*generation("a", 5, 5), *generation("b", 6, 6)]),
+        log.writer.submit_batch(stream_name, order, generation("b", 1, 2)),
+        log.writer.submit_batch(other, order, generation("a", 1, 4)),
+        log.writer.submit_batch(stream_name, order, generation("b", 2, 3)),
+        log.writer.submit_batch(f"{stream_name}-filler", order, filler),
+        log.writer.submit_batch(other, order, generation("z", 3, 3)),
+        log.writer.submit_batch(
+            stream_name, order, [*generation("a", 5, 5), *generation("b", 6, 6)]
+        ),
     ]
-    results = [await log.committed(job) for job in jobs]
-    await asyncio.gather(*(log.committed(job) for job in fillers))
-    assert log.commits.transactions - before == len(fillers) + 1  # the six: one group
+    results = [await log.writer.committed(job) for job in jobs]
+    await asyncio.gather(*(log.writer.committed(job) for job in fillers))
+    assert log.writer.commits.transactions - before == len(fillers) + 1  # the six: one group
     assert results == [
         InsertResult(2, 0, ("1", "2")),
         InsertResult(1, 3),
@@ -356,18 +372,18 @@ async def test_reused_ids_are_counted_per_batch_in_a_group_of_streams(
 
 
 async def test_followers_of_a_reused_id_are_kept_apart_from_the_earlier_uses(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """A follower identical to one the earlier use of its id stored (``ping``) is kept
     with its carrier; a connection that never read the carrier cannot tell (see
-    ``durable_sse.followers``)."""
+    ``durable_sse.log.keys``)."""
     log, order = event_log, "numeric"
     first = generation("a", 1, 1, followers=("ping", "x"))
     reused = generation("b", 1, 1, followers=("ping", "y"))
-    assert await log.insert_batch(stream_name, order, first) == InsertResult(3, 0)
-    assert await log.insert_batch(stream_name, order, reused) == InsertResult(3, 0, ("1",))
-    assert await log.insert_batch(stream_name, order, reused) == InsertResult(0, 3)
-    assert await log.insert_batch(stream_name, order, first) == InsertResult(0, 3)
+    assert await log.writer.insert_batch(stream_name, order, first) == InsertResult(3, 0)
+    assert await log.writer.insert_batch(stream_name, order, reused) == InsertResult(3, 0, ("1",))
+    assert await log.writer.insert_batch(stream_name, order, reused) == InsertResult(0, 3)
+    assert await log.writer.insert_batch(stream_name, order, first) == InsertResult(0, 3)
     keys = FollowerKeys()
     inside = EventRecord(
         event_id="1",
@@ -377,20 +393,20 @@ async def test_followers_of_a_reused_id_are_kept_apart_from_the_earlier_uses(
         received_at=T0,
         follower_key=keys.follower("message", "ping", 1),
     )
-    assert await log.insert_batch(stream_name, order, [inside]) == InsertResult(0, 1)
+    assert await log.writer.insert_batch(stream_name, order, [inside]) == InsertResult(0, 1)
     assert data_of(await stored(log, stream_name)) == ["a1", "ping", "x", "y", "b1", "ping"]
 
 
 async def test_a_reused_id_at_or_below_the_retention_horizon_is_left_to_the_horizon(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Retention deleted up to 3: ids 1..3 sent again are dropped by the horizon filter
     before the insert (its own count), never kept as reused; 4 and 5 are kept."""
     log, order = event_log, "numeric"
-    await log.insert_batch(stream_name, order, generation("a", 1, 5))
+    await log.writer.insert_batch(stream_name, order, generation("a", 1, 5))
 
     def set_horizon() -> None:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             connection.execute(
                 sa.text(
                     "INSERT INTO sse_retention (stream, horizon_id, horizon_key, deleted_rows, "
@@ -400,7 +416,7 @@ async def test_a_reused_id_at_or_below_the_retention_horizon_is_left_to_the_hori
             )
 
     await asyncio.to_thread(set_horizon)
-    result = await log.insert_batch(stream_name, order, generation("b", 1, 5))
+    result = await log.writer.insert_batch(stream_name, order, generation("b", 1, 5))
     assert (result.new_rows, result.reused) == (2, ("4", "5"))
     assert data_of(await stored(log, stream_name)) == ["a1", "a2", "a3", "a4", "a5", "b4", "b5"]
 
@@ -425,84 +441,88 @@ def test_follower_counts_restart_each_window() -> None:
 
 
 async def test_stream_without_ids_stores_every_event_every_time(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     # NULL event_ord never conflicts, on either database: nothing may be collapsed.
     batch = [record("", None, data="same"), record("", None, data="same")]
-    assert await event_log.insert_batch(stream_name, "natural", batch) == InsertResult(2, 0)
-    assert await event_log.insert_batch(stream_name, "natural", batch) == InsertResult(2, 0)
+    assert await event_log.writer.insert_batch(stream_name, "natural", batch) == InsertResult(2, 0)
+    assert await event_log.writer.insert_batch(stream_name, "natural", batch) == InsertResult(2, 0)
     # Even a caller that numbers id-less events cannot make them collide.
     numbered = [record("", 1, data="same"), record("", 1, data="same")]
-    assert await event_log.insert_batch(stream_name, "natural", numbered) == InsertResult(2, 0)
+    assert await event_log.writer.insert_batch(stream_name, "natural", numbered) == InsertResult(
+        2, 0
+    )
     rows = await stored(event_log, stream_name)
     assert rows == [("", None, "same")] * 6
-    assert await event_log.floor(stream_name) is None
+    assert await event_log.reads.floor(stream_name) is None
 
 
-async def test_ids_are_namespaced_by_stream(event_log: EventLog, stream_name: str) -> None:
+async def test_ids_are_namespaced_by_stream(event_log: Stores, stream_name: str) -> None:
     other = stream_name + "-other"
-    await event_log.insert_batch(other, "numeric", [record("1"), record("99")])
-    assert await event_log.insert_batch(stream_name, "numeric", [record("1")]) == InsertResult(1, 0)
-    assert await event_log.floor(stream_name) == "1"
+    await event_log.writer.insert_batch(other, "numeric", [record("1"), record("99")])
+    assert await event_log.writer.insert_batch(
+        stream_name, "numeric", [record("1")]
+    ) == InsertResult(1, 0)
+    assert await event_log.reads.floor(stream_name) == "1"
 
 
 async def test_text_the_database_cannot_hold_is_stored_replaced(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     batch = [
         record("1", data="a\x00b"),
         record("2", data="lone \ud800 surrogate"),
         record("3\udc00", data="odd id"),
     ]
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(3, 0)
     rows = await stored(event_log, stream_name)
     data = [row[2] for row in rows]
     assert data[1] == "lone \ufffd surrogate"
     assert rows[2][0] == "3\ufffd"
     assert data[0] in ("a\x00b", "a\ufffdb")  # SQLite keeps NUL, PostgreSQL cannot
-    if event_log.dialect == "postgresql":
+    if event_log.database.dialect == "postgresql":
         assert data[0] == "a\ufffdb"
 
 
-async def test_empty_batch_is_a_no_op(event_log: EventLog, stream_name: str) -> None:
-    assert await event_log.insert_batch(stream_name, "numeric", []) == InsertResult(0, 0)
+async def test_empty_batch_is_a_no_op(event_log: Stores, stream_name: str) -> None:
+    assert await event_log.writer.insert_batch(stream_name, "numeric", []) == InsertResult(0, 0)
     assert await stored(event_log, stream_name) == []
 
 
 # -- group commit -------------------------------------------------------------------
 
 
-def hold_the_lanes(log: EventLog, *, taken: int = 0) -> list[Any]:
+def hold_the_lanes(log: Stores, *, taken: int = 0) -> list[Any]:
     """Submit one batch per free lane so that everything submitted next waits, and shares
     the next group transaction (submissions in one step of the event loop)."""
-    lanes = 4 if log.dialect == "postgresql" else 1
+    lanes = 4 if log.database.dialect == "postgresql" else 1
     return [
-        log.submit_batch(f"filler-{uuid.uuid4().hex[:8]}", "numeric", [record("1")])
+        log.writer.submit_batch(f"filler-{uuid.uuid4().hex[:8]}", "numeric", [record("1")])
         for _ in range(lanes - taken)
     ]
 
 
 async def test_concurrent_batches_of_many_streams_share_transactions(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     streams = [f"{stream_name}-{i}" for i in range(100)]
-    before = event_log.commits.transactions
+    before = event_log.writer.commits.transactions
     results = await asyncio.gather(
         *(
-            event_log.insert_batch(stream, "numeric", [record(str(n)), record(str(n + 1))])
+            event_log.writer.insert_batch(stream, "numeric", [record(str(n)), record(str(n + 1))])
             for n in (1, 3)
             for stream in streams
         )
     )
     assert results == [InsertResult(2, 0)] * 200
-    transactions = event_log.commits.transactions - before
+    transactions = event_log.writer.commits.transactions - before
     assert transactions <= 10, f"200 batches took {transactions} transactions"
     for stream in streams:
         assert [row[0] for row in await stored(event_log, stream)] == ["1", "2", "3", "4"]
 
 
 async def test_pipelined_batches_of_one_stream_keep_their_order(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Batches written by several lanes at once still enter the log (``seq``) in the
     order they were submitted, small and large alike."""
@@ -511,26 +531,26 @@ async def test_pipelined_batches_of_one_stream_keep_their_order(
     for size in sizes:
         batch = [record(str(i)) for i in range(n, n + size)]
         n += size
-        previous = event_log.submit_batch(stream_name, "numeric", batch, after=previous)
+        previous = event_log.writer.submit_batch(stream_name, "numeric", batch, after=previous)
         jobs.append(previous)
-    results = [await event_log.committed(job) for job in jobs]
+    results = [await event_log.writer.committed(job) for job in jobs]
     assert [result.new_rows for result in results] == sizes
     assert [int(row[0]) for row in await stored(event_log, stream_name)] == list(range(n))
 
 
 async def test_counts_stay_per_batch_inside_one_transaction(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """The same key in two batches of one group: the first batch stores it."""
     fillers = hold_the_lanes(event_log)
-    first = event_log.submit_batch(stream_name, "numeric", [record("1"), record("2")])
-    second = event_log.submit_batch(stream_name, "numeric", [record("2"), record("3")])
+    first = event_log.writer.submit_batch(stream_name, "numeric", [record("1"), record("2")])
+    second = event_log.writer.submit_batch(stream_name, "numeric", [record("2"), record("3")])
     idless = [record("", None), record("3", 1), record("", None)]
-    third = event_log.submit_batch(stream_name, "numeric", idless)
-    assert await event_log.committed(first) == InsertResult(2, 0)
-    assert await event_log.committed(second) == InsertResult(1, 1)
-    assert await event_log.committed(third) == InsertResult(3, 0)
-    await asyncio.gather(*(event_log.committed(job) for job in fillers))
+    third = event_log.writer.submit_batch(stream_name, "numeric", idless)
+    assert await event_log.writer.committed(first) == InsertResult(2, 0)
+    assert await event_log.writer.committed(second) == InsertResult(1, 1)
+    assert await event_log.writer.committed(third) == InsertResult(3, 0)
+    await asyncio.gather(*(event_log.writer.committed(job) for job in fillers))
     rows = await stored(event_log, stream_name)
     assert [row[:2] for row in rows] == [
         ("1", 0),
@@ -543,7 +563,7 @@ async def test_counts_stay_per_batch_inside_one_transaction(
 
 
 async def test_large_batches_share_the_staging_table_in_one_transaction(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """COPY batches of one transaction: the staging table empties only at commit."""
     fillers = hold_the_lanes(event_log)
@@ -551,28 +571,28 @@ async def test_large_batches_share_the_staging_table_in_one_transaction(
     first = [record(str(i)) for i in range(size)]
     second = [record(str(i)) for i in range(size - 5, 2 * size)]
     jobs = [
-        event_log.submit_batch(stream_name, "numeric", first),
-        event_log.submit_batch(stream_name, "numeric", second),
-        event_log.submit_batch(stream_name, "numeric", [record("x1", data="small")]),
+        event_log.writer.submit_batch(stream_name, "numeric", first),
+        event_log.writer.submit_batch(stream_name, "numeric", second),
+        event_log.writer.submit_batch(stream_name, "numeric", [record("x1", data="small")]),
     ]
-    results = [await event_log.committed(job) for job in jobs]
+    results = [await event_log.writer.committed(job) for job in jobs]
     assert results == [InsertResult(size, 0), InsertResult(size, 5), InsertResult(1, 0)]
-    await asyncio.gather(*(event_log.committed(job) for job in fillers))
+    await asyncio.gather(*(event_log.writer.committed(job) for job in fillers))
     assert len(await stored(event_log, stream_name)) == 2 * size + 1
 
 
 async def test_bad_text_in_one_batch_does_not_cost_the_others(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     fillers = hold_the_lanes(event_log)
-    good = event_log.submit_batch(f"{stream_name}-good", "numeric", [record("1", data="ok")])
-    bad = event_log.submit_batch(stream_name, "numeric", [record("1", data="lone \ud800")])
-    assert await event_log.committed(good) == InsertResult(1, 0)
-    assert await event_log.committed(bad) == InsertResult(1, 0)
-    await asyncio.gather(*(event_log.committed(job) for job in fillers))
+    good = event_log.writer.submit_batch(f"{stream_name}-good", "numeric", [record("1", data="ok")])
+    bad = event_log.writer.submit_batch(stream_name, "numeric", [record("1", data="lone \ud800")])
+    assert await event_log.writer.committed(good) == InsertResult(1, 0)
+    assert await event_log.writer.committed(bad) == InsertResult(1, 0)
+    await asyncio.gather(*(event_log.writer.committed(job) for job in fillers))
     assert await stored(event_log, f"{stream_name}-good") == [("1", 0, "ok")]
     assert await stored(event_log, stream_name) == [("1", 0, "lone \ufffd")]
-    (event,) = await event_log.events(stream_name)
+    (event,) = await event_log.reads.events(stream_name)
     assert event.data == "lone \ud800"  # kept exactly in data_bytes
 
 
@@ -587,18 +607,22 @@ EXACT_BYTES_SQL = {
 
 @pytest.mark.parametrize("size", [1, SMALL_BATCH + 1])
 async def test_nul_in_data_is_stored_losslessly(
-    event_log: EventLog, stream_name: str, size: int
+    event_log: Stores, stream_name: str, size: int
 ) -> None:
     """Issue 13 case 7: a WHATWG client can deliver U+0000; ``a\\0b`` reads back exactly,
     through the API and with plain SQL, on both insert paths."""
     fillers = [record(str(i), data=f"plain {i}") for i in range(2, size + 1)]
     batch = [record("1", data="a\x00b"), *fillers]
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(size, 0)
-    assert await event_log.insert_batch(stream_name, "numeric", batch) == InsertResult(0, size)
-    events = await event_log.events(stream_name)
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(
+        size, 0
+    )
+    assert await event_log.writer.insert_batch(stream_name, "numeric", batch) == InsertResult(
+        0, size
+    )
+    events = await event_log.reads.events(stream_name)
     assert [event.data for event in events] == [r.data for r in batch]
     assert events[0].data == "a\x00b" and events[0].event_id == "1"
-    exact = await query(event_log, EXACT_BYTES_SQL[event_log.dialect], s=stream_name)
+    exact = await query(event_log, EXACT_BYTES_SQL[event_log.database.dialect], s=stream_name)
     assert [bytes(row[0]) for row in exact] == [r.data.encode() for r in batch]
     # Ordinary rows read as they are from data; the NUL row says where its data is.
     rows = await query(
@@ -608,12 +632,12 @@ async def test_nul_in_data_is_stored_losslessly(
     )
     assert rows[0] == ("a\ufffdb", False)
     assert rows[1:] == [(r.data, True) for r in fillers]
-    later = await event_log.events(stream_name, after_seq=events[0].seq, limit=2)
+    later = await event_log.reads.events(stream_name, after_seq=events[0].seq, limit=2)
     assert [event.data for event in later] == [r.data for r in batch[1:3]]
 
 
 async def test_a_batch_after_a_failed_one_is_never_committed(
-    pg_event_log: EventLog, stream_name: str
+    pg_event_log: Stores, stream_name: str
 ) -> None:
     """The floor (newest id in the log) must not point past a missing batch: a batch
     submitted after one that failed is left out, even in a later transaction, while the
@@ -630,25 +654,25 @@ async def test_a_batch_after_a_failed_one_is_never_committed(
         "EXECUTE FUNCTION durable_sse_test_refuse()",
     )
     try:
-        broken = log.submit_batch(refused, "numeric", [record("1")])  # a lane of its own
+        broken = log.writer.submit_batch(refused, "numeric", [record("1")])  # a lane of its own
         fillers = hold_the_lanes(log, taken=1)
-        following = log.submit_batch(refused, "numeric", [record("2")], after=broken)
-        other = log.submit_batch(stream_name, "numeric", [record("2")])
-        await asyncio.gather(*(log.committed(job) for job in fillers))
+        following = log.writer.submit_batch(refused, "numeric", [record("2")], after=broken)
+        other = log.writer.submit_batch(stream_name, "numeric", [record("2")])
+        await asyncio.gather(*(log.writer.committed(job) for job in fillers))
         with pytest.raises(StoreError, match="refused by the test"):
-            await log.committed(broken)
+            await log.writer.committed(broken)
         with pytest.raises(StoreError, match="batch before it failed"):
-            await log.committed(following)
-        assert await log.committed(other) == InsertResult(1, 0)
+            await log.writer.committed(following)
+        assert await log.writer.committed(other) == InsertResult(1, 0)
     finally:
         await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
     assert await stored(log, refused) == []
-    assert await log.floor(refused) is None
+    assert await log.reads.floor(refused) is None
 
 
-async def refuse_rows(log: EventLog, name: str, stream: str) -> str:
+async def refuse_rows(log: Stores, name: str, stream: str) -> str:
     """A trigger that refuses every row of ``stream``; returns the statement dropping it."""
-    if log.dialect == "postgresql":
+    if log.database.dialect == "postgresql":
         await execute(
             log,
             "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
@@ -667,7 +691,7 @@ async def refuse_rows(log: EventLog, name: str, stream: str) -> str:
 
 @pytest.mark.parametrize("size", [1, SMALL_BATCH + 1])
 async def test_one_streams_bad_batch_does_not_fail_the_others_in_its_group(
-    event_log: EventLog, stream_name: str, size: int
+    event_log: Stores, stream_name: str, size: int
 ) -> None:
     """Invariant 7 / issue 13 case 4: a trigger refuses one stream's rows. The group
     transaction that holds them fails; every other stream's batch of that group commits
@@ -679,37 +703,39 @@ async def test_one_streams_bad_batch_does_not_fail_the_others_in_its_group(
     try:
         fillers = hold_the_lanes(log)
         await asyncio.sleep(0)
-        before = log.commits.transactions
+        before = log.writer.commits.transactions
         batches = {name: [record(str(n)) for n in range(1, size + 1)] for name in "abc"}
-        first = log.submit_batch(f"{stream_name}-a", "numeric", batches["a"])
-        refused = log.submit_batch(bad, "numeric", [record("1")])
-        second = log.submit_batch(f"{stream_name}-b", "numeric", batches["b"])
-        following = log.submit_batch(bad, "numeric", [record("2")], after=refused)
+        first = log.writer.submit_batch(f"{stream_name}-a", "numeric", batches["a"])
+        refused = log.writer.submit_batch(bad, "numeric", [record("1")])
+        second = log.writer.submit_batch(f"{stream_name}-b", "numeric", batches["b"])
+        following = log.writer.submit_batch(bad, "numeric", [record("2")], after=refused)
         gap = gap_opened(f"{stream_name}-c", "g", "0", "9")
-        third = log.submit_batch(f"{stream_name}-c", "numeric", batches["c"], gap_changes=[gap])
-        assert log.commits.waiting == 5  # all five wait for one group transaction
-        await asyncio.gather(*(log.committed(job) for job in fillers))
-        assert await log.committed(first) == InsertResult(size, 0)
-        assert await log.committed(second) == InsertResult(size, 0)
-        assert await log.committed(third) == InsertResult(size, 0)
+        third = log.writer.submit_batch(
+            f"{stream_name}-c", "numeric", batches["c"], gap_changes=[gap]
+        )
+        assert log.writer.commits.waiting == 5  # all five wait for one group transaction
+        await asyncio.gather(*(log.writer.committed(job) for job in fillers))
+        assert await log.writer.committed(first) == InsertResult(size, 0)
+        assert await log.writer.committed(second) == InsertResult(size, 0)
+        assert await log.writer.committed(third) == InsertResult(size, 0)
         with pytest.raises(StoreError, match=f"refused a batch of stream '{bad}'.*refused by"):
-            await log.committed(refused)
+            await log.writer.committed(refused)
         with pytest.raises(StoreError, match="batch before it failed"):
-            await log.committed(following)
-        assert log.commits.transactions == before + len(fillers) + 1
+            await log.writer.committed(following)
+        assert log.writer.commits.transactions == before + len(fillers) + 1
     finally:
         await execute(log, drop)
     for name in "abc":
         assert len(await stored(log, f"{stream_name}-{name}")) == size
-    assert [gap.gap_id for gap in await log.gaps(f"{stream_name}-c")] == ["g"]
+    assert [gap.gap_id for gap in await log.gap_store.gaps(f"{stream_name}-c")] == ["g"]
     assert await stored(log, bad) == []
-    assert await log.floor(bad) is None
+    assert await log.reads.floor(bad) is None
     # The stream's next attempt, with the database willing again, is written.
-    assert await log.insert_batch(bad, "numeric", [record("1")]) == InsertResult(1, 0)
+    assert await log.writer.insert_batch(bad, "numeric", [record("1")]) == InsertResult(1, 0)
 
 
 async def test_an_id_too_large_for_the_index_fails_its_batch_alone(
-    pg_event_log: EventLog, stream_name: str
+    pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 13 case 4: an id past PostgreSQL's b-tree row limit (~2.7 KB; the reader
     refuses ids over ``max_id_bytes`` first) fails its own batch, not its group."""
@@ -717,12 +743,12 @@ async def test_an_id_too_large_for_the_index_fails_its_batch_alone(
     huge = os.urandom(4000).hex()  # 8,000 characters that do not compress
     fillers = hold_the_lanes(log)
     await asyncio.sleep(0)
-    good = log.submit_batch(f"{stream_name}-good", "numeric", [record("1")])
-    bad = log.submit_batch(stream_name, "lexicographic", [record(huge)])
-    await asyncio.gather(*(log.committed(job) for job in fillers))
-    assert await log.committed(good) == InsertResult(1, 0)
+    good = log.writer.submit_batch(f"{stream_name}-good", "numeric", [record("1")])
+    bad = log.writer.submit_batch(stream_name, "lexicographic", [record(huge)])
+    await asyncio.gather(*(log.writer.committed(job) for job in fillers))
+    assert await log.writer.committed(good) == InsertResult(1, 0)
     with pytest.raises(StoreError, match=f"refused a batch of stream '{stream_name}'"):
-        await log.committed(bad)
+        await log.writer.committed(bad)
     assert await stored(log, stream_name) == []
 
 
@@ -746,17 +772,17 @@ FLOOR_CASES = {
 
 @pytest.mark.parametrize("order", sorted(FLOOR_CASES))
 async def test_floor_is_the_newest_id_under_the_order_not_the_last_inserted(
-    event_log: EventLog, stream_name: str, order: str
+    event_log: Stores, stream_name: str, order: str
 ) -> None:
     first, late, expected = FLOOR_CASES[order]
-    assert await event_log.floor(stream_name) is None
-    await event_log.insert_batch(stream_name, order, [record(i) for i in first])
-    await event_log.insert_batch(stream_name, order, [record(i) for i in late])
-    await event_log.insert_batch(stream_name, order, [record("", None)])
-    assert await event_log.floor(stream_name) == expected
+    assert await event_log.reads.floor(stream_name) is None
+    await event_log.writer.insert_batch(stream_name, order, [record(i) for i in first])
+    await event_log.writer.insert_batch(stream_name, order, [record(i) for i in late])
+    await event_log.writer.insert_batch(stream_name, order, [record("", None)])
+    assert await event_log.reads.floor(stream_name) == expected
 
 
-async def test_newest_id_at_or_before(event_log: EventLog, stream_name: str) -> None:
+async def test_newest_id_at_or_before(event_log: Stores, stream_name: str) -> None:
     events = [
         record("1", at=T0),
         record("3", at=T0 + timedelta(seconds=10)),
@@ -764,8 +790,8 @@ async def test_newest_id_at_or_before(event_log: EventLog, stream_name: str) -> 
         record("", None, at=T0 + timedelta(seconds=30)),
         record("9", at=T0 + timedelta(seconds=40)),
     ]
-    await event_log.insert_batch(stream_name, "numeric", events)
-    lookup = event_log.newest_id_at_or_before
+    await event_log.writer.insert_batch(stream_name, "numeric", events)
+    lookup = event_log.reads.newest_id_at_or_before
     assert await lookup(stream_name, T0 - timedelta(seconds=1)) is None
     assert await lookup(stream_name, T0) == "1"
     assert await lookup(stream_name, T0 + timedelta(seconds=10)) == "3"  # inclusive
@@ -779,23 +805,23 @@ async def test_newest_id_at_or_before(event_log: EventLog, stream_name: str) -> 
 # -- checkpoint: lagging id ----------------------------------------------------------
 
 
-async def insert_timeline(log: EventLog, stream: str, count: int = 5) -> None:
+async def insert_timeline(log: Stores, stream: str, count: int = 5) -> None:
     """Ids 1..count received 100 s apart from T0."""
     events = [record(str(i), at=T0 + timedelta(seconds=100 * (i - 1))) for i in range(1, count + 1)]
-    await log.insert_batch(stream, "numeric", events)
+    await log.writer.insert_batch(stream, "numeric", events)
 
 
-async def test_advance_respects_the_window(event_log: EventLog, stream_name: str) -> None:
+async def test_advance_respects_the_window(event_log: Stores, stream_name: str) -> None:
     await insert_timeline(event_log, stream_name)
-    result = await event_log.advance_lagging(
+    result = await event_log.checkpoints.advance_lagging(
         stream_name, "numeric", window=100, now=T0 + timedelta(seconds=150)
     )
     assert (result.lagging_id, result.moved, result.held_by_gap) == ("1", True, False)
-    result = await event_log.advance_lagging(
+    result = await event_log.checkpoints.advance_lagging(
         stream_name, "numeric", window=100, now=T0 + timedelta(seconds=300)
     )
     assert (result.lagging_id, result.moved) == ("3", True)
-    state = await event_log.get_checkpoint(stream_name)
+    state = await event_log.checkpoints.get_checkpoint(stream_name)
     assert state is not None
     assert state.lagging_id == "3"
     assert datetime.fromisoformat(state.lagging_at or "") == T0 + timedelta(seconds=200)
@@ -803,37 +829,41 @@ async def test_advance_respects_the_window(event_log: EventLog, stream_name: str
 
 
 async def test_advance_creates_the_row_when_nothing_is_old_enough(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
-    assert await event_log.get_checkpoint(stream_name) is None
+    assert await event_log.checkpoints.get_checkpoint(stream_name) is None
     await insert_timeline(event_log, stream_name)
-    result = await event_log.advance_lagging(stream_name, "numeric", window=600, now=T0)
+    result = await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=600, now=T0)
     assert (result.lagging_id, result.moved, result.held_by_gap) == (None, False, False)
-    state = await event_log.get_checkpoint(stream_name)
+    state = await event_log.checkpoints.get_checkpoint(stream_name)
     assert state is not None and state.lagging_id is None
 
 
-async def test_advance_only_moves_forward(event_log: EventLog, stream_name: str) -> None:
+async def test_advance_only_moves_forward(event_log: Stores, stream_name: str) -> None:
     await insert_timeline(event_log, stream_name)
     late = T0 + timedelta(hours=1)
-    assert (await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)).moved
+    assert (
+        await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=0, now=late)
+    ).moved
     early = T0 + timedelta(seconds=100)
-    result = await event_log.advance_lagging(stream_name, "numeric", window=0, now=early)
+    result = await event_log.checkpoints.advance_lagging(
+        stream_name, "numeric", window=0, now=early
+    )
     assert (result.lagging_id, result.moved) == ("5", False)
     # A replay storing older ids late does not pull the lagging id back either.
-    await event_log.insert_batch(stream_name, "numeric", [record("0", at=late)])
-    result = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    await event_log.writer.insert_batch(stream_name, "numeric", [record("0", at=late)])
+    result = await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=0, now=late)
     assert (result.lagging_id, result.moved) == ("5", False)
 
 
-async def test_concurrent_advances_end_at_the_newest(event_log: EventLog, stream_name: str) -> None:
+async def test_concurrent_advances_end_at_the_newest(event_log: Stores, stream_name: str) -> None:
     await insert_timeline(event_log, stream_name, count=30)
-    second = EventLog(str(event_log.engine.url.render_as_string(hide_password=False)))
+    second = Stores.open(str(event_log.database.engine.url.render_as_string(hide_password=False)))
     try:
         nows = [T0 + timedelta(seconds=100 * i) for i in range(30)]
         nows = nows[::2] + nows[1::2]  # interleave old and new
         calls = [
-            (event_log if i % 2 else second).advance_lagging(
+            (event_log if i % 2 else second).checkpoints.advance_lagging(
                 stream_name, "numeric", window=0, now=now
             )
             for i, now in enumerate(nows)
@@ -841,7 +871,7 @@ async def test_concurrent_advances_end_at_the_newest(event_log: EventLog, stream
         results = await asyncio.gather(*calls)
     finally:
         await second.close()
-    state = await event_log.get_checkpoint(stream_name)
+    state = await event_log.checkpoints.get_checkpoint(stream_name)
     assert state is not None and state.lagging_id == "30"
     assert sum(result.moved for result in results) >= 1
     assert all(result.lagging_id is not None for result in results)
@@ -865,13 +895,15 @@ def gap_opened(stream: str, gap_id: str, start: str | None, end: str | None, **f
 
 
 async def commit(
-    log: EventLog, stream: str, events: list[EventRecord], *changes: GapChange
+    log: Stores, stream: str, events: list[EventRecord], *changes: GapChange
 ) -> InsertResult:
-    return await log.committed(log.submit_batch(stream, "numeric", events, gap_changes=changes))
+    return await log.writer.committed(
+        log.writer.submit_batch(stream, "numeric", events, gap_changes=changes)
+    )
 
 
 async def test_a_gap_is_recorded_with_its_batch_or_not_at_all(
-    pg_event_log: EventLog, stream_name: str
+    pg_event_log: Stores, stream_name: str
 ) -> None:
     """Invariant 5: the gap record commits in the batch's own transaction."""
     log = pg_event_log
@@ -889,66 +921,70 @@ async def test_a_gap_is_recorded_with_its_batch_or_not_at_all(
             await commit(log, stream_name, [record("9")], gap_opened(stream_name, "a", "5", "9"))
     finally:
         await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
-    assert await log.gaps(stream_name) == []
+    assert await log.gap_store.gaps(stream_name) == []
     assert await commit(log, stream_name, [record("9")], gap_opened(stream_name, "a", "5", "9"))
-    (gap,) = await log.gaps(stream_name)
+    (gap,) = await log.gap_store.gaps(stream_name)
     assert (gap.gap_id, gap.start_id, gap.end_id, gap.state) == ("a", "5", "9", "open")
 
 
 async def test_an_open_gap_caps_the_lagging_id_until_repaired(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await insert_timeline(event_log, stream_name)
-    await event_log.advance_lagging(stream_name, "numeric", window=0, now=T0)
+    await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=0, now=T0)
     await commit(event_log, stream_name, [], gap_opened(stream_name, "g", "2", "4"))
     late = T0 + timedelta(hours=1)
-    held = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    held = await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=0, now=late)
     assert (held.lagging_id, held.moved, held.held_by_gap, held.cap_id) == ("2", True, True, "2")
     await commit(event_log, stream_name, [], GapChange("g", reread_to="3"))
-    partial = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    partial = await event_log.checkpoints.advance_lagging(
+        stream_name, "numeric", window=0, now=late
+    )
     assert (partial.lagging_id, partial.cap_id) == ("3", "3")
     await commit(event_log, stream_name, [], GapChange("g", close=True))
-    moved = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    moved = await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=0, now=late)
     assert (moved.lagging_id, moved.moved, moved.held_by_gap) == ("5", True, False)
-    summary = await event_log.gap_summary(stream_name, "numeric")
+    summary = await event_log.gap_store.gap_summary(stream_name, "numeric")
     assert summary.open == [] and summary.totals.repaired == 1
 
 
 async def test_a_gap_opened_behind_the_lagging_id_holds_it_there(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """A late notice can open a gap behind the lagging id: it keeps its start (the repair
     starts there), and the lagging id waits instead of moving on past it."""
     await insert_timeline(event_log, stream_name, count=3)
     late = T0 + timedelta(hours=1)
-    await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=0, now=late)
     await commit(event_log, stream_name, [], gap_opened(stream_name, "g", "1", "3"))
     await insert_timeline(event_log, stream_name, count=6)
-    held = await event_log.advance_lagging(stream_name, "numeric", window=0, now=late)
+    held = await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=0, now=late)
     assert (held.lagging_id, held.moved, held.held_by_gap) == ("3", False, True)
-    (gap,) = await event_log.gaps(stream_name)
+    (gap,) = await event_log.gap_store.gaps(stream_name)
     assert gap.start_id == "1"
-    start = await event_log.connection_context(
+    start = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", repair=True
     )
     assert (start.cursor, start.source) == ("1", "gap")  # nothing stored before it
 
 
 async def test_a_gap_with_no_start_takes_the_lagging_id_or_closes(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await commit(event_log, stream_name, [], gap_opened(stream_name, "none", None, "2"))
-    (gap,) = await event_log.gaps(stream_name)
+    (gap,) = await event_log.gap_store.gaps(stream_name)
     assert (gap.state, gap.missing, gap.truncated) == ("unrecoverable", None, True)
     await insert_timeline(event_log, stream_name, count=3)
-    await event_log.advance_lagging(stream_name, "numeric", window=0, now=T0 + timedelta(hours=1))
+    await event_log.checkpoints.advance_lagging(
+        stream_name, "numeric", window=0, now=T0 + timedelta(hours=1)
+    )
     await commit(event_log, stream_name, [], gap_opened(stream_name, "lagging", None, "9"))
-    gaps = {gap.gap_id: gap for gap in await event_log.gaps(stream_name)}
+    gaps = {gap.gap_id: gap for gap in await event_log.gap_store.gaps(stream_name)}
     assert (gaps["lagging"].start_id, gaps["lagging"].state) == ("3", "open")
 
 
 async def test_closing_a_contiguous_gap_counts_what_is_missing_exactly(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await commit(event_log, stream_name, [record(str(i)) for i in (10, 12, 13, 20, 21)])
     # (10, 20) misses 11 and 14..19: 7 ids; a first gap (13, 16) counted 14 and 15 before.
@@ -968,16 +1004,16 @@ async def test_closing_a_contiguous_gap_counts_what_is_missing_exactly(
         second,
         GapChange("second", lost_to="20", close=True, contiguous=True),
     )
-    gaps = {gap.gap_id: gap for gap in await event_log.gaps(stream_name)}
+    gaps = {gap.gap_id: gap for gap in await event_log.gap_store.gaps(stream_name)}
     assert (gaps["first"].state, gaps["first"].missing) == ("unrecoverable", 2)
     assert (gaps["second"].state, gaps["second"].missing) == ("unrecoverable", 5)
-    totals = (await event_log.gap_summary(stream_name, "numeric")).totals
+    totals = (await event_log.gap_store.gap_summary(stream_name, "numeric")).totals
     assert (totals.unrecoverable, totals.events_unrecoverable, totals.unknown_size) == (2, 7, 0)
 
 
 @pytest.mark.parametrize("one_batch", [True, False], ids=["one batch", "two batches"])
 async def test_overlapping_contiguous_gaps_count_a_lost_id_once(
-    event_log: EventLog, stream_name: str, one_batch: bool
+    event_log: Stores, stream_name: str, one_batch: bool
 ) -> None:
     """Issue 24, item 4: 1..10 stored but 5; gaps (3, 7) and (4, 8) both hold 5. Closed in
     one batch, the second used to count 5 again (one lost event reported as missing 2);
@@ -998,15 +1034,15 @@ async def test_overlapping_contiguous_gaps_count_a_lost_id_once(
     else:
         for close in closes:
             await commit(event_log, stream_name, [], close)
-    gaps = {gap.gap_id: gap for gap in await event_log.gaps(stream_name)}
+    gaps = {gap.gap_id: gap for gap in await event_log.gap_store.gaps(stream_name)}
     assert (gaps["a"].state, gaps["a"].missing) == ("unrecoverable", 1)
     assert (gaps["b"].state, gaps["b"].missing) == ("unrecoverable", 0)
-    totals = (await event_log.gap_summary(stream_name, "numeric")).totals
+    totals = (await event_log.gap_store.gap_summary(stream_name, "numeric")).totals
     assert (totals.unrecoverable, totals.repaired, totals.events_unrecoverable) == (2, 0, 1)
 
 
 async def test_an_early_notice_is_narrowed_to_the_ids_really_missing(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Chaos scenario 6's timing: a replay from 10 took a notice before its first event
     (30) while 11..20 were stored: the gap is 21..29, counted exactly, in the transaction
@@ -1018,17 +1054,17 @@ async def test_an_early_notice_is_narrowed_to_the_ids_really_missing(
     await commit(event_log, stream_name, [], gap_opened(stream_name, "stored", "10", None))
     covered = GapChange("stored", end_id="16", early_floor="20", contiguous=True)
     await commit(event_log, stream_name, [record("16")], covered)
-    gaps = {gap.gap_id: gap for gap in await event_log.gaps(stream_name)}
+    gaps = {gap.gap_id: gap for gap in await event_log.gap_store.gaps(stream_name)}
     early = gaps["early"]
     assert (early.start_id, early.end_id, early.announced, early.state) == ("20", "30", 9, "open")
     assert (gaps["stored"].state, gaps["stored"].missing) == ("repaired", 0)
-    start = await event_log.connection_context(
+    start = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", repair=True
     )
     assert (start.cursor, start.source) == ("19", "gap")  # the repair starts at the hole
 
 
-async def test_recovered_rows_are_counted_per_gap(event_log: EventLog, stream_name: str) -> None:
+async def test_recovered_rows_are_counted_per_gap(event_log: Stores, stream_name: str) -> None:
     await commit(
         event_log, stream_name, [record("1"), record("5")], gap_opened(stream_name, "g", "1", "5")
     )
@@ -1039,43 +1075,53 @@ async def test_recovered_rows_are_counted_per_gap(event_log: EventLog, stream_na
     assert await commit(event_log, stream_name, [record("3"), record("4")], change) == InsertResult(
         1, 1
     )
-    (gap,) = await event_log.gaps(stream_name)
+    (gap,) = await event_log.gap_store.gaps(stream_name)
     assert gap.recovered == 3
-    assert (await event_log.gap_summary(stream_name, "numeric")).totals.events_recovered == 3
+    assert (
+        await event_log.gap_store.gap_summary(stream_name, "numeric")
+    ).totals.events_recovered == 3
 
 
 async def test_connection_context_starts_a_repair_before_the_oldest_gap(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await commit(event_log, stream_name, [record(str(i)) for i in (3, 7, 8, 20, 30)])
     await commit(event_log, stream_name, [], gap_opened(stream_name, "late", "20", "30"))
     await commit(event_log, stream_name, [], gap_opened(stream_name, "early", "8", "20"))
-    start = await event_log.connection_context(
+    start = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", repair=True
     )
     assert (start.cursor, start.source, start.context.witness) == ("7", "gap", "8")
     assert start.context.floor == "30"
     assert sorted(gap.gap_id for gap in start.context.open_gaps) == ["early", "late"]
-    live = await event_log.connection_context(stream_name, "numeric", cursor="30", source="l1")
+    live = await event_log.starts.connection_context(
+        stream_name, "numeric", cursor="30", source="l1"
+    )
     assert (live.cursor, live.source, live.context.witness) == ("30", "l1", None)
-    fallback = await event_log.connection_context(
+    fallback = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none"
     )
     assert (fallback.cursor, fallback.source) == ("30", "floor")
 
 
 async def test_connection_context_says_whether_a_stream_without_ids_has_rows(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """A connection with no cursor learns whether the stream has stored anything: rows
-    without ids make it a reconnect that cannot resume (gaps.no_resume)."""
-    fresh = await event_log.connection_context(stream_name, "numeric", cursor=None, source="none")
+    without ids make it a reconnect that cannot resume (gaps.model.no_resume)."""
+    fresh = await event_log.starts.connection_context(
+        stream_name, "numeric", cursor=None, source="none"
+    )
     assert (fresh.cursor, fresh.context.has_rows) == (None, False)
     await commit(event_log, stream_name, [record("", None, data="a"), record("", None, data="b")])
-    idless = await event_log.connection_context(stream_name, "numeric", cursor=None, source="none")
+    idless = await event_log.starts.connection_context(
+        stream_name, "numeric", cursor=None, source="none"
+    )
     assert (idless.cursor, idless.context.floor, idless.context.has_rows) == (None, None, True)
     await commit(event_log, stream_name, [record("4")])
-    ids = await event_log.connection_context(stream_name, "numeric", cursor=None, source="none")
+    ids = await event_log.starts.connection_context(
+        stream_name, "numeric", cursor=None, source="none"
+    )
     assert (ids.cursor, ids.source, ids.context.has_rows) == ("4", "floor", True)
 
 
@@ -1095,7 +1141,7 @@ async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
     backend: str, pg_url: str, tmp_path: Path
 ) -> None:
     """The worker migrates at start: rows stay, the fence becomes an open gap record."""
-    admin = EventLog(pg_url)
+    admin = Stores.open(pg_url)
     schema = "dsse_" + uuid.uuid4().hex[:10]
     if backend == "postgresql":
         await query_commit(admin, f"CREATE SCHEMA {schema}")
@@ -1109,7 +1155,7 @@ async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
     else:
         url = f"sqlite:///{tmp_path / 'old.db'}"
         ddl = [s.format(autoincrement="AUTOINCREMENT", blob="BLOB") for s in SCHEMA_1]
-    old = EventLog(url)
+    old = Stores.open(url)
     try:
         await execute(
             old,
@@ -1123,10 +1169,10 @@ async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
         await old.create_schema()
         await old.create_schema()  # idempotent once migrated
         assert [row[:3] for row in await stored(old, "old")] == [("1", 0, "one"), ("2", 0, "two")]
-        (gap,) = await old.gaps("old")
+        (gap,) = await old.gap_store.gaps("old")
         assert (gap.kind, gap.state, gap.start_id, gap.end_id) == ("migrated", "open", "1", "2")
         assert await query(old, "SELECT version FROM sse_schema") == [(SCHEMA_VERSION,)]
-        checkpoint = await old.get_checkpoint("old")
+        checkpoint = await old.checkpoints.get_checkpoint("old")
         assert checkpoint is not None and checkpoint.lagging_id == "1"
         columns = await query(old, "SELECT * FROM sse_checkpoints")
         assert len(columns[0]) == 6  # fence_id and fence_key are gone
@@ -1188,7 +1234,7 @@ async def test_a_schema_2_database_with_rows_is_migrated(
 ) -> None:
     """Version 2 to 3: every row stays, reads back as before and still deduplicates; new
     rows store NUL exactly."""
-    admin = EventLog(pg_url)
+    admin = Stores.open(pg_url)
     schema = "dsse_" + uuid.uuid4().hex[:10]
     key1, key2 = (sort_key(n, IdOrder.NUMERIC).hex() for n in ("1", "2"))
     if backend == "postgresql":
@@ -1198,7 +1244,7 @@ async def test_a_schema_2_database_with_rows_is_migrated(
     else:
         url = f"sqlite:///{tmp_path / 'v2.db'}"
         keys = {"key1": f"X'{key1}'", "key2": f"X'{key2}'", "blob": "BLOB"}
-    old = EventLog(url)
+    old = Stores.open(url)
     try:
         ddl = [*SCHEMA_2[backend], *(s.format(**keys) for s in SCHEMA_2_COMMON)]
         await execute(old, *ddl, *(s.format(**keys) for s in SCHEMA_2_ROWS))
@@ -1213,7 +1259,7 @@ async def test_a_schema_2_database_with_rows_is_migrated(
             ("", None, "no id"),
         ]
         assert await stored(old, "old") == before
-        assert [(e.event_id, e.event_ord, e.data) for e in await old.events("old")] == before
+        assert [(e.event_id, e.event_ord, e.data) for e in await old.reads.events("old")] == before
         # Followers are keyed by content now: the same run read again is all duplicates
         # (the second identical follower counted as such), a new follower is new.
         keys = FollowerKeys()
@@ -1223,18 +1269,18 @@ async def test_a_schema_2_database_with_rows_is_migrated(
             record("1", 2, data="follower", follower=keys.follower("message", "follower", 2)),
             record("2"),
         ]
-        assert await old.insert_batch("old", "numeric", again) == InsertResult(0, 4)
+        assert await old.writer.insert_batch("old", "numeric", again) == InsertResult(0, 4)
         fresh = [record("1", 1, data="new", follower=FollowerKeys().follower("message", "new", 1))]
-        assert await old.insert_batch("old", "numeric", fresh) == InsertResult(1, 0)
+        assert await old.writer.insert_batch("old", "numeric", fresh) == InsertResult(1, 0)
         # The stored id-less row kept a NULL key: another one is stored, never collapsed.
-        assert await old.insert_batch("old", "numeric", [record("", None, data="no id")]) == (
-            InsertResult(1, 0)
-        )
-        assert await old.floor("old") == "2"
+        assert await old.writer.insert_batch(
+            "old", "numeric", [record("", None, data="no id")]
+        ) == (InsertResult(1, 0))
+        assert await old.reads.floor("old") == "2"
         new = [record("3", data="a\x00b")]
-        assert await old.insert_batch("old", "numeric", new) == InsertResult(1, 0)
-        assert (await old.events("old"))[-1].data == "a\x00b"
-        checkpoint = await old.get_checkpoint("old")
+        assert await old.writer.insert_batch("old", "numeric", new) == InsertResult(1, 0)
+        assert (await old.reads.events("old"))[-1].data == "a\x00b"
+        checkpoint = await old.checkpoints.get_checkpoint("old")
         assert checkpoint is not None and checkpoint.lagging_id == "1"
         assert await event_indexes(old) == LEAN_INDEXES[backend]
     finally:
@@ -1279,7 +1325,7 @@ async def test_a_schema_3_database_with_rows_is_migrated(
     """Version 3 to 4: ``digest`` is added, NULL on every stored row, and NULL means
     unknown: those rows' ids sent again with other data are duplicates, as before. Rows
     stored after the migration tell a reused id from a re-sent event."""
-    admin = EventLog(pg_url)
+    admin = Stores.open(pg_url)
     schema = "dsse_" + uuid.uuid4().hex[:10]
     key1, key2 = (sort_key(n, IdOrder.NUMERIC).hex() for n in ("1", "2"))
     ping = FollowerKeys().follower("message", "ping", 1).hex()
@@ -1299,7 +1345,7 @@ async def test_a_schema_3_database_with_rows_is_migrated(
 
         common = [s.format(blob="BLOB") for s in SCHEMA_2_COMMON[3:]]
     keys = {"key1": blob(key1), "key2": blob(key2), "ping": blob(ping), "empty": blob("")}
-    old = EventLog(url)
+    old = Stores.open(url)
     try:
         await execute(
             old,
@@ -1314,19 +1360,19 @@ async def test_a_schema_3_database_with_rows_is_migrated(
         assert await query(old, "SELECT count(*) FROM sse_events WHERE digest IS NULL") == [(3,)]
         assert await stored(old, "old") == [("1", 0, "one"), ("1", 1, "ping"), ("2", 0, "two")]
         # Stored before: unknown, so the same id with other data is taken for it.
-        assert await old.insert_batch("old", "numeric", generation("b", 1, 2)) == (
+        assert await old.writer.insert_batch("old", "numeric", generation("b", 1, 2)) == (
             InsertResult(0, 2)
         )
         followed = generation("b", 1, 1, followers=("ping",))
-        assert await old.insert_batch("old", "numeric", followed) == InsertResult(0, 2)
+        assert await old.writer.insert_batch("old", "numeric", followed) == InsertResult(0, 2)
         # Stored after: a reused id is kept, a re-send is a duplicate.
-        assert await old.insert_batch("old", "numeric", generation("a", 3, 4)) == (
+        assert await old.writer.insert_batch("old", "numeric", generation("a", 3, 4)) == (
             InsertResult(2, 0)
         )
-        assert await old.insert_batch("old", "numeric", generation("c", 3, 4)) == (
+        assert await old.writer.insert_batch("old", "numeric", generation("c", 3, 4)) == (
             InsertResult(2, 0, ("3", "4"))
         )
-        assert await old.insert_batch("old", "numeric", generation("c", 3, 4)) == (
+        assert await old.writer.insert_batch("old", "numeric", generation("c", 3, 4)) == (
             InsertResult(0, 2)
         )
         assert await event_indexes(old) == LEAN_INDEXES[backend]
@@ -1355,9 +1401,9 @@ LEAN_INDEXES = {
 }
 
 
-async def event_indexes(log: EventLog) -> tuple[Any, ...]:
+async def event_indexes(log: Stores) -> tuple[Any, ...]:
     def run() -> tuple[Any, ...]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             inspector = sa.inspect(connection)
             primary = inspector.get_pk_constraint("sse_events")["constrained_columns"]
             uniques = {
@@ -1373,25 +1419,25 @@ async def event_indexes(log: EventLog) -> tuple[Any, ...]:
     return await asyncio.to_thread(run)
 
 
-async def test_a_new_event_log_has_only_the_indexes_a_query_needs(event_log: EventLog) -> None:
-    assert await event_indexes(event_log) == LEAN_INDEXES[event_log.dialect]
+async def test_a_new_event_log_has_only_the_indexes_a_query_needs(event_log: Stores) -> None:
+    assert await event_indexes(event_log) == LEAN_INDEXES[event_log.database.dialect]
 
 
 # -- schema and failures -------------------------------------------------------------
 
 
-async def test_schema_creation_is_repeatable(event_log: EventLog) -> None:
+async def test_schema_creation_is_repeatable(event_log: Stores) -> None:
     await event_log.create_schema()
     await event_log.create_schema()
-    assert event_log.dialect in ("postgresql", "sqlite")
+    assert event_log.database.dialect in ("postgresql", "sqlite")
 
 
 async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: str) -> None:
     schema = "dsse_" + uuid.uuid4().hex[:10]
-    admin = EventLog(pg_url)
+    admin = Stores.open(pg_url)
     await query_commit(admin, f"CREATE SCHEMA {schema}")
     scoped = f"{pg_url}?options=-csearch_path%3D{schema}"
-    logs = [EventLog(scoped) for _ in range(3)]
+    logs = [Stores.open(scoped) for _ in range(3)]
     try:
         await asyncio.gather(*(log.create_schema() for log in logs))
         tables = await query(
@@ -1408,7 +1454,7 @@ async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: s
             ("sse_retention",),
             ("sse_schema",),
         ]
-        result = await logs[0].insert_batch("s", "numeric", [record("1")])
+        result = await logs[0].writer.insert_batch("s", "numeric", [record("1")])
         assert result == InsertResult(1, 0)
     finally:
         for log in logs:
@@ -1417,19 +1463,21 @@ async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: s
         await admin.close()
 
 
-async def query_commit(log: EventLog, sql: str) -> None:
+async def query_commit(log: Stores, sql: str) -> None:
     def run() -> None:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             connection.execute(sa.text(sql))
 
     await asyncio.to_thread(run)
 
 
 async def test_sqlite_creates_its_directory(tmp_path: Path, stream_name: str) -> None:
-    log = EventLog(f"sqlite:///{tmp_path / 'nested' / 'dir' / 'events.db'}")
+    log = Stores.open(f"sqlite:///{tmp_path / 'nested' / 'dir' / 'events.db'}")
     try:
         await log.create_schema()
-        assert await log.insert_batch(stream_name, "natural", [record("a")]) == InsertResult(1, 0)
+        assert await log.writer.insert_batch(stream_name, "natural", [record("a")]) == InsertResult(
+            1, 0
+        )
         assert (tmp_path / "nested" / "dir" / "events.db").exists()
     finally:
         await log.close()
@@ -1437,28 +1485,28 @@ async def test_sqlite_creates_its_directory(tmp_path: Path, stream_name: str) ->
 
 async def test_unreachable_postgresql_raises_store_error(stream_name: str) -> None:
     port = closed_port()
-    log = EventLog(f"postgresql+psycopg://sse:s3cret-pw@127.0.0.1:{port}/sse")  # no I/O yet
+    log = Stores.open(f"postgresql+psycopg://sse:s3cret-pw@127.0.0.1:{port}/sse")  # no I/O yet
     try:
         with pytest.raises(StoreError, match=f"PostgreSQL at 127.0.0.1:{port} is unreachable"):
             await log.create_schema()
         with pytest.raises(StoreError) as caught:
-            await log.insert_batch(stream_name, "numeric", [record("1")])
+            await log.writer.insert_batch(stream_name, "numeric", [record("1")])
         assert "s3cret-pw" not in str(caught.value)
         with pytest.raises(StoreError, match="unreachable"):
-            await log.floor(stream_name)
+            await log.reads.floor(stream_name)
     finally:
         await log.close()
 
 
 async def test_closed_log_refuses_work(tmp_path: Path, stream_name: str) -> None:
-    log = EventLog(f"sqlite:///{tmp_path / 'events.db'}")
+    log = Stores.open(f"sqlite:///{tmp_path / 'events.db'}")
     await log.create_schema()
     await log.close()
     await log.close()  # idempotent
     with pytest.raises(StoreError, match="closed"):
-        await log.floor(stream_name)
+        await log.reads.floor(stream_name)
 
 
 def test_unsupported_database_is_refused() -> None:
     with pytest.raises(StoreError, match="unsupported database 'mysql'"):
-        EventLog("mysql://root@localhost/db")
+        Stores.open("mysql://root@localhost/db")

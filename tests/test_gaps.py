@@ -1,4 +1,4 @@
-"""The gap lifecycle (durable_sse/gaps.py): plain tests of its pure functions and tracker.
+"""The gap lifecycle (durable_sse/gaps/): plain tests of its pure functions and tracker.
 
 Ids are small integers under ``numeric`` (``natural`` where the order matters); a gap
 ``(20, 30)`` is the hole strictly after 20 and strictly before 30.
@@ -14,27 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_sse.gaps import (
+from durable_sse.cursor.fence import choose_start, lagging_cap, lagging_target, oldest_open
+from durable_sse.gaps.model import (
     MAX_GAPS_IN_SUMMARY,
     SHORT_READS_TO_LOSE,
     Gap,
     GapChange,
     GapKind,
     GapState,
-    GapTracker,
     GapView,
     StreamContext,
-    apply_change,
-    attribute_early_notice,
-    choose_start,
-    count_missing,
-    lagging_cap,
-    lagging_target,
     no_resume,
     numeric_span,
-    oldest_open,
     summarize,
 )
+from durable_sse.gaps.tracker import GapTracker
+from durable_sse.gaps.transitions import apply_change, attribute_early_notice, count_missing
 
 ORDER = "numeric"
 NOW = "2026-01-01T00:00:00+00:00"
@@ -50,10 +45,10 @@ def gap(
     **fields: object,
 ) -> Gap:
     fields.setdefault("seen_at", NOW)
+    fields.setdefault("kind", GapKind.COMMENT.value)
     return Gap(
         gap_id=gap_id,
         stream="s",
-        kind=GapKind.COMMENT.value,
         start_id=start,
         end_id=end,
         notice_id=notice if notice is not None else end,
@@ -1218,6 +1213,68 @@ def test_a_retried_attempt_that_re_reads_continuously_clears_the_suspicion() -> 
         (suspicion.gap_id, True, False),
         (suspicion.gap_id, False, True),
     ]
+
+
+# -- verify_reconnects: a reconnect suspects what was read since the lagging id ---------------
+
+
+def test_a_verified_reconnect_suspects_what_was_read_since_the_lagging_id() -> None:
+    t = tracker("90", lagging="30", floor="90")
+    suspicion = t.verify("a reconnect")
+    assert suspicion is not None
+    assert (suspicion.kind, suspicion.start_id, suspicion.end_id, suspicion.notice_id) == (
+        "suspected",
+        "30",
+        "90",
+        "90",
+    )
+    assert suspicion.gap_id in t.gaps and t.opened == []  # a re-read from 30 may prove it
+    [change] = t.pending_changes()
+    assert change.opened is suspicion and not change.close
+    # No lagging id yet, or nothing stored after it: nothing to suspect.
+    assert tracker("90", floor="90").verify("x") is None
+    assert tracker("30", lagging="30", floor="30").verify("x") is None
+
+
+def test_a_suspicion_starts_where_an_open_one_ends() -> None:
+    older = gap("s1", "30", "70", kind=GapKind.SUSPECTED.value)
+    t = tracker("90", lagging="30", floor="90", gaps=[older])
+    suspicion = t.verify("again")
+    assert suspicion is not None and (suspicion.start_id, suspicion.notice_id) == ("70", "90")
+    # Everything read since is suspected already: no second record.
+    covered = gap("s1", "30", "90", kind=GapKind.SUSPECTED.value)
+    assert tracker("90", lagging="30", floor="90", gaps=[covered]).verify("x") is None
+
+
+def test_a_re_read_from_the_lagging_id_clears_the_suspicion() -> None:
+    t = tracker("30", lagging="30", floor="90", witness="31")
+    suspicion = t.verify("a reconnect")
+    assert suspicion is not None
+    read(t, 31, 60, 90)  # through the newest stored id: nothing newer is needed
+    changes = t.batch_changes(last_id="90", segment=frozenset())
+    assert [(c.gap_id, c.opened is not None, c.close) for c in changes] == [
+        (suspicion.gap_id, True, False),
+        (suspicion.gap_id, False, True),
+    ]
+
+
+def test_suspicions_are_summed_apart_in_the_totals() -> None:
+    records = [
+        gap("s1", "30", None, notice="70", kind=GapKind.SUSPECTED.value, recovered=4),
+        gap(
+            "s2",
+            "70",
+            None,
+            notice="90",
+            kind=GapKind.SUSPECTED.value,
+            state=GapState.REPAIRED.value,
+            recovered=3,
+        ),
+        gap("g", "90", "95", recovered=5, state=GapState.REPAIRED.value),
+    ]
+    totals = summarize(records, ORDER).totals
+    assert (totals.suspicions, totals.suspicions_closed, totals.suspicions_recovered) == (2, 1, 7)
+    assert totals.events_recovered == 12 and totals.open == 1
 
 
 # -- a reconnect that cannot resume (issue 24, item 8) ---------------------------------------

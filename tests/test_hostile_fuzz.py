@@ -24,17 +24,16 @@ from durable_sse.errors import (
     LineTooLongError,
     UnsendableIdError,
 )
-from durable_sse.http import (
+from durable_sse.ids import MAX_CONTIGUOUS_DIGITS, IdOrder, contiguous_number, is_newer, sort_key
+from durable_sse.sse.decoder import Comment, Event, SSEDecoder
+from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
+from durable_sse.sse.request import (
     id_header_problem,
     last_event_id_header,
     request_headers,
-    truncation_header,
     with_cursor,
 )
-from durable_sse.ids import MAX_CONTIGUOUS_DIGITS, IdOrder, contiguous_number, is_newer, sort_key
-from durable_sse.secrets import DeclaredSecrets
-from durable_sse.sse.decoder import Comment, Event, SSEDecoder
-from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
+from durable_sse.sse.response import truncation_header
 
 DECODER_ERRORS = (LineTooLongError, EventTooLargeError, IdTooLongError)
 MATCHER = DropNoticeMatcher()
@@ -117,9 +116,7 @@ def next_request(cursor: str) -> None:
         headers = request_headers(
             cursor=cursor,
             cursor_param=None,
-            headers_from_env={},
-            secrets=DeclaredSecrets(),
-            url="http://h/s",
+            secret_headers={},
             stream="fuzz",
         )
         assert headers.get("Last-Event-ID", b"") == cursor.encode("utf-8")

@@ -27,10 +27,10 @@ import sqlalchemy as sa
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse import control
-from durable_sse.eventlog import EventLog
+from durable_sse.config.spec import StreamSpec
+from durable_sse.ops import control
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from tests.chaos.harness import in_process_worker, start_stream, status_of, unique, wait_until
 
 pytestmark = pytest.mark.slow
@@ -115,8 +115,8 @@ async def queue(address: str, pg_url: str, redis_url: str) -> AsyncIterator[str]
 
 
 @pytest.fixture(scope="module")
-async def log(pg_url: str) -> AsyncIterator[EventLog]:
-    event_log = EventLog(pg_url)
+async def log(pg_url: str) -> AsyncIterator[Stores]:
+    event_log = Stores.open(pg_url)
     await event_log.create_schema()
     yield event_log
     await event_log.close()
@@ -124,7 +124,7 @@ async def log(pg_url: str) -> AsyncIterator[EventLog]:
 
 @pytest.fixture(scope="module")
 async def healthy(
-    temporal: WorkflowEnvironment, queue: str, source: SSESource, log: EventLog
+    temporal: WorkflowEnvironment, queue: str, source: SSESource, log: Stores
 ) -> AsyncIterator[str]:
     name = unique("healthy")
     source.add_stream(name, SourceStreamConfig(rate=50, keepalive=0.5, retry_ms=None))
@@ -140,11 +140,11 @@ async def healthy(
     await asyncio.wait_for(handle.result(), 60)
 
 
-async def newest_row(log: EventLog, stream: str) -> tuple[int, float]:
+async def newest_row(log: Stores, stream: str) -> tuple[int, float]:
     """``(rows, seconds since the newest row was received)`` of a stream."""
 
     def query() -> tuple[int, float]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             count, newest = connection.execute(
                 sa.text(
                     "SELECT count(*), extract(epoch from now() - max(received_at)) "
@@ -158,7 +158,7 @@ async def newest_row(log: EventLog, stream: str) -> tuple[int, float]:
 
 
 async def while_watching(
-    log: EventLog, healthy: str, act: Callable[[], Awaitable[None]]
+    log: Stores, healthy: str, act: Callable[[], Awaitable[None]]
 ) -> list[float]:
     """Run ``act`` while sampling the healthy stream's lag; the lags seen (rows must grow)."""
     lags: list[float] = []
@@ -189,7 +189,7 @@ async def stop(handle: WorkflowHandle) -> None:
 
 
 async def test_a_comment_built_to_backtrack_is_matched_fast_and_is_a_notice(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     evil = ": dropped " + ",".join(str(i) for i in range(100, 140)) + " (backpressure)\n"
     near_misses = ": " + "dropped 1, " * 300 + "nothing\n"
@@ -218,7 +218,7 @@ async def test_a_comment_built_to_backtrack_is_matched_fast_and_is_a_notice(
 
 
 async def test_ids_a_header_cannot_carry_as_text_resume_as_utf8_bytes(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     """Browsers send a non-ASCII id's UTF-8 bytes; so do we, and the stream resumes."""
 
@@ -248,7 +248,7 @@ async def test_ids_a_header_cannot_carry_as_text_resume_as_utf8_bytes(
 
 
 async def test_ids_that_look_like_digits_but_are_not_counters_are_counted_not_fatal(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     odd = ["²", "١٢", "9" * 2048]
 
@@ -294,7 +294,7 @@ async def test_ids_that_look_like_digits_but_are_not_counters_are_counted_not_fa
 async def test_an_id_or_event_over_its_limit_parks_only_its_stream(
     temporal: WorkflowEnvironment,
     queue: str,
-    log: EventLog,
+    log: Stores,
     healthy: str,
     case: str,
     make: Callable[[int], bytes],
@@ -326,7 +326,7 @@ async def test_an_id_or_event_over_its_limit_parks_only_its_stream(
 
 
 async def test_ids_out_of_order_are_counted_and_the_stream_reads_on(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     async def body(last: bytes | None) -> AsyncIterator[bytes]:
         # ULIDs under the natural order: "10AA" sorts after "9ZZZ" as 10 > 9.
@@ -357,7 +357,7 @@ async def test_ids_out_of_order_are_counted_and_the_stream_reads_on(
 
 
 async def test_an_older_mercure_hub_truncation_header_counts_the_loss(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     """Older hubs send ``Last-Event-ID`` (not ``Mercure-Last-Event-ID``) on the response;
     unlike the cursor sent, it says the history no longer reaches it."""
@@ -386,19 +386,19 @@ async def test_an_older_mercure_hub_truncation_header_counts_the_loss(
 
         async def counted() -> None:
             async def lost() -> bool:
-                summary = await log.gap_summary(name, "numeric")
+                summary = await log.gap_store.gap_summary(name, "numeric")
                 return summary.totals.unrecoverable >= 1
 
             await wait_until(lost, timeout=60, what="the lost events counted", handle=handle)
 
         await while_watching(log, healthy, counted)
-        summary = await log.gap_summary(name, "numeric")
+        summary = await log.gap_store.gap_summary(name, "numeric")
         assert summary.totals.events_unrecoverable >= 10
         await stop(handle)
 
 
 async def test_nul_in_data_is_stored_exactly(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     """Issue 13 case 7: a WHATWG client delivers U+0000; so does the event log."""
 
@@ -421,12 +421,12 @@ async def test_nul_in_data_is_stored_exactly(
 
         await while_watching(log, healthy, stored)
         await stop(handle)
-    events = await log.events(name, limit=60)
+    events = await log.reads.events(name, limit=60)
     assert [event.data for event in events] == [f"a\0b {n}" for n in range(1, 61)]
 
 
 async def test_an_idless_event_after_a_reconnect_is_kept_and_a_resent_one_is_not(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     """Issue 13 case 8 on the real stack: the first connection reads ``5: a`` and an
     id-less ``b``; every later one resumes after 5 and reads ``b`` again and a new ``c``."""
@@ -453,12 +453,12 @@ async def test_an_idless_event_after_a_reconnect_is_kept_and_a_resent_one_is_not
 
         await while_watching(log, healthy, reconnected)
         await stop(handle)
-    rows = [(e.event_id, e.event_ord, e.data) for e in await log.events(name)]
+    rows = [(e.event_id, e.event_ord, e.data) for e in await log.reads.events(name)]
     assert rows == [("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c")]
 
 
 async def test_a_server_that_restarts_its_id_counter_loses_nothing(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     """Issue 24 item 7 end to end: ids 1..5 (``a1``..``a5``), a close, then, to
     ``Last-Event-ID: 5``, ids 1..3 with new data and no more. All 8 rows are stored, and
@@ -504,7 +504,7 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
         details = str((await handle.query("__temporal_workflow_metadata")).current_details)
         assert "ids reused 3" in details, details
         await stop(handle)
-    rows = [(e.event_id, e.data) for e in await log.events(name)]
+    rows = [(e.event_id, e.data) for e in await log.reads.events(name)]
     assert rows == [
         *((str(n), f"a{n}") for n in range(1, 6)),
         ("1", "b1"),
@@ -541,7 +541,7 @@ async def test_a_servers_retry_of_years_is_cut_to_max_retry_delay(
 
 
 async def test_each_reconnect_of_a_stream_without_ids_is_a_counted_loss_window(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, caplog: pytest.LogCaptureFixture
+    temporal: WorkflowEnvironment, queue: str, log: Stores, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 24, item 8: id-less events, and the server closes each connection after a
     short while; no reconnect can resume. Each one after the first records a gap of kind
@@ -570,14 +570,14 @@ async def test_each_reconnect_of_a_stream_without_ids_is_a_counted_loss_window(
     assert (c.connections, c.events_persisted) == (6, 25)  # five with events, then 204
     assert c.reconnects_without_cursor == 4  # the first connection is no loss window
     assert (c.gaps_unrecoverable, c.gaps_unknown_size, c.events_unrecoverable) == (4, 4, 0)
-    kinds = [(g.kind, g.state, g.missing) for g in await log.gaps(name)]
+    kinds = [(g.kind, g.state, g.missing) for g in await log.gap_store.gaps(name)]
     assert kinds == [("no_resume", "unrecoverable", None)] * 4
     warned = [r.getMessage() for r in caplog.records if "no ids to resume from" in r.getMessage()]
     assert len(warned) == 1 and "the server must send ids" in warned[0]
 
 
 async def test_rows_the_database_refuses_park_only_their_own_stream(
-    temporal: WorkflowEnvironment, queue: str, log: EventLog, healthy: str
+    temporal: WorkflowEnvironment, queue: str, log: Stores, healthy: str
 ) -> None:
     """Issue 13 case 4 / invariant 7: a trigger refuses one stream's rows. Its batches
     share group transactions with the healthy stream's; those commit, the refused ones
@@ -588,7 +588,7 @@ async def test_rows_the_database_refuses_park_only_their_own_stream(
     trigger = f"refuse_{name.replace('-', '_')}"
 
     def ddl(*statements: str) -> None:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             for statement in statements:
                 connection.exec_driver_sql(statement)
 
@@ -636,7 +636,7 @@ async def test_rows_the_database_refuses_park_only_their_own_stream(
             await stop(handle)
     finally:
         await asyncio.to_thread(ddl, f"DROP TRIGGER IF EXISTS {trigger} ON sse_events")
-    ids = [int(event.event_id) for event in await log.events(name, limit=100_000)]
+    ids = [int(event.event_id) for event in await log.reads.events(name, limit=100_000)]
     assert ids[0] == 1 and ids == list(range(1, len(ids) + 1))  # from the first id, no hole
 
 

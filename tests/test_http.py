@@ -12,32 +12,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from durable_sse.config.hosts import host_allowed, parse_allowed_hosts
+from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings, request_secrets
 from durable_sse.errors import ConfigError, UnsendableIdError
-from durable_sse.http import (
-    MAX_RETRY_AFTER,
-    StatusPolicy,
-    describe_error,
-    host_allowed,
+from durable_sse.ops.logs import install_redaction
+from durable_sse.redact import redact_url
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.sse.decoder import Event, SSEDecoder
+from durable_sse.sse.request import (
     id_header_problem,
     last_event_id_header,
-    parse_allowed_hosts,
-    parse_retry_after,
-    query_secrets,
-    redact_url,
     request_headers,
     same_origin,
-    status_policy,
-    truncation_header,
     with_cursor,
     with_query,
 )
-from durable_sse.logs import install_redaction
-from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
-from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.sse.decoder import Event, SSEDecoder
+from durable_sse.sse.response import (
+    MAX_RETRY_AFTER,
+    StatusPolicy,
+    describe_error,
+    parse_retry_after,
+    status_policy,
+    truncation_header,
+)
 
 GUARD = 20.0  # seconds: only to turn a hang into a failure, never asserted on
-NONE_DECLARED = DeclaredSecrets()
 
 
 def declared(value: str, environ: dict[str, str]) -> DeclaredSecrets:
@@ -78,11 +77,10 @@ def test_retry_after_seconds_date_and_cap() -> None:
 
 
 def test_cursor_goes_to_header_or_query() -> None:
-    plain = {"headers_from_env": {}, "secrets": NONE_DECLARED, "url": "http://h/s", "stream": "s"}
-    headers = request_headers(cursor="41", cursor_param=None, **plain)
+    headers = request_headers(cursor="41", cursor_param=None, secret_headers={}, stream="s")
     assert headers["Last-Event-ID"] == b"41"
     assert headers["Accept"] == "text/event-stream"
-    headers = request_headers(cursor="41", cursor_param="since", **plain)
+    headers = request_headers(cursor="41", cursor_param="since", secret_headers={}, stream="s")
     assert "Last-Event-ID" not in headers
     assert with_cursor("http://h/s?a=1&since=3", "since", "41") == "http://h/s?a=1&since=41"
     assert with_cursor("http://h/s", "since", None) == "http://h/s"
@@ -90,21 +88,22 @@ def test_cursor_goes_to_header_or_query() -> None:
 
 
 def test_secret_header_read_from_environment_and_missing_variable_named() -> None:
-    headers = request_headers(
-        cursor=None,
-        cursor_param=None,
+    resolved = request_secrets(
+        declared("TOKEN_VAR@h.example", {"TOKEN_VAR": "Bearer s3cret"}),
         headers_from_env={"Authorization": "TOKEN_VAR"},
-        secrets=declared("TOKEN_VAR@h.example", {"TOKEN_VAR": "Bearer s3cret"}),
+        query_from_env={},
         url="https://h.example/s",
         stream="s",
     )
+    headers = request_headers(
+        cursor=None, cursor_param=None, secret_headers=resolved.headers, stream="s"
+    )
     assert headers["Authorization"] == "Bearer s3cret"
     with pytest.raises(ConfigError) as raised:
-        request_headers(
-            cursor=None,
-            cursor_param=None,
+        request_secrets(
+            declared("TOKEN_VAR@h.example", {}),
             headers_from_env={"Authorization": "TOKEN_VAR"},
-            secrets=declared("TOKEN_VAR@h.example", {}),
+            query_from_env={},
             url="https://h.example/s",
             stream="s",
         )
@@ -141,12 +140,20 @@ def test_allowlist_matches_hosts_and_subdomains_only() -> None:
 
 def test_query_secrets_come_from_the_environment_and_are_redacted() -> None:
     store = declared("API_KEY@h", {"API_KEY": "s3cret"})
-    secrets = query_secrets({"k": "API_KEY"}, store, url="http://h/s", stream="s")
+    secrets = request_secrets(
+        store, headers_from_env={}, query_from_env={"k": "API_KEY"}, url="http://h/s", stream="s"
+    ).query
     url = with_query("http://h/s?cursor=5", secrets)
     assert url == "http://h/s?cursor=5&k=s3cret"
     assert "s3cret" not in redact_url(url, frozenset({"k"}))
     with pytest.raises(ConfigError, match="API_KEY"):
-        query_secrets({"k": "API_KEY"}, declared("API_KEY@h", {}), url="http://h/s", stream="s")
+        request_secrets(
+            declared("API_KEY@h", {}),
+            headers_from_env={},
+            query_from_env={"k": "API_KEY"},
+            url="http://h/s",
+            stream="s",
+        )
 
 
 def test_http_library_log_lines_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
@@ -179,9 +186,7 @@ def test_last_event_id_is_the_ids_utf8_bytes(event_id: str) -> None:
     headers = request_headers(
         cursor=event_id,
         cursor_param=None,
-        headers_from_env={},
-        secrets=NONE_DECLARED,
-        url="http://h/s",
+        secret_headers={},
         stream="s",
     )
     assert headers["Last-Event-ID"] == event_id.encode("utf-8")
@@ -199,9 +204,7 @@ def test_mock_transport_sees_the_utf8_header_and_percent_encoded_query() -> None
         headers = request_headers(
             cursor="café",
             cursor_param=None,
-            headers_from_env={},
-            secrets=NONE_DECLARED,
-            url="http://h/s",
+            secret_headers={},
             stream="s",
         )
         client.get("http://sse.test/s", headers=headers)
@@ -230,9 +233,7 @@ async def test_the_bytes_on_the_wire_are_utf8() -> None:
             headers = request_headers(
                 cursor="café-😀",
                 cursor_param=None,
-                headers_from_env={},
-                secrets=NONE_DECLARED,
-                url="http://h/s",
+                secret_headers={},
                 stream="s",
             )
             await client.get(f"http://127.0.0.1:{port}/s", headers=headers)
@@ -255,9 +256,7 @@ async def test_resume_by_a_non_ascii_id_end_to_end_with_the_demo_source() -> Non
         by_header = request_headers(
             cursor="café-5",
             cursor_param=None,
-            headers_from_env={},
-            secrets=NONE_DECLARED,
-            url="http://h/s",
+            secret_headers={},
             stream="s",
         )
         by_query = with_cursor(source.url("cafe"), "cursor", "café-5", stream="s")
@@ -295,9 +294,7 @@ def test_ids_a_header_cannot_carry_are_refused_clearly(event_id: str, problem: s
         request_headers(
             cursor=event_id,
             cursor_param=None,
-            headers_from_env={},
-            secrets=NONE_DECLARED,
-            url="http://h/s",
+            secret_headers={},
             stream="orders",
         )
     message = str(caught.value)
@@ -333,9 +330,7 @@ def test_empty_cursor_sends_nothing() -> None:
     headers = request_headers(
         cursor="",
         cursor_param=None,
-        headers_from_env={},
-        secrets=NONE_DECLARED,
-        url="http://h/s",
+        secret_headers={},
         stream="s",
     )
     assert "Last-Event-ID" not in headers
@@ -348,21 +343,22 @@ def test_with_query_keeps_other_parameters_byte_for_byte() -> None:
 
 
 def test_secret_header_values_are_utf8_or_refused_by_variable_name() -> None:
-    headers = request_headers(
-        cursor=None,
-        cursor_param=None,
+    resolved = request_secrets(
+        declared("NAME_VAR@h", {"NAME_VAR": "zoë"}),
         headers_from_env={"X-Name": "NAME_VAR"},
-        secrets=declared("NAME_VAR@h", {"NAME_VAR": "zoë"}),
+        query_from_env={},
         url="http://h/s",
         stream="s",
     )
+    headers = request_headers(
+        cursor=None, cursor_param=None, secret_headers=resolved.headers, stream="s"
+    )
     assert headers["X-Name"] == "zoë".encode()
     with pytest.raises(ConfigError) as caught:
-        request_headers(
-            cursor=None,
-            cursor_param=None,
+        request_secrets(
+            declared("TOKEN_VAR@h", {"TOKEN_VAR": "Bearer s3cret\n"}),
             headers_from_env={"Authorization": "TOKEN_VAR"},
-            secrets=declared("TOKEN_VAR@h", {"TOKEN_VAR": "Bearer s3cret\n"}),
+            query_from_env={},
             url="http://h/s",
             stream="s",
         )

@@ -1,4 +1,4 @@
-"""One connection's reading without I/O (durable_sse/intake.py): decoded items in,
+"""One connection's reading without I/O (durable_sse/reader/intake.py): decoded items in,
 batches, gap changes and an outcome out. Items are built by hand, as the SSE decoder
 would hand them over; clocks are plain numbers."""
 
@@ -11,19 +11,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import RECORDED_GAP, Outcome, Route
-from durable_sse.followers import data_digest
-from durable_sse.gaps import (
-    MAX_GAPS_IN_SUMMARY,
-    Gap,
-    GapKind,
-    GapState,
-    StreamContext,
-    apply_change,
-)
+from durable_sse.gaps.model import MAX_GAPS_IN_SUMMARY, Gap, GapKind, GapState, StreamContext
+from durable_sse.gaps.transitions import apply_change
 from durable_sse.ids import is_newer, newest, sort_key
-from durable_sse.intake import DROP_GRACE, MAX_BATCH_BYTES, Batch, Intake
-from durable_sse.spec import StreamSpec
+from durable_sse.log.keys import data_digest
+from durable_sse.reader.intake import DROP_GRACE, MAX_BATCH_BYTES, Batch, Intake
 from durable_sse.sse.decoder import Comment, Event
 
 RECEIVED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -348,7 +342,7 @@ def test_reused_ids_are_counted_apart_from_duplicates_and_warned_of_once(
     carrier, follower, second = batch.records
     assert carrier.digest == follower.digest == data_digest("message", "b1")
     assert second.digest == data_digest("message", "b2")
-    with caplog.at_level(logging.WARNING, logger="durable_sse.intake"):
+    with caplog.at_level(logging.WARNING, logger="durable_sse.reader.intake"):
         assert not i.committed(batch, new_rows=3, reused=["1", "2"])
         i.committed(Batch(records=batch.records[:1], last_id="1"), new_rows=1, reused=["1"])
     assert (i.counts.new_rows, i.counts.duplicates, i.counts.ids_reused) == (4, 0, 3)
@@ -365,7 +359,7 @@ def test_reused_ids_are_counted_apart_from_duplicates_and_warned_of_once(
 
 def test_ids_out_of_order_are_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     i = intake("0", batch_max_events=10)
-    with caplog.at_level(logging.WARNING, logger="durable_sse.intake"):
+    with caplog.at_level(logging.WARNING, logger="durable_sse.reader.intake"):
         take(i, *events(5, 3, 3, 6, 1))
     assert i.ids_out_of_order == 3
     assert sum("ids_out_of_order" in r.getMessage() for r in caplog.records) == 1
@@ -378,7 +372,7 @@ def test_contiguous_ids_that_are_not_counters_are_counted_once_each(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     i = intake("0", contiguous_ids=True, floor="0", batch_max_events=10)
-    with caplog.at_level(logging.WARNING, logger="durable_sse.intake"):
+    with caplog.at_level(logging.WARNING, logger="durable_sse.reader.intake"):
         take(i, ev(1), ev("x"), ev(2), ev("+3"), ev(3))
     assert i.ids_not_counters == 2
     assert sum("not a counter" in r.getMessage() for r in caplog.records) == 1

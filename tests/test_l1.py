@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from durable_sse.l1 import LocalCursors
+from durable_sse.cursor.l1 import LocalCursors
 
 
 class FakeClock:

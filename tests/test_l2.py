@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from durable_sse.ids import IdOrder, compare_ids, sort_key
-from durable_sse.l2 import (
+from durable_sse.cursor.l2 import (
     ADVANCE_LUA,
     SORT_KEY_LUA,
     RedisCursors,
     cursor_key,
     cursor_value,
 )
+from durable_sse.ids import IdOrder, compare_ids, sort_key
 
 REDIS_SERVER = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "redis-server"
 TTL_MS = 7 * 86_400_000
@@ -263,7 +263,7 @@ async def test_namespacing(
 
     # a value that belongs to another stream is a miss (logged) and gets overwritten
     await raw.set(cursor_key(a), cursor_value(ab, "99"))
-    with caplog.at_level(logging.WARNING, logger="durable_sse.l2"):
+    with caplog.at_level(logging.WARNING, logger="durable_sse.cursor.l2"):
         assert await cursors.get(a) is None
     assert "another stream" in caplog.text
     assert await cursors.advance(a, "1", "numeric") is True
@@ -368,14 +368,14 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [
         record
         for record in caplog.records
-        if record.name == "durable_sse.l2" and record.levelno == logging.WARNING
+        if record.name == "durable_sse.cursor.l2" and record.levelno == logging.WARNING
     ]
 
 
 async def test_redis_down_closed_port(stream_name: str, caplog: pytest.LogCaptureFixture) -> None:
     timeout = 0.3
     store = RedisCursors(f"redis://127.0.0.1:{free_port()}/0", timeout=timeout)
-    caplog.set_level(logging.INFO, logger="durable_sse.l2")
+    caplog.set_level(logging.INFO, logger="durable_sse.cursor.l2")
     try:
         started = time.monotonic()
         for number in range(200):
@@ -478,7 +478,7 @@ async def test_outage_logged_once_and_recovery(
 ) -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    caplog.set_level(logging.INFO, logger="durable_sse.l2")
+    caplog.set_level(logging.INFO, logger="durable_sse.cursor.l2")
     process = _start_redis(port, tmp_path)
     store = RedisCursors(url, timeout=0.3)
     try:

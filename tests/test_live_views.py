@@ -21,12 +21,12 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.read import PROGRESS_INTERVAL
-from durable_sse import control
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.settings import Settings
+from durable_sse.ops import control
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from tests.test_e2e import capture_history
 from worker import WorkerResources, build_worker
 
@@ -49,7 +49,7 @@ async def _worker(
 ) -> AsyncIterator[Running]:
     settings = Settings.from_env({"DATABASE_URL": pg_url, "REDIS_URL": redis_url})
     resources = WorkerResources.from_settings(settings)
-    await resources.event_log.create_schema()
+    await resources.stores.create_schema()
     queue = f"live-{uuid.uuid4().hex[:8]}"
     worker = build_worker(temporal.client, resources, task_queue=queue, progress_interval=interval)
     try:
@@ -115,9 +115,9 @@ async def poll(handle: WorkflowHandle, predicate, *, timeout: float, what: str) 
         await asyncio.sleep(0.2)
 
 
-async def stored_rows(log: EventLog, stream: str) -> int:
+async def stored_rows(log: Stores, stream: str) -> int:
     def query() -> int:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             return int(
                 connection.execute(
                     sa.text("SELECT count(*) FROM sse_events WHERE stream = :s"), {"s": stream}
@@ -140,15 +140,15 @@ async def progress_signals(handle: WorkflowHandle) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
-    log = EventLog(pg_url)
+async def event_log(pg_url: str) -> AsyncIterator[Stores]:
+    log = Stores.open(pg_url)
     await log.create_schema()
     yield log
     await log.close()
 
 
 async def test_status_details_and_cli_move_while_the_connection_stays_open(
-    quick: Running, source: SSESource, event_log: EventLog
+    quick: Running, source: SSESource, event_log: Stores
 ) -> None:
     handle = await start(quick, source, rate=50)
     first = await poll(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from durable_sse.logs import JsonFormatter
+from durable_sse.ops.logs import JsonFormatter
 
 
 def test_json_lines_carry_workflow_and_activity_context() -> None:

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +37,8 @@ from activities.read import (
     StreamReader,
     heartbeat_interval,
 )
+from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     RECORDED_GAP,
     DropReport,
@@ -47,15 +49,14 @@ from durable_sse.contracts import (
     ReadResult,
     Route,
 )
-from durable_sse.eventlog import EventLog, EventRecord
-from durable_sse.gaps import GapTotals
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.l2 import RedisCursors
+from durable_sse.gaps.model import GapTotals
 from durable_sse.ids import sort_key
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
-from durable_sse.nudge import Nudges
-from durable_sse.secrets import DeclaredSecrets, parse_secret_bindings
+from durable_sse.log.records import EventRecord
+from durable_sse.ops.nudge import Nudges
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from workflows.stream import READ_HEARTBEAT_TIMEOUT, READ_MARGIN, READ_RETRY
 
 SECRET = "Bearer sup3r-s3cret-t0ken"
@@ -66,14 +67,12 @@ NOTICE = "dropping events: discarded 7 events (slow consumer)"
 
 
 @pytest.fixture
-async def reader(pg_event_log: EventLog, redis_url: str) -> AsyncIterator[StreamReader]:
+async def reader(pg_stores: Stores, redis_url: str) -> AsyncIterator[StreamReader]:
     l2 = RedisCursors(redis_url)
     async with httpx.AsyncClient(follow_redirects=False) as http:
         yield StreamReader(
             http=http,
-            event_log=pg_event_log,
-            l1=LocalCursors(),
-            l2=l2,
+            stores=replace(pg_stores, l2=l2),
             secrets=DeclaredSecrets(
                 parse_secret_bindings("TEST_TOKEN@127.0.0.1"), environ={"TEST_TOKEN": SECRET}
             ),
@@ -119,15 +118,15 @@ async def read(
     return result, beats
 
 
-async def query(log: EventLog, sql: str, **params: Any) -> list[tuple[Any, ...]]:
+async def query(log: Stores, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     def run() -> list[tuple[Any, ...]]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             return [tuple(row) for row in connection.execute(sa.text(sql), params)]
 
     return await asyncio.to_thread(run)
 
 
-async def stored(log: EventLog, stream: str) -> list[tuple[str, int | None]]:
+async def stored(log: Stores, stream: str) -> list[tuple[str, int | None]]:
     """``(event_id, event_ord)`` of the stream's rows, in the order they were inserted."""
     rows = await query(
         log, "SELECT event_id, event_ord FROM sse_events WHERE stream = :s ORDER BY seq", s=stream
@@ -135,7 +134,7 @@ async def stored(log: EventLog, stream: str) -> list[tuple[str, int | None]]:
     return [(row[0], row[1]) for row in rows]
 
 
-async def stored_ids(log: EventLog, stream: str) -> list[str]:
+async def stored_ids(log: Stores, stream: str) -> list[str]:
     return [event_id for event_id, _ in await stored(log, stream)]
 
 
@@ -154,7 +153,7 @@ GAP_COLUMNS = (
 )
 
 
-async def gap_rows(log: EventLog, stream: str) -> list[dict[str, Any]]:
+async def gap_rows(log: Stores, stream: str) -> list[dict[str, Any]]:
     """The stream's rows of ``sse_gaps``, oldest first."""
     rows = await query(
         log,
@@ -243,7 +242,7 @@ def events(*ids: str, data: str = "x") -> bytes:
 
 
 async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progress(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -257,7 +256,7 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
     # With no cursor, the first committed batch is heartbeaten at once with its first id:
     # a retry of this attempt starts there.
     assert any(beat["first_id"] == "1" and beat["cursor"] is not None for beat in beats)
-    assert reader.l1.get(stream_name) == "50"
+    assert reader.stores.l1.get(stream_name) == "50"
 
     # From L1, the cursor sent as a query parameter.
     by_query = dataclasses.replace(spec, cursor_param="cursor")
@@ -267,24 +266,22 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
     assert_progress(beats, start="50", last="100")
 
     # A worker that never saw the stream (L1 empty) resumes from L2, by header.
-    await reader.l2.flush()
-    assert await reader.l2.get(stream_name) == "100"
-    fresh = StreamReader(
-        http=reader.http, event_log=reader.event_log, l1=LocalCursors(), l2=reader.l2
-    )
+    await reader.stores.l2.flush()
+    assert await reader.stores.l2.get(stream_name) == "100"
+    fresh = StreamReader(http=reader.http, stores=replace(reader.stores, l1=LocalCursors()))
     third, beats = await read(fresh, spec)
     assert (third.cursor_source, third.start_cursor, third.last_cursor) == ("l2", "100", "150")
     assert_progress(beats, start="100", last="150")
-    assert fresh.l1.get(stream_name) == "150"
-    await reader.l2.flush()
-    assert await reader.l2.get(stream_name) == "150"
+    assert fresh.stores.l1.get(stream_name) == "150"
+    await reader.stores.l2.flush()
+    assert await reader.stores.l2.get(stream_name) == "150"
 
     assert await stored(pg_event_log, stream_name) == [(str(n), 0) for n in range(1, 151)]
     assert await gap_rows(pg_event_log, stream_name) == []
 
 
 async def test_replayed_events_are_stored_once(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=30, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -322,7 +319,7 @@ async def read_past_a_drop_notice(
 
 
 async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_repairs_it(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     spec, result = await read_past_a_drop_notice(source, reader, stream_name)
 
@@ -330,7 +327,7 @@ async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_
     # ends for the repair.
     assert result.outcome is Outcome.DROP_SIGNAL
     assert result.drop == DropReport(kind="comment", detail=NOTICE)
-    assert result.last_cursor == "108" == reader.l1.get(stream_name)
+    assert result.last_cursor == "108" == reader.stores.l1.get(stream_name)
     assert await stored_ids(pg_event_log, stream_name) == [*numbers(1, 100), "108"]
     [gap] = await gap_rows(pg_event_log, stream_name)
     gap_id = gap.pop("gap_id")
@@ -397,7 +394,7 @@ async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_
 
 
 async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     spec, first = await read_past_a_drop_notice(source, reader, stream_name)
     assert first.gaps is not None
@@ -424,12 +421,12 @@ async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
 
 
 async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
     dead, beats = await read(reader, spec, route=Route.EXPLICIT, start_id="10")
-    assert dead.last_cursor == "60" == reader.l1.get(stream_name)
+    assert dead.last_cursor == "60" == reader.stores.l1.get(stream_name)
     last = beats[-1]
     assert last["start_cursor"] == "10"
 
@@ -456,7 +453,9 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     assert (suspect["state"], suspect["reread_to"]) == ("open", "60")
 
     # Never from before the lagging id: what lies before it is past the replay window.
-    await pg_event_log.advance_lagging(stream_name, "numeric", window=0, now=datetime.now(UTC))
+    await pg_event_log.checkpoints.advance_lagging(
+        stream_name, "numeric", window=0, now=datetime.now(UTC)
+    )
     env = ActivityEnvironment()
     env.info = dataclasses.replace(env.info, attempt=3, heartbeat_details=[last])
     # The workflow knows the open suspicion by now (the retry's result listed it).
@@ -479,7 +478,7 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
 
 
 async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -494,7 +493,7 @@ async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
 
 
 async def test_a_retry_takes_heartbeat_details_of_another_version(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """During a rolling deploy the attempt that died may have run a newer or older
     version: counts it does not know are left out, missing ones are 0."""
@@ -537,7 +536,7 @@ async def test_keepalives_do_not_end_the_connection_and_cancel_returns_cancelled
 
 
 async def test_cancel_mid_batch_flushes_and_loses_nothing(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=200, keepalive=0))
     spec = make_spec(
@@ -621,7 +620,7 @@ async def test_the_servers_retry_field_is_returned(
 async def test_refusals_are_non_retryable_and_never_leak_the_secret(
     source: SSESource,
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     fault: dict[str, Any],
@@ -691,9 +690,7 @@ async def test_hosts_outside_the_allowlist_are_refused(
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     guarded = StreamReader(
         http=reader.http,
-        event_log=reader.event_log,
-        l1=reader.l1,
-        l2=reader.l2,
+        stores=reader.stores,
         allowed_hosts=("events.example.com",),
     )
     with pytest.raises(ApplicationError) as raised:
@@ -712,7 +709,7 @@ async def test_unreachable_server_is_retry_later(reader: StreamReader, stream_na
 
 
 async def test_malformed_bytes_do_not_crash_and_lose_nothing(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
     source.inject(stream_name, action="malformed")
@@ -729,7 +726,7 @@ async def test_malformed_bytes_do_not_crash_and_lose_nothing(
 
 
 async def test_events_without_ids_are_kept_apart(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     body = b"id: 7\ndata: a\n\ndata: b\n\ndata: c\n\nid\ndata: d\n\ndata: e\n\n"
     async with CannedServer(body) as server:
@@ -742,7 +739,7 @@ async def test_events_without_ids_are_kept_apart(
 
 
 async def test_an_idless_event_after_a_reconnect_is_new_and_a_resent_one_is_not(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 13 case 8: connection 1 stores ``5: a`` and its id-less follower ``b``;
     connection 2 resumes after 5 and reads a new id-less ``c`` (position 1, like ``b``):
@@ -754,7 +751,9 @@ async def test_an_idless_event_after_a_reconnect_is_new_and_a_resent_one_is_not(
             await read(reader, spec, **fields)
 
     async def rows() -> list[tuple[str, int | None, str]]:
-        return [(e.event_id, e.event_ord, e.data) for e in await pg_event_log.events(stream_name)]
+        return [
+            (e.event_id, e.event_ord, e.data) for e in await pg_event_log.reads.events(stream_name)
+        ]
 
     await connect(b"id: 5\ndata: a\n\ndata: b\n\n")
     assert await rows() == [("5", 0, "a"), ("5", 1, "b")]
@@ -805,7 +804,7 @@ async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
 
 
 async def test_a_line_over_max_line_bytes_ends_the_connection_with_the_error(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name, max_line_bytes=4096)
@@ -836,7 +835,7 @@ async def test_a_line_over_max_line_bytes_ends_the_connection_with_the_error(
 )
 async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     bad_event: bytes,
     settings: dict[str, Any],
@@ -853,11 +852,11 @@ async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
     # What came before the bad event is stored and the cursor stands there: a resume
     # starts right before the bad event.
     assert await stored_ids(pg_event_log, stream_name) == numbers(1, 5)
-    assert reader.l1.get(stream_name) == "5"
+    assert reader.stores.l1.get(stream_name) == "5"
 
 
 async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(
         stream_name,
@@ -876,7 +875,7 @@ async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
 
 
 async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """With Python's ``re`` the old default patterns took ~20 s on this comment, on the
     event loop, and then missed it; RE2 matches it in linear time."""
@@ -903,7 +902,7 @@ async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
 
 
 async def test_events_that_came_with_a_notice_are_stored_though_the_server_cannot_resend(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """The issue's sequence: in one write a drop notice, then events 1..20; the next
     connection gets 204. The first id after the notice ends the connection; the 19 after
@@ -916,7 +915,7 @@ async def test_events_that_came_with_a_notice_are_stored_though_the_server_canno
     assert first.outcome is Outcome.DROP_SIGNAL
     assert first.drop is not None and first.drop.kind == "comment"
     assert first.counts == ReadCounts(events_read=20, new_rows=20)
-    assert first.last_cursor == "20" == reader.l1.get(stream_name)
+    assert first.last_cursor == "20" == reader.stores.l1.get(stream_name)
     assert await stored_ids(pg_event_log, stream_name) == numbers(1, 20)
     # Nothing stored before the notice and no cursor sent: what it announced lies before
     # event 1, where no repair can reach, and how much nobody knows. Loud, not silent.
@@ -933,7 +932,7 @@ async def test_events_that_came_with_a_notice_are_stored_though_the_server_canno
 
 
 async def test_a_notice_among_what_is_taken_as_the_connection_ends_records_its_own_gap(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """A second notice after the id that ended the connection is another hole: the
     cursor passes it only once its gap is recorded."""
@@ -956,7 +955,7 @@ async def test_a_notice_among_what_is_taken_as_the_connection_ends_records_its_o
 
 
 async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     body = events("1", "2", "3") + b"id: 4\ndata: " + b"x" * 2000 + b"\n\n" + events("5")
     async with CannedServer(body) as server:
@@ -964,7 +963,7 @@ async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
     assert result.outcome is Outcome.DROPPED
     assert result.error is not None and "max_line_bytes=1024" in result.error
     # The cursor stays before the event that holds the long line: a reconnect resumes there.
-    assert (result.last_cursor, reader.l1.get(stream_name)) == ("3", "3")
+    assert (result.last_cursor, reader.stores.l1.get(stream_name)) == ("3", "3")
     assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "3"]
 
 
@@ -973,7 +972,7 @@ async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
 
 async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     metrics: tuple[Runtime, MetricBuffer],
 ) -> None:
@@ -1022,7 +1021,7 @@ async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
 
 async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -1039,7 +1038,7 @@ async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
     assert result.error == "the server ended the stream"
     # Under numeric order "²" (not a number) sorts before every number.
     assert result.counts == ReadCounts(events_read=6, new_rows=6, ids_out_of_order=1)
-    assert result.last_cursor == big == reader.l1.get(stream_name)
+    assert result.last_cursor == big == reader.stores.l1.get(stream_name)
     assert await stored_ids(pg_event_log, stream_name) == ["1", "2", "²", "3", "4", big]
     assert await gap_rows(pg_event_log, stream_name) == []
     warnings = [r.getMessage() for r in caplog.records if "is not a counter" in r.getMessage()]
@@ -1059,7 +1058,7 @@ def metrics() -> tuple[Runtime, MetricBuffer]:
 )
 async def test_ids_out_of_order_under_the_id_order_are_counted_and_exported(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     metrics: tuple[Runtime, MetricBuffer],
@@ -1100,7 +1099,7 @@ def generation(prefix: str, first: int, last: int) -> bytes:
 
 async def test_a_server_that_restarts_its_id_counter_loses_nothing(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     metrics: tuple[Runtime, MetricBuffer],
@@ -1123,7 +1122,7 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
         resent, _ = await read(reader, spec, env=env)
         server.body = generation("b", 1, 6)
         passed, _ = await read(reader, spec, env=env)
-    rows = [(e.event_id, e.data) for e in await pg_event_log.events(stream_name)]
+    rows = [(e.event_id, e.data) for e in await pg_event_log.reads.events(stream_name)]
     assert rows[:8] == [
         *((str(n), f"a{n}") for n in range(1, 6)),
         ("1", "b1"),
@@ -1158,12 +1157,12 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
 
 
 async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24 item 7 on the replay path: a replay from 0, below the newest stored id,
     skips stored keys before they become rows, but not a key stored with other data."""
     written: list[int] = []
-    submit = pg_event_log.submit_batch
+    submit = pg_event_log.writer.submit_batch
 
     def counting_submit(*args: Any, **kwargs: Any) -> Any:
         written.append(len(args[2]))
@@ -1174,12 +1173,12 @@ async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
         await read(reader, spec)
         server.body = generation("b", 1, 3) + generation("a", 4, 5)
         server.delay = 0.3  # the stored keys are read before the first event arrives
-        pg_event_log.submit_batch = counting_submit  # type: ignore[method-assign]
+        pg_event_log.writer.submit_batch = counting_submit  # type: ignore[method-assign]
         try:
             replay, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
         finally:
-            pg_event_log.submit_batch = submit  # type: ignore[method-assign]
-    assert [e.data for e in await pg_event_log.events(stream_name)] == [
+            pg_event_log.writer.submit_batch = submit  # type: ignore[method-assign]
+    assert [e.data for e in await pg_event_log.reads.events(stream_name)] == [
         "a1",
         "a2",
         "a3",
@@ -1197,24 +1196,24 @@ async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
 # -- retention (issue 24) ---------------------------------------------------------------------
 
 
-async def retained(log: EventLog, stream: str) -> None:
+async def retained(log: Stores, stream: str) -> None:
     """Ids 1..40 stored under ``numeric`` an hour ago, the lagging id 30, 1..28 deleted."""
     start = datetime.now(UTC) - timedelta(hours=1)
     rows = [
         EventRecord(str(i), 0, "message", "x", start + timedelta(seconds=i)) for i in range(1, 41)
     ]
-    await log.insert_batch(stream, "numeric", rows)
-    moved = await log.advance_lagging(
+    await log.writer.insert_batch(stream, "numeric", rows)
+    moved = await log.checkpoints.advance_lagging(
         stream, "numeric", window=1.0, now=start + timedelta(seconds=31)
     )
     assert moved.lagging_id == "30"
-    run = await log.apply_retention(stream, "numeric", cutoff=datetime.now(UTC))
+    run = await log.prune.apply_retention(stream, "numeric", cutoff=datetime.now(UTC))
     assert (run.deleted, run.state.horizon_id) == (28, "28")
 
 
 async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
     metrics: tuple[Runtime, MetricBuffer],
@@ -1245,11 +1244,11 @@ async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
         and update.attributes.get("stream") == stream_name
     ]
     assert sum(exported) == 3
-    assert await pg_event_log.readers(stream_name) == []
+    assert await pg_event_log.readers.readers(stream_name) == []
 
 
 async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
-    source: SSESource, reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.1, paused=True))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -1266,7 +1265,7 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
         env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="7"))
     )
     async with asyncio.timeout(GUARD):
-        while not (registered := await pg_event_log.readers(stream_name)):
+        while not (registered := await pg_event_log.readers.readers(stream_name)):
             await asyncio.sleep(0.05)
     (running,) = registered
     assert running.start_id == "7"
@@ -1275,11 +1274,11 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
     assert running.expires_at < datetime.now(UTC) + lifetime + timedelta(minutes=5)
     env.cancel()
     assert (await task).outcome is Outcome.CANCELLED
-    assert await pg_event_log.readers(stream_name) == []
+    assert await pg_event_log.readers.readers(stream_name) == []
 
 
 async def test_a_stream_under_another_id_order_parks_before_it_connects(
-    reader: StreamReader, pg_event_log: EventLog, stream_name: str
+    reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24, item 1: its keys were made under ``numeric``; read under ``natural``
     (the default) every new id would key below the horizon and be dropped. The stream
@@ -1295,7 +1294,7 @@ async def test_a_stream_under_another_id_order_parks_before_it_connects(
     assert "id_order 'natural'" in error.message and "('numeric')" in error.message
     assert "start it with id_order = 'numeric'" in error.message
     assert await stored_ids(pg_event_log, stream_name) == before
-    assert await pg_event_log.readers(stream_name) == []
+    assert await pg_event_log.readers.readers(stream_name) == []
 
 
 # -- heartbeats (issue 13, item 6) -----------------------------------------------------------
@@ -1315,7 +1314,7 @@ def test_the_heartbeat_interval_stretches_but_never_past_half_the_heartbeat_time
 
 
 def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
-    """Nudges bring cancellations (durable_sse/nudge.py): heartbeats only keep the
+    """Nudges bring cancellations (durable_sse/ops/nudge.py): heartbeats only keep the
     attempt alive, at one interval whatever the count, with room for one late one."""
     timeout = READ_HEARTBEAT_TIMEOUT.total_seconds()
     for count in [0, 1, 400, 1000, MAX_CONNECTIONS_PER_WORKER]:
@@ -1325,7 +1324,7 @@ def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
 
 
 async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
-    source: SSESource, pg_event_log: EventLog, redis_url: str, stream_name: str
+    source: SSESource, pg_stores: Stores, redis_url: str, stream_name: str
 ) -> None:
     """A connection between its (4 s) heartbeats heartbeats as soon as a nudge for its
     stream arrives through Redis, which is when a requested cancellation reaches it."""
@@ -1338,9 +1337,7 @@ async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
     env.on_heartbeat = beats
     try:
         async with httpx.AsyncClient(follow_redirects=False) as http:
-            reader = StreamReader(
-                http=http, event_log=pg_event_log, l1=LocalCursors(), l2=l2, nudges=nudges
-            )
+            reader = StreamReader(http=http, stores=replace(pg_stores, l2=l2), nudges=nudges)
             task = asyncio.create_task(
                 env.run(
                     reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
@@ -1376,14 +1373,11 @@ async def test_without_redis_a_worker_hears_no_nudges_and_heartbeats_often() -> 
         await asyncio.sleep(0.5)
         assert not nudges.live
         l2 = RedisCursors("redis://127.0.0.1:1/0")
-        event_log = EventLog("sqlite://")
+        stores = Stores.open("sqlite://", l2=l2)
         async with httpx.AsyncClient() as http:
-            reader = StreamReader(
-                http=http, event_log=event_log, l1=LocalCursors(), l2=l2, nudges=nudges
-            )
+            reader = StreamReader(http=http, stores=stores, nudges=nudges)
             assert reader.heartbeat_interval() == HEARTBEAT_INTERVAL
-        await l2.close()
-        await event_log.close()
+        await stores.close()
     finally:
         await nudges.close()
 
@@ -1437,7 +1431,7 @@ class Blocker:
 async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
     source: SSESource,
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -1485,7 +1479,7 @@ async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
 async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
     source: SSESource,
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -1525,7 +1519,7 @@ async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
 
 async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
     reader: StreamReader,
-    pg_event_log: EventLog,
+    pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,

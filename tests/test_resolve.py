@@ -1,4 +1,4 @@
-"""Where a connection resumes (durable_sse/resolve.py), against the real stores: the
+"""Where a connection resumes (durable_sse/cursor/resolve.py), against the real stores: the
 event log on PostgreSQL and SQLite, Redis for L2, an in-process L1."""
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from durable_sse.contracts import ReadProgress, Route
-from durable_sse.eventlog import ConnectionStart, EventLog, EventRecord
-from durable_sse.gaps import Gap, GapChange, GapKind
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
-from durable_sse.resolve import CursorResolver
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.l2 import RedisCursors
+from durable_sse.cursor.resolve import CursorResolver
+from durable_sse.cursor.start import ConnectionStart
+from durable_sse.gaps.model import Gap, GapChange, GapKind
+from durable_sse.log.records import EventRecord
+from durable_sse.stores import Stores
 
 ORDER = "numeric"
 NOW = datetime.now(UTC)
@@ -35,26 +37,26 @@ def l1() -> LocalCursors:
 
 
 @pytest.fixture
-def resolver(l1: LocalCursors, l2: RedisCursors, event_log: EventLog) -> CursorResolver:
-    return CursorResolver(l1, l2, event_log)
+def resolver(l1: LocalCursors, l2: RedisCursors, event_log: Stores) -> CursorResolver:
+    return CursorResolver(l1, l2, event_log.starts)
 
 
-async def persist(log: EventLog, stream: str, ids: list[int], received_at: datetime) -> None:
+async def persist(log: Stores, stream: str, ids: list[int], received_at: datetime) -> None:
     records = [EventRecord(str(i), 0, "message", f"data {i}", received_at) for i in ids]
-    assert (await log.insert_batch(stream, ORDER, records)).new_rows == len(ids)
+    assert (await log.writer.insert_batch(stream, ORDER, records)).new_rows == len(ids)
 
 
-async def timeline(log: EventLog, stream: str) -> None:
+async def timeline(log: Stores, stream: str) -> None:
     """10..40 two hours ago (the lagging id: 40), 50..90 now (the floor: 90)."""
     await persist(log, stream, [10, 20, 30, 40], OLD)
     await persist(log, stream, [50, 60, 70, 80, 90], NOW)
-    advanced = await log.advance_lagging(stream, ORDER, window=3600, now=NOW)
+    advanced = await log.checkpoints.advance_lagging(stream, ORDER, window=3600, now=NOW)
     assert advanced.lagging_id == "40"
 
 
-async def commit_changes(log: EventLog, stream: str, *changes: GapChange) -> None:
+async def commit_changes(log: Stores, stream: str, *changes: GapChange) -> None:
     """Gap changes alone in one batch, as the reader commits them."""
-    await log.committed(log.submit_batch(stream, ORDER, [], gap_changes=changes))
+    await log.writer.committed(log.writer.submit_batch(stream, ORDER, [], gap_changes=changes))
 
 
 def gid(stream: str, name: str) -> str:
@@ -62,7 +64,7 @@ def gid(stream: str, name: str) -> str:
     return f"{stream}-{name}"
 
 
-async def open_gap(log: EventLog, stream: str, name: str, start: str, end: str) -> None:
+async def open_gap(log: Stores, stream: str, name: str, start: str, end: str) -> None:
     gap_id = gid(stream, name)
     opened = Gap(
         gap_id=gap_id,
@@ -101,7 +103,7 @@ async def test_none_when_every_store_misses(resolver: CursorResolver, stream_nam
 
 
 async def test_floor_when_caches_and_checkpoint_miss(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await persist(event_log, stream_name, [9, 10, 8], NOW)
     start = await resolve(resolver, stream_name)
@@ -110,7 +112,7 @@ async def test_floor_when_caches_and_checkpoint_miss(
 
 
 async def test_lagged_route_with_no_lagging_id_takes_the_floor(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     """A fresh stream's repair (or ``replay`` signal) still resumes from what is stored:
     connecting live only would skip everything since the floor, unseen."""
@@ -119,7 +121,7 @@ async def test_lagged_route_with_no_lagging_id_takes_the_floor(
 
 
 async def test_lagging_before_floor(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     start = await resolve(resolver, stream_name)
@@ -131,7 +133,7 @@ async def test_l2_hit_fills_l1(
     resolver: CursorResolver,
     l1: LocalCursors,
     l2: RedisCursors,
-    event_log: EventLog,
+    event_log: Stores,
     stream_name: str,
 ) -> None:
     await timeline(event_log, stream_name)
@@ -151,14 +153,14 @@ async def test_l1_hit_wins(
 
 
 async def test_redis_down_falls_through(
-    l1: LocalCursors, event_log: EventLog, stream_name: str
+    l1: LocalCursors, event_log: Stores, stream_name: str
 ) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     down = RedisCursors(f"redis://127.0.0.1:{port}/0", timeout=0.3)
     try:
-        resolver = CursorResolver(l1, down, event_log)
+        resolver = CursorResolver(l1, down, event_log.starts)
         await persist(event_log, stream_name, [1, 2], NOW)
         assert where(await resolve(resolver, stream_name)) == ("2", "floor", None)
         assert down.read_failures == 1
@@ -171,7 +173,7 @@ async def test_redis_down_falls_through(
 
 
 async def test_lagged_route_without_a_gap_starts_at_the_lagging_id(
-    resolver: CursorResolver, l2: RedisCursors, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, l2: RedisCursors, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     await l2.advance(stream_name, "90", ORDER)  # the caches do not matter here
@@ -179,7 +181,7 @@ async def test_lagged_route_without_a_gap_starts_at_the_lagging_id(
 
 
 async def test_lagged_route_with_no_lagging_id_falls_back_to_the_caches(
-    resolver: CursorResolver, l2: RedisCursors, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, l2: RedisCursors, event_log: Stores, stream_name: str
 ) -> None:
     await persist(event_log, stream_name, [5, 6, 7], NOW)
     assert await l2.advance(stream_name, "5", ORDER) is True  # rewound: older than the floor
@@ -188,7 +190,7 @@ async def test_lagged_route_with_no_lagging_id_falls_back_to_the_caches(
 
 
 async def test_a_repair_starts_one_stored_id_before_the_oldest_open_gap(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     await open_gap(event_log, stream_name, "g-late", "80", "90")
@@ -204,7 +206,7 @@ async def test_a_repair_starts_one_stored_id_before_the_oldest_open_gap(
 
 
 async def test_a_repair_resumes_from_what_was_re_read(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     await open_gap(event_log, stream_name, "g1", "50", "60")
@@ -226,7 +228,7 @@ async def test_a_repair_resumes_from_what_was_re_read(
 
 
 async def test_a_gap_opened_behind_the_lagging_id_is_repaired_from_its_start(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     """A late notice can open a gap behind the lagging id: it keeps its start, the
     repair goes back to it, and the lagging id does not move until it is closed."""
@@ -235,14 +237,14 @@ async def test_a_gap_opened_behind_the_lagging_id_is_repaired_from_its_start(
     start = await resolve(resolver, stream_name, Route.LAGGED)
     assert [gap.start_id for gap in start.context.open_gaps] == ["20"]
     assert where(start) == ("10", "gap", "20")
-    held = await event_log.advance_lagging(
+    held = await event_log.checkpoints.advance_lagging(
         stream_name, ORDER, window=0, now=NOW + timedelta(hours=1)
     )
     assert (held.lagging_id, held.moved, held.held_by_gap) == ("40", False, True)
 
 
 async def test_a_gap_at_the_oldest_stored_id_starts_at_its_resume_point(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await persist(event_log, stream_name, [10, 20, 30], NOW)  # no lagging id yet
     await open_gap(event_log, stream_name, "g1", "10", "20")
@@ -253,7 +255,7 @@ async def test_a_gap_at_the_oldest_stored_id_starts_at_its_resume_point(
 
 
 async def test_explicit_sends_the_named_id_with_its_witness(
-    resolver: CursorResolver, l1: LocalCursors, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, l1: LocalCursors, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     l1.advance(stream_name, "90", ORDER)
@@ -282,7 +284,7 @@ async def test_explicit_sends_the_named_id_with_its_witness(
 
 
 async def test_the_witness_is_the_stored_id_after_any_cursor(
-    resolver: CursorResolver, l1: LocalCursors, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, l1: LocalCursors, event_log: Stores, stream_name: str
 ) -> None:
     """A cache cursor older than the floor (another worker stored more) has one too."""
     await timeline(event_log, stream_name)
@@ -294,7 +296,7 @@ async def test_the_witness_is_the_stored_id_after_any_cursor(
 
 
 async def test_a_retry_restarts_where_the_dead_attempt_started(
-    resolver: CursorResolver, l1: LocalCursors, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, l1: LocalCursors, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     l1.advance(stream_name, "90", ORDER)  # where the dead attempt got to
@@ -307,7 +309,7 @@ async def test_a_retry_restarts_where_the_dead_attempt_started(
 
 
 async def test_a_retry_of_an_attempt_that_started_live_only_restarts_at_its_first_id(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     progress = ReadProgress(cursor="90", start_cursor=None, first_id="70")
@@ -316,7 +318,7 @@ async def test_a_retry_of_an_attempt_that_started_live_only_restarts_at_its_firs
 
 
 async def test_a_retry_never_starts_behind_the_lagging_id(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     progress = ReadProgress(cursor="60", start_cursor="20")
@@ -328,7 +330,7 @@ async def test_a_retry_never_starts_behind_the_lagging_id(
 
 
 async def test_a_retried_repair_keeps_its_witness_when_the_lagging_id_is_the_gaps_start(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     """The lagging id (40) may be an open gap's start. The repair began one stored id
     before it (30), so that its first event, at or before 40, shows the history reaches
@@ -348,7 +350,7 @@ async def test_a_retried_repair_keeps_its_witness_when_the_lagging_id_is_the_gap
 
 
 async def test_a_retry_without_details_takes_the_lagging_id_or_the_oldest_stored_id(
-    resolver: CursorResolver, l1: LocalCursors, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, l1: LocalCursors, event_log: Stores, stream_name: str
 ) -> None:
     """A stream younger than one window has no lagging id: the dead attempt began at or
     after its oldest stored id, never before."""
@@ -359,14 +361,14 @@ async def test_a_retry_without_details_takes_the_lagging_id_or_the_oldest_stored
             start = await resolve(resolver, stream_name, route, retry_of=progress, retried=True)
             assert where(start) == ("10", "oldest", "20"), route
     await persist(event_log, stream_name, [5], OLD)
-    await event_log.advance_lagging(stream_name, ORDER, window=3600, now=NOW)
+    await event_log.checkpoints.advance_lagging(stream_name, ORDER, window=3600, now=NOW)
     for route in (Route.LIVE, Route.LAGGED):
         start = await resolve(resolver, stream_name, route, retry_of=None, retried=True)
         assert where(start) == ("5", "lagging", "10"), route
 
 
 async def test_a_retried_repair_without_details_restarts_at_its_gap(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     await open_gap(event_log, stream_name, "g1", "60", "70")
@@ -377,7 +379,7 @@ async def test_a_retried_repair_without_details_restarts_at_its_gap(
 
 
 async def test_a_retried_explicit_replay_without_details_restarts_at_its_id(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     for explicit, witness in (("60", "70"), ("30", "40")):
@@ -388,7 +390,7 @@ async def test_a_retried_explicit_replay_without_details_restarts_at_its_id(
 
 
 async def test_a_first_attempt_ignores_stale_heartbeat_details(
-    resolver: CursorResolver, event_log: EventLog, stream_name: str
+    resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
     await timeline(event_log, stream_name)
     progress = ReadProgress(cursor="90", start_cursor="60")

@@ -16,27 +16,25 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.checkpoint import CheckpointActivities
 from activities.retention import RetentionActivities
+from durable_sse.config.durations import effective_retention, parse_retention_setting
+from durable_sse.config.settings import Settings
 from durable_sse.contracts import AdvanceInput, RetentionInput, StreamRef
+from durable_sse.cursor.fence import RunningReader, live_starts, retention_fence
+from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, IdOrderMismatchError
-from durable_sse.eventlog import EventLog, EventRecord, ReaderLease
-from durable_sse.gaps import Gap, GapChange
-from durable_sse.retention import (
+from durable_sse.gaps.model import Gap, GapChange
+from durable_sse.gaps.transitions import opening_past_horizon
+from durable_sse.log.records import EventRecord
+from durable_sse.log.retention import (
     HELD_BY_GAP,
     HELD_BY_LAGGING,
     HELD_BY_NO_LAGGING,
     HELD_BY_READER,
-    RunningReader,
     after_horizon,
     check_id_order,
     choose_deletions,
-    effective_retention,
-    live_starts,
-    opening_past_horizon,
-    parse_retention_setting,
-    reader_expiry,
-    retention_fence,
 )
-from durable_sse.settings import Settings
+from durable_sse.stores import Stores
 from tests.sim.stores import MemoryEventLog
 
 T0 = datetime(2026, 11, 1, 12, 0, 0, tzinfo=UTC)
@@ -66,9 +64,9 @@ def gap(stream: str, gap_id: str, start: str | None, end: str | None = None) -> 
     )
 
 
-async def stored_ids(log: EventLog, stream: str) -> list[str]:
+async def stored_ids(log: Stores, stream: str) -> list[str]:
     def run() -> list[str]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             rows = connection.execute(
                 sa.text("SELECT event_id FROM sse_events WHERE stream = :s ORDER BY seq"),
                 {"s": stream},
@@ -78,22 +76,24 @@ async def stored_ids(log: EventLog, stream: str) -> list[str]:
     return await asyncio.to_thread(run)
 
 
-async def minutely(log: EventLog, stream: str, ids: range, *, start: datetime = T0) -> None:
+async def minutely(log: Stores, stream: str, ids: range, *, start: datetime = T0) -> None:
     """Store ids received one minute apart: id i at ``start + i minutes``."""
-    await log.insert_batch(stream, "numeric", [record(str(i), start + i * MINUTE) for i in ids])
+    await log.writer.insert_batch(
+        stream, "numeric", [record(str(i), start + i * MINUTE) for i in ids]
+    )
 
 
-async def set_lagging(log: EventLog, stream: str, lagging: int, *, start: datetime = T0) -> None:
+async def set_lagging(log: Stores, stream: str, lagging: int, *, start: datetime = T0) -> None:
     """Move the lagging id to ``lagging`` (the newest id received a window before now)."""
-    result = await log.advance_lagging(
+    result = await log.checkpoints.advance_lagging(
         stream, "numeric", window=60.0, now=start + (lagging + 1) * MINUTE
     )
     assert result.lagging_id == str(lagging)
 
 
-async def open_gap(log: EventLog, stream: str, start: str, end: str) -> None:
+async def open_gap(log: Stores, stream: str, start: str, end: str) -> None:
     change = GapChange(f"g-{stream}-{start}", opened=gap(stream, f"g-{stream}-{start}", start, end))
-    await log.committed(log.submit_batch(stream, "numeric", [], gap_changes=[change]))
+    await log.writer.committed(log.writer.submit_batch(stream, "numeric", [], gap_changes=[change]))
 
 
 # -- the rules --------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def test_the_worker_setting_is_validated_like_a_streams() -> None:
 
 
 async def test_deletes_in_bounded_batches_and_never_the_lagging_id_nor_the_row_before(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await minutely(event_log, stream_name, range(1, 41))
     await set_lagging(event_log, stream_name, 30)
@@ -247,7 +247,7 @@ async def test_deletes_in_bounded_batches_and_never_the_lagging_id_nor_the_row_b
     async def between(deleted: int) -> None:
         seen.append(deleted)
 
-    first = await event_log.apply_retention(
+    first = await event_log.prune.apply_retention(
         stream_name, "numeric", cutoff=cutoff, batch_rows=10, max_batches=2, between=between
     )
     assert (first.deleted, first.batches, first.complete) == (20, 2, False)
@@ -255,7 +255,7 @@ async def test_deletes_in_bounded_batches_and_never_the_lagging_id_nor_the_row_b
     assert (first.keep_from, first.held_by) == ("30", HELD_BY_LAGGING)
     assert (await stored_ids(event_log, stream_name))[0] == "21"
 
-    second = await event_log.apply_retention(
+    second = await event_log.prune.apply_retention(
         stream_name, "numeric", cutoff=cutoff, batch_rows=10, max_batches=5
     )
     assert (second.deleted, second.complete) == (8, True)
@@ -265,14 +265,14 @@ async def test_deletes_in_bounded_batches_and_never_the_lagging_id_nor_the_row_b
     assert (state.deleted_rows, state.horizon_id, state.oldest_kept_id) == (28, "28", "29")
     assert state.oldest_kept_at == T0 + 29 * MINUTE
 
-    again = await event_log.apply_retention(stream_name, "numeric", cutoff=cutoff)
+    again = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=cutoff)
     assert (again.deleted, again.complete, again.state.deleted_rows) == (0, True, 28)
 
 
-async def test_rows_younger_than_the_retention_stay(event_log: EventLog, stream_name: str) -> None:
+async def test_rows_younger_than_the_retention_stay(event_log: Stores, stream_name: str) -> None:
     await minutely(event_log, stream_name, range(1, 41))
     await set_lagging(event_log, stream_name, 30)
-    run = await event_log.apply_retention(
+    run = await event_log.prune.apply_retention(
         stream_name, "numeric", cutoff=T0 + 12 * MINUTE + timedelta(seconds=30), batch_rows=5
     )
     assert run.deleted == 12 and run.complete
@@ -280,33 +280,33 @@ async def test_rows_younger_than_the_retention_stay(event_log: EventLog, stream_
 
 
 async def test_an_open_gap_keeps_its_start_row_the_row_before_and_everything_after(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await minutely(event_log, stream_name, range(1, 41))
     await set_lagging(event_log, stream_name, 30)
     # A gap recorded late, behind the lagging id: its start row must stay for the repair.
     await open_gap(event_log, stream_name, "8", "12")
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert (run.deleted, run.keep_from, run.held_by) == (6, "8", HELD_BY_GAP)
     assert (await stored_ids(event_log, stream_name))[0] == "7"
     # The row before it stays too: the repair starts there, so that its first event
     # shows whether the server's history still reaches the gap (the witness is 8).
-    repair = await event_log.connection_context(
+    repair = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", repair=True
     )
     assert (repair.cursor, repair.source, repair.context.witness) == ("7", "gap", "8")
 
     # The gap repaired: the lagging id holds the rest.
     change = GapChange(f"g-{stream_name}-8", close=True)
-    await event_log.committed(
-        event_log.submit_batch(stream_name, "numeric", [], gap_changes=[change])
+    await event_log.writer.committed(
+        event_log.writer.submit_batch(stream_name, "numeric", [], gap_changes=[change])
     )
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert (run.deleted, run.keep_from) == (22, "30")
 
 
 async def test_re_sent_ids_older_than_the_horizon_are_dropped_and_counted_apart(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """A server that ignores Last-Event-ID re-sends ids retention deleted: without the
     horizon they would be stored again as new rows after every delete, for as long as
@@ -318,11 +318,11 @@ async def test_re_sent_ids_older_than_the_horizon_are_dropped_and_counted_apart(
     await set_lagging(event_log, stream_name, 10)
     await open_gap(event_log, stream_name, "15", "18")  # 16 and 17 never came
     await execute_delete(event_log, stream_name, ["16", "17"])
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert (run.deleted, run.state.horizon_id) == (8, "8")
 
     later = T0 + 200 * MINUTE
-    resent = await event_log.insert_batch(
+    resent = await event_log.writer.insert_batch(
         stream_name, "numeric", [record(str(i), later) for i in range(1, 15)]
     )
     # 9..14 are stored: duplicates; 1..8 were deleted: the horizon drops them.
@@ -330,16 +330,16 @@ async def test_re_sent_ids_older_than_the_horizon_are_dropped_and_counted_apart(
     assert (resent.dropped_id, resent.horizon_id) == ("1", "8")
     # The repair of the gap: its rows are new and recovered, the horizon is far behind.
     gap_id = f"g-{stream_name}-15"
-    repair = event_log.submit_batch(
+    repair = event_log.writer.submit_batch(
         stream_name,
         "numeric",
         [record("16", later), record("17", later)],
         gap_changes=[GapChange(gap_id, recovered=True, reread_to="17")],
     )
-    assert (await event_log.committed(repair)).new_rows == 2
-    (open_record,) = [g for g in await event_log.gaps(stream_name) if g.gap_id == gap_id]
+    assert (await event_log.writer.committed(repair)).new_rows == 2
+    (open_record,) = [g for g in await event_log.gap_store.gaps(stream_name) if g.gap_id == gap_id]
     assert open_record.recovered == 2
-    fresh = await event_log.insert_batch(
+    fresh = await event_log.writer.insert_batch(
         stream_name,
         "numeric",
         [
@@ -355,16 +355,16 @@ async def test_re_sent_ids_older_than_the_horizon_are_dropped_and_counted_apart(
 
 
 async def test_batches_of_one_group_keep_their_order_when_the_horizon_drops_rows(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await minutely(event_log, stream_name, range(1, 21))
     await set_lagging(event_log, stream_name, 10)
-    await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
+    await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     later = T0 + 200 * MINUTE
     first = [record(str(i), later) for i in [*range(1, 9), *range(100, 180)]]
     second = [record(str(i), later) for i in range(180, 260)]
-    jobs = [event_log.submit_batch(stream_name, "numeric", rows) for rows in (first, second)]
-    results = [await event_log.committed(job) for job in jobs]
+    jobs = [event_log.writer.submit_batch(stream_name, "numeric", rows) for rows in (first, second)]
+    results = [await event_log.writer.committed(job) for job in jobs]
     assert [(r.new_rows, r.duplicates, r.dropped_by_horizon) for r in results] == [
         (80, 0, 8),
         (80, 0, 0),
@@ -374,18 +374,18 @@ async def test_batches_of_one_group_keep_their_order_when_the_horizon_drops_rows
 
 
 async def test_deletes_and_a_busy_writer_do_not_fail_each_other(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """A live stream keeps committing while the deletes run, on both databases: neither
     fails the other (SQLite has one writer at a time, and each batch is short)."""
-    await event_log.insert_batch(
+    await event_log.writer.insert_batch(
         stream_name,
         "numeric",
         [record(str(i), T0 + i * timedelta(seconds=1)) for i in range(1, 3001)],
     )
     moment = T0 + timedelta(seconds=2999.5) + MINUTE
     assert (
-        await event_log.advance_lagging(stream_name, "numeric", window=60.0, now=moment)
+        await event_log.checkpoints.advance_lagging(stream_name, "numeric", window=60.0, now=moment)
     ).lagging_id == "2999"
     live = stream_name + "-live"
 
@@ -393,23 +393,23 @@ async def test_deletes_and_a_busy_writer_do_not_fail_each_other(
         stored = 0
         for n in range(40):
             rows = [record(str(n * 50 + i), datetime.now(UTC)) for i in range(50)]
-            stored += (await event_log.insert_batch(live, "numeric", rows)).new_rows
+            stored += (await event_log.writer.insert_batch(live, "numeric", rows)).new_rows
             await asyncio.sleep(0)
         return stored
 
     writer = asyncio.create_task(write())
-    run = await event_log.apply_retention(
+    run = await event_log.prune.apply_retention(
         stream_name, "numeric", cutoff=T0 + 100 * MINUTE, batch_rows=100, max_batches=100
     )
     assert (run.deleted, run.complete) == (2997, True)
     assert await writer == 2000
 
 
-async def execute_delete(log: EventLog, stream: str, ids: list[str]) -> None:
+async def execute_delete(log: Stores, stream: str, ids: list[str]) -> None:
     """Remove rows as if never received (the hole a gap stands for)."""
 
     def run() -> None:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             for event_id in ids:
                 connection.execute(
                     sa.text("DELETE FROM sse_events WHERE stream = :s AND event_id = :e"),
@@ -420,42 +420,42 @@ async def execute_delete(log: EventLog, stream: str, ids: list[str]) -> None:
 
 
 async def test_a_stream_without_a_lagging_id_keeps_its_ids(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await minutely(event_log, stream_name, range(1, 6))
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert (run.deleted, run.held_by) == (0, HELD_BY_NO_LAGGING)
     assert len(await stored_ids(event_log, stream_name)) == 5
 
 
 async def test_a_stream_without_ids_loses_its_old_rows_only(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Id-less rows are never replayed nor deduplicated: age alone decides."""
     rows = [record("", T0 + i * MINUTE, None, data=f"d{i}") for i in range(10)]
-    await event_log.insert_batch(stream_name, "numeric", rows)
-    run = await event_log.apply_retention(
+    await event_log.writer.insert_batch(stream_name, "numeric", rows)
+    run = await event_log.prune.apply_retention(
         stream_name, "numeric", cutoff=T0 + 6 * MINUTE, batch_rows=4
     )
     assert (run.deleted, run.batches, run.complete) == (6, 2, True)
     assert len(await stored_ids(event_log, stream_name)) == 4
 
 
-async def test_other_streams_are_untouched(event_log: EventLog, stream_name: str) -> None:
+async def test_other_streams_are_untouched(event_log: Stores, stream_name: str) -> None:
     other = stream_name + "-b"
     for name in (stream_name, other):
         await minutely(event_log, name, range(1, 11))
         await set_lagging(event_log, name, 8)
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert run.deleted == 6
     assert len(await stored_ids(event_log, other)) == 10
-    assert (await event_log.retention_state(other)).deleted_rows == 0
-    resent = await event_log.insert_batch(other, "numeric", [record("1", T0)])
+    assert (await event_log.prune.retention_state(other)).deleted_rows == 0
+    resent = await event_log.writer.insert_batch(other, "numeric", [record("1", T0)])
     assert resent.duplicates == 1  # the other stream has no horizon: plain dedup
 
 
 async def test_the_streams_own_retention_overrides_the_workers(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     now = datetime.now(UTC)
     start = now - 300 * MINUTE
@@ -488,18 +488,20 @@ async def test_the_streams_own_retention_overrides_the_workers(
 # -- issue 24: the order, running connections, gaps mid-run, what the horizon drops -------
 
 
-async def retained(log: EventLog, stream: str, order: str) -> None:
+async def retained(log: Stores, stream: str, order: str) -> None:
     """Ids 1..40 stored under ``order``, the lagging id at 30, and 1..28 deleted."""
-    await log.insert_batch(stream, order, [record(str(i), T0 + i * MINUTE) for i in range(1, 41)])
-    moved = await log.advance_lagging(stream, order, window=60.0, now=T0 + 31 * MINUTE)
+    await log.writer.insert_batch(
+        stream, order, [record(str(i), T0 + i * MINUTE) for i in range(1, 41)]
+    )
+    moved = await log.checkpoints.advance_lagging(stream, order, window=60.0, now=T0 + 31 * MINUTE)
     assert moved.lagging_id == "30"
-    run = await log.apply_retention(stream, order, cutoff=FAR)
+    run = await log.prune.apply_retention(stream, order, cutoff=FAR)
     assert (run.deleted, run.state.horizon_id) == (28, "28")
 
 
 @pytest.mark.parametrize(("stored", "other"), [("numeric", "natural"), ("natural", "numeric")])
 async def test_a_stream_under_another_id_order_is_refused_and_nothing_changes(
-    event_log: EventLog, stream_name: str, stored: str, other: str
+    event_log: Stores, stream_name: str, stored: str, other: str
 ) -> None:
     """Issue 24, item 1. numeric -> natural: every digit id keys below the numeric horizon
     and would be dropped as seen; natural -> numeric: the fence keys above every stored
@@ -509,31 +511,33 @@ async def test_a_stream_under_another_id_order_is_refused_and_nothing_changes(
     await retained(event_log, stream_name, stored)
     before = (
         await stored_ids(event_log, stream_name),
-        await event_log.get_checkpoint(stream_name),
-        await event_log.retention_state(stream_name),
+        await event_log.checkpoints.get_checkpoint(stream_name),
+        await event_log.prune.retention_state(stream_name),
     )
     with pytest.raises(IdOrderMismatchError) as refused:
-        await event_log.connection_context(stream_name, other, cursor=None, source="none")
+        await event_log.starts.connection_context(stream_name, other, cursor=None, source="none")
     assert f"id_order {other!r}" in str(refused.value)
     assert f"start it with id_order = {stored!r}" in str(refused.value)
     with pytest.raises(IdOrderMismatchError):
-        await event_log.advance_lagging(stream_name, other, window=60.0, now=FAR)
+        await event_log.checkpoints.advance_lagging(stream_name, other, window=60.0, now=FAR)
     with pytest.raises(IdOrderMismatchError):
-        await event_log.apply_retention(stream_name, other, cutoff=FAR + 1000 * MINUTE)
+        await event_log.prune.apply_retention(stream_name, other, cutoff=FAR + 1000 * MINUTE)
     after = (
         await stored_ids(event_log, stream_name),
-        await event_log.get_checkpoint(stream_name),
-        await event_log.retention_state(stream_name),
+        await event_log.checkpoints.get_checkpoint(stream_name),
+        await event_log.prune.retention_state(stream_name),
     )
     assert after == before
     assert before[0] == [str(i) for i in range(29, 41)]
     # Under its own order the stream goes on as ever.
-    start = await event_log.connection_context(stream_name, stored, cursor=None, source="none")
+    start = await event_log.starts.connection_context(
+        stream_name, stored, cursor=None, source="none"
+    )
     assert start.cursor == "30"
 
 
 async def test_the_checkpoint_activities_refuse_another_order_loudly(
-    event_log: EventLog, stream_name: str, caplog: pytest.LogCaptureFixture
+    event_log: Stores, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     await retained(event_log, stream_name, "numeric")
     ref = StreamRef(name=stream_name, id_order="natural")
@@ -554,23 +558,25 @@ async def test_the_checkpoint_activities_refuse_another_order_loudly(
     assert "nothing deleted" in retention.value.message
     errors = [r for r in caplog.records if r.levelname == "ERROR" and "refused" in r.getMessage()]
     assert len(errors) == 2
-    assert (await event_log.retention_state(stream_name)).deleted_rows == 28
+    assert (await event_log.prune.retention_state(stream_name)).deleted_rows == 28
     assert len(await stored_ids(event_log, stream_name)) == 12
 
 
 async def test_the_first_connection_records_the_streams_order(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """A stream younger than its first checkpoint run has its order on record too."""
-    await event_log.connection_context(stream_name, "numeric", cursor=None, source="none")
-    checkpoint = await event_log.get_checkpoint(stream_name)
+    await event_log.starts.connection_context(stream_name, "numeric", cursor=None, source="none")
+    checkpoint = await event_log.checkpoints.get_checkpoint(stream_name)
     assert checkpoint is not None and checkpoint.lagging_id is None
     with pytest.raises(IdOrderMismatchError):
-        await event_log.connection_context(stream_name, "lexicographic", cursor=None, source="x")
+        await event_log.starts.connection_context(
+            stream_name, "lexicographic", cursor=None, source="x"
+        )
 
 
 async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves_on(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24, item 2, the lagged-replay race: a repair started at lagging id 10 is
     still re-reading (10, 30) when the checkpoint moves the lagging id to 30 and retention
@@ -579,77 +585,77 @@ async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves
     not falsely unrecoverable, because its ids were stored all along."""
     await minutely(event_log, stream_name, range(1, 41))
     await set_lagging(event_log, stream_name, 10)
-    start = await event_log.connection_context(
+    start = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", repair=True, reader=lease("lagged")
     )
     assert start.cursor == "10"
     await set_lagging(event_log, stream_name, 30)
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=FAR)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=FAR)
     assert (run.deleted, run.keep_from, run.held_by) == (8, "10", HELD_BY_READER)
     assert run.state.horizon_id == "8"
     later = T0 + 2000 * MINUTE
-    replayed = await event_log.insert_batch(
+    replayed = await event_log.writer.insert_batch(
         stream_name, "numeric", [record(str(i), later) for i in (11, 12)]
     )
     assert (replayed.new_rows, replayed.duplicates, replayed.dropped_by_horizon) == (0, 2, 0)
     # Its notice after 12, the next id 15: the gap (10, 15), from its cursor.
     opened = GapChange("own", opened=gap(stream_name, "own", "10", "15"), contiguous=True)
-    await event_log.committed(
-        event_log.submit_batch(stream_name, "numeric", [], gap_changes=[opened])
+    await event_log.writer.committed(
+        event_log.writer.submit_batch(stream_name, "numeric", [], gap_changes=[opened])
     )
     # The repair re-reads 11..14 and passes 15: all of it was stored, nothing is lost.
-    repair = event_log.submit_batch(
+    repair = event_log.writer.submit_batch(
         stream_name,
         "numeric",
         [record(str(i), later) for i in range(11, 16)],
         gap_changes=[GapChange("own", recovered=True, close=True, contiguous=True)],
     )
-    assert (await event_log.committed(repair)).dropped_by_horizon == 0
-    (closed,) = await event_log.gaps(stream_name)
+    assert (await event_log.writer.committed(repair)).dropped_by_horizon == 0
+    (closed,) = await event_log.gap_store.gaps(stream_name)
     assert (closed.state, closed.missing) == ("repaired", 0)
     assert (await stored_ids(event_log, stream_name))[0] == "9"
     # The connection ends: the lagging id holds the fence again.
-    await event_log.release_reader(stream_name, "lagged")
-    assert await event_log.readers(stream_name) == []
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=FAR)
+    await event_log.readers.release_reader(stream_name, "lagged")
+    assert await event_log.readers.readers(stream_name) == []
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=FAR)
     assert (run.deleted, run.keep_from, run.held_by) == (20, "30", HELD_BY_LAGGING)
 
 
 async def test_a_registration_moves_with_the_start_and_an_expired_one_holds_nothing(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     await minutely(event_log, stream_name, range(1, 41))
     await set_lagging(event_log, stream_name, 30)
     held = lease("dead", expires_in=timedelta(hours=1))
-    await event_log.connection_context(
+    await event_log.starts.connection_context(
         stream_name, "numeric", cursor="5", source="explicit", reader=held
     )
     # The same reader registering again (its resolution took a second read) moves.
-    await event_log.connection_context(
+    await event_log.starts.connection_context(
         stream_name, "numeric", cursor="8", source="explicit", reader=held
     )
-    (registered,) = await event_log.readers(stream_name)
+    (registered,) = await event_log.readers.readers(stream_name)
     assert (registered.reader_id, registered.start_id) == ("dead", "8")
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=FAR)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=FAR)
     assert (run.deleted, run.keep_from, run.held_by) == (6, "8", HELD_BY_READER)
     # A crashed worker's row: expired, it holds nothing (and the next start forgets it).
-    await event_log.connection_context(
+    await event_log.starts.connection_context(
         stream_name,
         "numeric",
         cursor="8",
         source="explicit",
         reader=lease("dead", expires_in=-timedelta(seconds=1)),
     )
-    run = await event_log.apply_retention(stream_name, "numeric", cutoff=FAR)
+    run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=FAR)
     assert (run.deleted, run.keep_from, run.held_by) == (22, "30", HELD_BY_LAGGING)
-    await event_log.connection_context(
+    await event_log.starts.connection_context(
         stream_name, "numeric", cursor="35", source="l1", reader=lease("next")
     )
-    assert [r.reader_id for r in await event_log.readers(stream_name)] == ["next"]
+    assert [r.reader_id for r in await event_log.readers.readers(stream_name)] == ["next"]
 
 
 async def test_a_gap_committed_mid_run_keeps_its_start_row(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24, item 2, the gap-opened-mid-run race: the fence is read again in every
     delete transaction, so a gap recorded behind the lagging id between two statements
@@ -661,18 +667,18 @@ async def test_a_gap_committed_mid_run_keeps_its_start_row(
         if deleted == 5:  # after the first statement
             await open_gap(event_log, stream_name, "12", "16")
 
-    run = await event_log.apply_retention(
+    run = await event_log.prune.apply_retention(
         stream_name, "numeric", cutoff=FAR, batch_rows=5, max_batches=20, between=between
     )
     assert (run.deleted, run.keep_from, run.held_by) == (10, "12", HELD_BY_GAP)
     assert run.state.horizon_id == "10"
     assert (await stored_ids(event_log, stream_name))[0] == "11"  # the row before it too
-    (recorded,) = await event_log.gaps(stream_name)
+    (recorded,) = await event_log.gap_store.gaps(stream_name)
     assert (recorded.start_id, recorded.state) == ("12", "open")
 
 
 async def test_a_gap_opened_behind_the_horizon_starts_at_it(
-    event_log: EventLog, stream_name: str, caplog: pytest.LogCaptureFixture
+    event_log: Stores, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A replay from before the horizon (``replay --from-id 1``) takes a notice: its gap
     would start at 1, where every id re-sent is dropped; it starts at the horizon. One
@@ -680,7 +686,7 @@ async def test_a_gap_opened_behind_the_horizon_starts_at_it(
     await retained(event_log, stream_name, "numeric")
     await open_gap(event_log, stream_name, "1", "35")
     await open_gap(event_log, stream_name, "2", "20")
-    (recorded,) = await event_log.gaps(stream_name)
+    (recorded,) = await event_log.gap_store.gaps(stream_name)
     assert (recorded.gap_id, recorded.start_id, recorded.end_id) == (
         f"g-{stream_name}-1",
         "28",
@@ -691,14 +697,14 @@ async def test_a_gap_opened_behind_the_horizon_starts_at_it(
 
 
 async def test_ids_the_horizon_drops_are_counted_apart_from_duplicates(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24, item 3: under ``numeric`` an id that is no number sorts before every
     number, so after the first delete the horizon drops every such id, forever. It was
     folded into ``duplicates``; it is counted apart, with the id and the horizon."""
     await retained(event_log, stream_name, "numeric")
     later = T0 + 2000 * MINUTE
-    result = await event_log.insert_batch(
+    result = await event_log.writer.insert_batch(
         stream_name,
         "numeric",
         [record("tick-a", later), record("35", later), record("41", later), record("7", later)],
@@ -709,20 +715,20 @@ async def test_ids_the_horizon_drops_are_counted_apart_from_duplicates(
 
 
 async def test_the_simulations_store_deletes_what_the_real_one_deletes(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """The simulation's memory store (tests/sim) takes retention's decisions from the same
     functions: the same sequence (a running connection, a gap recorded mid-run, a release,
     a replay over the horizon) leaves the same rows, horizon and counts on both."""
     memory = MemoryEventLog(stream_name, "numeric")
     rows = [record(str(i), T0 + i * MINUTE) for i in range(1, 41)]
-    await event_log.insert_batch(stream_name, "numeric", rows)
+    await event_log.writer.insert_batch(stream_name, "numeric", rows)
     memory.commit(rows, [], now=T0)
     await set_lagging(event_log, stream_name, 30)
     memory.advance(window=60.0, now=T0 + 31 * MINUTE)
     assert memory.lagging_id == "30"
-    for log in (event_log, memory):
-        await log.connection_context(
+    for starts in (event_log.starts, memory):
+        await starts.connection_context(
             stream_name, "numeric", cursor="12", source="explicit", reader=lease("r")
         )
 
@@ -731,12 +737,12 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
 
     async def between(deleted: int) -> None:
         if deleted == 4:
-            await event_log.committed(
-                event_log.submit_batch(stream_name, "numeric", [], gap_changes=[opening()])
+            await event_log.writer.committed(
+                event_log.writer.submit_batch(stream_name, "numeric", [], gap_changes=[opening()])
             )
 
     async def both_run(*, gap_mid_run: bool) -> None:
-        await event_log.apply_retention(
+        await event_log.prune.apply_retention(
             stream_name,
             "numeric",
             cutoff=FAR,
@@ -756,7 +762,7 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
     async def agree() -> None:
         kept = [row.event_id for row in memory.rows.values()]
         assert await stored_ids(event_log, stream_name) == kept
-        state = await event_log.retention_state(stream_name)
+        state = await event_log.prune.retention_state(stream_name)
         horizon = memory.horizon[1] if memory.horizon is not None else None
         assert (state.horizon_id, state.deleted_rows) == (horizon, memory.deleted_rows)
 
@@ -765,17 +771,17 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
     # The row before the gap's start (a repair starts there) and everything after it.
     assert (await stored_ids(event_log, stream_name))[0] == "7"
     close = GapChange("g", close=True, contiguous=True)
-    await event_log.committed(
-        event_log.submit_batch(stream_name, "numeric", [], gap_changes=[close])
+    await event_log.writer.committed(
+        event_log.writer.submit_batch(stream_name, "numeric", [], gap_changes=[close])
     )
     memory.commit([], [close], now=T0)
-    await event_log.release_reader(stream_name, "r")
+    await event_log.readers.release_reader(stream_name, "r")
     memory.release_reader("r")
     await both_run(gap_mid_run=False)
     await agree()
     assert (await stored_ids(event_log, stream_name))[0] == "29"
     later = [record(str(i), FAR) for i in (*range(5, 35), 41)]
-    real = await event_log.insert_batch(stream_name, "numeric", later)
+    real = await event_log.writer.insert_batch(stream_name, "numeric", later)
     simulated = memory.commit(later, [], now=FAR)
     assert (real.new_rows, real.duplicates, real.dropped_by_horizon) == (1, 6, 24)
     assert (simulated.new_rows, simulated.duplicates, simulated.dropped_by_horizon) == (1, 6, 24)
@@ -783,7 +789,7 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
 
 
 def test_the_status_line_names_the_consumer_groups_that_hold_rows() -> None:
-    from durable_sse.retention import describe
+    from durable_sse.log.retention import describe
 
     status = {"retention": 86400.0, "deleted_rows": 3, "held_by_consumers": ["billing"]}
     assert describe(status) == "1d: 3 deleted, held by consumers billing"

@@ -26,12 +26,12 @@ from temporalio.client import (
 )
 from temporalio.testing import WorkflowEnvironment
 
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, checkpoint_schedule_id, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.metrics import prometheus_runtime
-from durable_sse.settings import Settings
+from durable_sse.ops.metrics import prometheus_runtime
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from tests.test_e2e import capture_history, metric, scrape
 from worker import WorkerResources, build_worker
 
@@ -49,7 +49,7 @@ RATE = 50.0
 class Running:
     client: Client
     queue: str
-    log: EventLog
+    log: Stores
     metrics_port: int
 
 
@@ -67,14 +67,14 @@ async def running(
     )
     settings = Settings.from_env({"DATABASE_URL": pg_url, "REDIS_URL": redis_url})
     resources = WorkerResources.from_settings(settings)
-    await resources.event_log.create_schema()
+    await resources.stores.create_schema()
     queue = f"retention-{uuid.uuid4().hex[:8]}"
     worker = build_worker(
         client, resources, task_queue=queue, progress_interval=1.0, retention=WORKER_RETENTION
     )
     try:
         async with worker:
-            yield Running(client, queue, resources.event_log, port)
+            yield Running(client, queue, resources.stores, port)
     finally:
         await resources.close()
 
@@ -111,9 +111,9 @@ async def start(
     )
 
 
-async def stored(log: EventLog, stream: str) -> list[int]:
+async def stored(log: Stores, stream: str) -> list[int]:
     def query() -> list[int]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             rows = connection.execute(
                 sa.text("SELECT event_id FROM sse_events WHERE stream = :s ORDER BY seq"),
                 {"s": stream},
@@ -136,7 +136,7 @@ async def capture_checkpoint_run(client: Client, name: str) -> None:
 
 
 async def replay_what_was_deleted(
-    running: Running, handle: WorkflowHandle, log: EventLog, name: str
+    running: Running, handle: WorkflowHandle, log: Stores, name: str
 ) -> int:
     """``replay --from-id 1``: the source re-sends everything from its first id, rows
     retention deleted included. Returns how many ids it re-sent that were stored once.
@@ -208,9 +208,9 @@ async def test_retention_deletes_behind_a_running_stream_and_loses_nothing_newer
 
     await capture_history(inherits, "stream_retention_reports")
     final = finals[0]
-    state = await log.retention_state(name)
+    state = await log.prune.retention_state(name)
     ids = await stored(log, name)
-    checkpoint = await log.get_checkpoint(name)
+    checkpoint = await log.checkpoints.get_checkpoint(name)
     assert checkpoint is not None and checkpoint.lagging_id is not None
     lagging = int(checkpoint.lagging_id)
     # Nothing lost: the ids stored run without a hole from the oldest kept to the cursor,
@@ -242,7 +242,7 @@ async def test_retention_deletes_behind_a_running_stream_and_loses_nothing_newer
     own_ids = await stored(log, own_name)
     assert own_ids == list(range(own_ids[0], own_ids[-1] + 1))
     assert len(own_ids) == finals[1].counters.events_persisted
-    assert (await log.retention_state(own_name)).deleted_rows == 0
+    assert (await log.prune.retention_state(own_name)).deleted_rows == 0
     assert metric(samples, "durable_sse_retention_deleted_rows", stream=own_name) == 0
 
 
@@ -270,8 +270,8 @@ async def test_a_stream_started_again_under_another_id_order_parks_and_loses_not
     async def snapshot() -> tuple[object, ...]:
         return (
             await stored(log, name),
-            await log.retention_state(name),
-            await log.get_checkpoint(name),
+            await log.prune.retention_state(name),
+            await log.checkpoints.get_checkpoint(name),
         )
 
     before = await snapshot()

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from durable_sse.config.replay import ReplaySignal
 from durable_sse.contracts import (
     RECORDED_GAP,
     ConnectionProgress,
@@ -15,10 +16,9 @@ from durable_sse.contracts import (
     Outcome,
     ReadCounts,
     ReadResult,
-    ReplaySignal,
     Route,
 )
-from durable_sse.gaps import GapSummary, GapTotals, GapView
+from durable_sse.gaps.model import GapSummary, GapTotals, GapView
 from workflows.routes import (
     BACKOFF_CAP,
     BACKOFF_INITIAL,
@@ -762,3 +762,86 @@ def test_reconnects_without_a_cursor_are_counted_and_warned_of_once_per_stream()
     assert (third.reconnects_without_cursor, third.first_without_cursor) == (1, False)
     c = s.counters
     assert (c.reconnects_without_cursor, c.gaps_unknown_size, c.gaps_unrecoverable) == (2, 2, 2)
+
+
+# --- verify_reconnects: a connection the server ended is re-read from the lagging id -------
+
+
+def verifying(s: StreamState, connection: ConnectionPlan, outcome: ReadResult) -> Decision:
+    return record_result(
+        s, connection, outcome, id_order=ORDER, jitter=0.5, duration=30.0, verify_reconnects=True
+    )
+
+
+@pytest.mark.parametrize("outcome", [Outcome.DROPPED, Outcome.DROP_SIGNAL])
+def test_a_connection_the_server_ended_makes_the_next_a_verification(outcome: Outcome) -> None:
+    s = state("90")
+    verifying(s, LIVE, result(outcome, "100", read=10))
+    assert s.verify_pending and s.repair_wanted
+    nxt = plan(s)
+    # The throttle allows: it is a repair from the lagging id, which records the suspicion.
+    assert (nxt.route, nxt.repairs, nxt.lagged_started, nxt.verify) == (
+        Route.LAGGED,
+        True,
+        True,
+        True,
+    )
+    assert not interrupts(s, nxt)
+
+
+def test_a_verification_inside_the_interval_reads_live_and_the_re_read_waits() -> None:
+    s = state("90", last_lagged_at=at(-10).isoformat())
+    verifying(s, LIVE, result(Outcome.DROPPED, "100", read=10))
+    nxt = plan(s)
+    assert (nxt.route, nxt.verify) == (Route.LIVE, True)  # the suspicion is recorded live
+    assert not interrupts(s, nxt)
+    assert interrupts(s, nxt, at(INTERVAL))  # and re-read as soon as the throttle allows
+
+
+def test_the_verification_s_result_clears_it_and_its_open_suspicion_is_repaired() -> None:
+    s = state("90", last_lagged_at=at(-10).isoformat())
+    verifying(s, LIVE, result(Outcome.DROPPED, "100", read=10))
+    nxt = plan(s)
+    suspicion = view("s1", "60", None)
+    verifying(s, nxt, result(Outcome.CANCELLED, "120", gaps=summary(suspicion), read=20))
+    assert not s.verify_pending and s.repair_wanted
+    repair = plan(s, at(INTERVAL))
+    assert (repair.route, repair.verify, repair.known_gaps) == (Route.LAGGED, False, ["s1"])
+
+
+def test_a_verification_whose_result_was_lost_stays_pending() -> None:
+    s = state("90")
+    verifying(s, LIVE, result(Outcome.DROPPED, "100", read=10))
+    nxt = plan(s)
+    verifying(s, nxt, None)
+    assert s.verify_pending and plan(s).verify
+
+
+@pytest.mark.parametrize(
+    ("outcome", "read"),
+    [
+        (Outcome.ROTATED, 10),
+        (Outcome.CANCELLED, 10),
+        (Outcome.RETRY_LATER, 0),
+        (Outcome.DROPPED, 0),
+    ],
+)
+def test_our_own_endings_and_connections_that_read_nothing_verify_nothing(
+    outcome: Outcome, read: int
+) -> None:
+    s = state("90")
+    verifying(s, LIVE, result(outcome, "100", read=read))
+    assert not s.verify_pending and not plan(s).verify
+
+
+def test_without_the_setting_a_drop_verifies_nothing() -> None:
+    s = state("90")
+    record(s, LIVE, result(Outcome.DROPPED, "100", read=10))
+    assert not s.verify_pending and plan(s) == ConnectionPlan(route=Route.LIVE)
+
+
+def test_suspicion_totals_are_counted_from_the_store() -> None:
+    s = state("90")
+    fold_gaps(s, summary(suspicions=3, suspicions_closed=2, suspicions_recovered=17))
+    c = s.counters
+    assert (c.suspicions, c.suspicions_closed, c.suspicions_recovered) == (3, 2, 17)

@@ -16,11 +16,11 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.attributes import ANSWER_TTL, SearchAttributeActivities, answer_fresh
-from durable_sse.binaries import temporal_dev_server
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
-from durable_sse.settings import Settings
+from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from tests.test_e2e import capture_history
 from worker import WorkerResources, build_worker
 from workflows.stream import STREAM_STATE
@@ -44,7 +44,7 @@ async def registered() -> AsyncIterator[WorkflowEnvironment]:
 async def running_worker(client: Client, pg_url: str, redis_url: str) -> AsyncIterator[str]:
     settings = Settings.from_env({"DATABASE_URL": pg_url, "REDIS_URL": redis_url})
     resources = WorkerResources.from_settings(settings)
-    await resources.event_log.create_schema()
+    await resources.stores.create_schema()
     queue = f"sa-{uuid.uuid4().hex[:8]}"
     try:
         async with build_worker(client, resources, task_queue=queue, progress_interval=1.0):

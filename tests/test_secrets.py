@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from durable_sse.errors import ConfigError
-from durable_sse.secrets import (
+from durable_sse.config.secrets import (
     DeclaredSecrets,
     SecretBinding,
     is_worker_variable,
     parse_secret_bindings,
 )
+from durable_sse.errors import ConfigError
 
 ENVIRON = {
     "API_TOKEN": "tok-value-1",

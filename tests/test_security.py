@@ -43,9 +43,9 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 import worker as worker_module
 from activities.schedule import ScheduleActivities
-from durable_sse import control
-from durable_sse.binaries import temporal_dev_server
-from durable_sse.codec import KEY_ENV, data_converter_from_env, generate_key
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
+from durable_sse.config.temporal import PAYLOAD_KEY_ENV as KEY_ENV
 from durable_sse.contracts import (
     AdvanceInput,
     ScheduleInput,
@@ -54,11 +54,12 @@ from durable_sse.contracts import (
     checkpoint_schedule_id,
     stream_workflow_id,
 )
-from durable_sse.eventlog import EventLog
-from durable_sse.l2 import KEY_PREFIX
-from durable_sse.settings import Settings
+from durable_sse.cursor.l2 import KEY_PREFIX
+from durable_sse.ops import control
+from durable_sse.ops.binaries import temporal_dev_server
+from durable_sse.ops.codec import data_converter_from_env, generate_key
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from tests.chaos.harness import wait_until
 from workflows.routes import StreamState
 
@@ -162,8 +163,8 @@ async def worker(
 
 
 @pytest.fixture(scope="module")
-async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
-    log = EventLog(pg_url)
+async def event_log(pg_url: str) -> AsyncIterator[Stores]:
+    log = Stores.open(pg_url)
     await log.create_schema()
     yield log
     await log.close()
@@ -187,11 +188,11 @@ def state_is(handle: WorkflowHandle, *states: str) -> Callable[[], Awaitable[boo
     return check
 
 
-async def stream_tables(log: EventLog) -> list[str]:
+async def stream_tables(log: Stores) -> list[str]:
     """Every ``sse_*`` table that has a ``stream`` column (whatever the schema version)."""
 
     def query() -> list[str]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             rows = connection.execute(
                 sa.text(
                     "SELECT DISTINCT table_name FROM information_schema.columns "
@@ -204,12 +205,12 @@ async def stream_tables(log: EventLog) -> list[str]:
     return await asyncio.to_thread(query)
 
 
-async def rows_of(log: EventLog, stream: str) -> dict[str, list[str]]:
+async def rows_of(log: Stores, stream: str) -> dict[str, list[str]]:
     """Each table's rows of ``stream``, every column, as PostgreSQL prints them."""
     tables = await stream_tables(log)
 
     def query() -> dict[str, list[str]]:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             return {
                 table: [
                     row[0]
@@ -224,12 +225,12 @@ async def rows_of(log: EventLog, stream: str) -> dict[str, list[str]]:
     return await asyncio.to_thread(query)
 
 
-async def database_hits(log: EventLog, value: str) -> int:
+async def database_hits(log: Stores, value: str) -> int:
     """Rows of any ``sse_*`` table (all streams) whose text holds ``value``."""
     tables = await stream_tables(log)
 
     def query() -> int:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             return sum(
                 connection.execute(
                     sa.text(f"SELECT count(*) FROM {table} t WHERE strpos(t::text, :v) > 0"),
@@ -249,7 +250,7 @@ async def test_only_declared_secrets_reach_only_the_hosts_they_are_bound_to(
     address: str,
     worker: None,
     listener: Listener,
-    event_log: EventLog,
+    event_log: Stores,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -360,7 +361,7 @@ async def test_a_worker_with_a_key_fails_a_workflow_started_with_plaintext_input
     pg_url: str,
     redis_url: str,
     listener: Listener,
-    event_log: EventLog,
+    event_log: Stores,
 ) -> None:
     key = generate_key()
     keyed = await Client.connect(address, data_converter=data_converter_from_env({KEY_ENV: key}))
@@ -431,7 +432,7 @@ async def test_a_worker_with_a_key_fails_a_workflow_started_with_plaintext_input
 def durable_sse_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k != KEY_ENV}
     return subprocess.run(
-        [sys.executable, "-m", "durable_sse.cli", *args],
+        [sys.executable, "-m", "durable_sse.ops.cli", *args],
         env={**environ, **env},
         capture_output=True,
         text=True,
@@ -517,7 +518,7 @@ class Snapshot:
     schedule: str | None
 
 
-async def snapshot(address: str, log: EventLog, redis_url: str, name: str) -> Snapshot:
+async def snapshot(address: str, log: Stores, redis_url: str, name: str) -> Snapshot:
     client = aioredis.Redis.from_url(redis_url)
     try:
         cursor = await client.get(f"{KEY_PREFIX}{name}")
@@ -526,7 +527,7 @@ async def snapshot(address: str, log: EventLog, redis_url: str, name: str) -> Sn
     return Snapshot(await rows_of(log, name), cursor, await schedule_json(address, name))
 
 
-async def settled(address: str, log: EventLog, redis_url: str, name: str) -> Snapshot:
+async def settled(address: str, log: Stores, redis_url: str, name: str) -> Snapshot:
     """A snapshot once two in a row agree (the paused reader's last L2 write has landed)."""
     previous = await snapshot(address, log, redis_url, name)
     for _ in range(40):
@@ -543,7 +544,7 @@ async def test_a_workflow_whose_id_names_another_stream_touches_nothing(
     address: str,
     worker: None,
     source: SSESource,
-    event_log: EventLog,
+    event_log: Stores,
     redis_url: str,
 ) -> None:
     client = temporal.client

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from durable_sse.errors import ConfigError
-from durable_sse.settings import (
+from durable_sse.config.settings import (
     DEFAULT_DATABASE_URL,
     DEFAULT_REDIS_URL,
     Settings,
     sqlite_path,
 )
+from durable_sse.errors import ConfigError
 
 
 def test_defaults_from_an_empty_environment() -> None:

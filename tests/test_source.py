@@ -314,6 +314,47 @@ async def test_drop_on_live_rate_limited_stream(
     assert all(not skipped[0] <= i <= skipped[1] for i in ids(items))
 
 
+async def test_a_late_notice_comes_after_the_events_it_was_held_for(
+    source: SSESource, client: httpx.AsyncClient
+) -> None:
+    name = new_stream(source, rate=200, keepalive=0)
+    response, reader = await connect(client, source.url(name))
+    await reader.items(2, kind="event")
+    source.inject(name, action="drop", count=4, late=3)
+    items: list[Item] = []
+    while not any(i.kind == "comment" for i in items):
+        items += await reader.items(1)
+    await response.aclose()
+    (skipped,) = source.truth(name).dropped
+    after = [i for i in items if i.kind == "event" and int(i.id or 0) > skipped[1]]
+    assert [int(i.id or 0) for i in after] == [skipped[1] + 1, skipped[1] + 2, skipped[1] + 3]
+    assert items[-1].text == "dropping events: discarded 4 events (slow consumer)"
+    assert source.truth(name).unannounced == []
+
+
+async def test_a_lost_notice_dies_with_the_connection(
+    source: SSESource, client: httpx.AsyncClient
+) -> None:
+    """``lost``: the skip is real, ``late`` events follow it, and the connection closes
+    before its notice goes out: on the wire, a plain disconnect."""
+    name = new_stream(source, rate=0, keepalive=0)
+    response, reader = await connect(client, source.url(name), params={"cursor": "0"})
+    await reader.items(5, kind="event")
+    source.inject(name, action="drop", count=6, late=2, lost=True)
+    rest = await reader.until_eof()
+    await response.aclose()
+    assert reader.eof and not any(i.kind == "comment" for i in rest)
+    (skipped,) = source.truth(name).dropped
+    assert source.truth(name).unannounced == [skipped] and skipped[1] - skipped[0] == 5
+    received = ids(rest)
+    assert received[-2:] == [skipped[1] + 1, skipped[1] + 2]
+    assert all(not skipped[0] <= i <= skipped[1] for i in received)
+    with pytest.raises(ConfigError):
+        source.inject(name, action="drop", count=3, lost="yes")
+    with pytest.raises(ConfigError):
+        source.inject(name, action="drop", count=3, late=-1)
+
+
 async def test_disconnect_after(source: SSESource, client: httpx.AsyncClient) -> None:
     name = new_stream(source, rate=0, disconnect_after=7)
     for cursor in ("0", "7"):

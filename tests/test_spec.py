@@ -12,24 +12,22 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from temporalio.converter import DataConverter, value_to_type
 
-from durable_sse.contracts import ReadInput, ReplaySignal
-from durable_sse.errors import ConfigError
-from durable_sse.spec import (
+from durable_sse.config.durations import format_duration, parse_duration
+from durable_sse.config.replay import ReplaySignal, parse_replay_signal
+from durable_sse.config.secrets import is_worker_variable
+from durable_sse.config.spec import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_ID_BYTES,
     DEFAULT_MAX_RETRY_DELAY,
     DURATION_BOUNDS,
     SETTINGS,
     StreamSpec,
-    format_duration,
-    is_worker_variable,
-    load_streams,
-    parse_duration,
-    parse_replay_signal,
     parse_spec,
-    spec_differences,
     validate_spec,
 )
+from durable_sse.config.streams import load_streams, spec_differences
+from durable_sse.contracts import ReadInput
+from durable_sse.errors import ConfigError
 
 BASE = {"name": "ticks", "url": "https://example.test/sse"}
 DURATION_HELP = '(seconds, or a string like "250ms", "5m", "2h")'

@@ -1,11 +1,12 @@
-"""A replay skips what is stored (durable_sse/stored.py, its use in the intake, and
-``EventLog.stored_keys``): stored events become no rows and count as duplicates, holes are
+"""A replay skips what is stored (durable_sse/reader/stored.py, its use in the intake, and
+``Reads.stored_keys``): stored events become no rows and count as duplicates, holes are
 written, counts and gap evidence stay exact, on real PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,17 +14,19 @@ import httpx
 from temporalio.testing import ActivityEnvironment
 
 from activities.read import StreamReader
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import ReadCounts, ReadInput, Route
-from durable_sse.eventlog import EventLog, EventRecord
-from durable_sse.followers import CARRIER_KEY, FollowerKeys, data_digest, reused_key
-from durable_sse.gaps import Gap, GapChange, GapState, StreamContext, apply_change
-from durable_sse.intake import SKIPPED_PER_ROW, Batch, Intake
-from durable_sse.l1 import LocalCursors
-from durable_sse.l2 import RedisCursors
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.l2 import RedisCursors
+from durable_sse.gaps.model import Gap, GapChange, GapState, StreamContext
+from durable_sse.gaps.transitions import apply_change
+from durable_sse.log.keys import CARRIER_KEY, FollowerKeys, data_digest, reused_key
+from durable_sse.log.records import EventRecord, StoredPage
+from durable_sse.reader.intake import SKIPPED_PER_ROW, Batch, Intake
+from durable_sse.reader.stored import StoredAhead
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
 from durable_sse.sse.decoder import Event
-from durable_sse.stored import StoredAhead, StoredPage
+from durable_sse.stores import Stores
 
 RECEIVED = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -246,9 +249,9 @@ def test_a_repair_proves_and_counts_the_same_with_or_without_skipping() -> None:
 # -- the event log: pages of stored keys, and exact counts --------------------------------
 
 
-async def execute(log: EventLog, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+async def execute(log: Stores, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     def run() -> list[tuple[Any, ...]]:
-        with log.engine.begin() as connection:
+        with log.database.engine.begin() as connection:
             result = connection.exec_driver_sql(sql, params)
             return [tuple(row) for row in result] if result.returns_rows else []
 
@@ -267,18 +270,18 @@ def record(event_id: str, ordinal: int = 0, *, follower: bytes | None = None) ->
 
 
 async def test_stored_keys_come_a_page_at_a_time_in_id_order(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     keys = FollowerKeys()
     keys.carrier()
     follower = keys.follower("message", "f", 1)
     batch = [record(str(n)) for n in (12, 3, 100, 7)]
     batch += [record("7", 1, follower=follower), EventRecord("", None, "message", "x", RECEIVED)]
-    await event_log.insert_batch(stream_name, "numeric", batch)
-    await event_log.insert_batch(stream_name + "-other", "numeric", [record("5")])
-    first = await event_log.stored_keys(stream_name, "numeric", after=None, limit=1)
+    await event_log.writer.insert_batch(stream_name, "numeric", batch)
+    await event_log.writer.insert_batch(stream_name + "-other", "numeric", [record("5")])
+    first = await event_log.reads.stored_keys(stream_name, "numeric", after=None, limit=1)
     assert first.keys == [("3", CARRIER_KEY)] and first.full
-    rest = await event_log.stored_keys(stream_name, "numeric", after="3", limit=10)
+    rest = await event_log.reads.stored_keys(stream_name, "numeric", after="3", limit=10)
     assert sorted(rest.keys) == [
         ("100", CARRIER_KEY),
         ("12", CARRIER_KEY),
@@ -286,18 +289,20 @@ async def test_stored_keys_come_a_page_at_a_time_in_id_order(
         ("7", follower),
     ]
     assert [key[0] for key in rest.keys][-2:] == ["12", "100"] and not rest.full
-    assert (await event_log.stored_keys(stream_name, "numeric", after="100", limit=5)).keys == []
+    assert (
+        await event_log.reads.stored_keys(stream_name, "numeric", after="100", limit=5)
+    ).keys == []
 
 
 async def test_a_replay_writes_only_the_holes_and_counts_exactly_beside_another_writer(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """A gap over 36..59 of which 1..200 is stored but every tenth id: the replay skips
     what is stored; another attempt writes two of the holes meanwhile (they count for it,
     not for the replay); the gap closes repaired and every id is stored once."""
     order = "numeric"
     holes = [n for n in range(1, 201) if n % 10 == 0]
-    await event_log.insert_batch(
+    await event_log.writer.insert_batch(
         stream_name, order, [record(str(n)) for n in range(1, 201) if n % 10]
     )
     gap = Gap(
@@ -310,39 +315,39 @@ async def test_a_replay_writes_only_the_holes_and_counts_exactly_beside_another_
         announced=2,
         seen_at="2026-01-01T00:00:00+00:00",
     )
-    opened = event_log.submit_batch(
+    opened = event_log.writer.submit_batch(
         stream_name, order, [], gap_changes=[GapChange("g1", opened=gap)]
     )
-    await event_log.committed(opened)
+    await event_log.writer.committed(opened)
     ahead = StoredAhead(order, start="0")
     after = ahead.next_fetch(None)
     ahead.fetching = True
-    ahead.add(await event_log.stored_keys(stream_name, order, after=after, limit=1000))
+    ahead.add(await event_log.reads.stored_keys(stream_name, order, after=after, limit=1000))
     intake = make_intake("0", gaps=[gap], floor="200", stored=ahead, batch_max_events=25)
     batches = read_all(intake, [ev(n, f"d{n}") for n in range(1, 201)])
     assert sorted(int(r.event_id) for b in batches for r in b.records) == holes
     # Another attempt commits two of the holes (one inside the gap) before the replay does.
-    other = await event_log.insert_batch(stream_name, order, [record("50"), record("120")])
+    other = await event_log.writer.insert_batch(stream_name, order, [record("50"), record("120")])
     assert other.new_rows == 2
     new_rows = 0
     for batch in batches:
-        job = event_log.submit_batch(
+        job = event_log.writer.submit_batch(
             stream_name, order, batch.records, gap_changes=batch.gap_changes
         )
-        result = await event_log.committed(job)
+        result = await event_log.writer.committed(job)
         intake.committed(batch, new_rows=result.new_rows)
         new_rows += result.new_rows
     assert new_rows == len(holes) - 2 == intake.counts.new_rows
     assert intake.counts.duplicates == 200 - new_rows and intake.counts.events_read == 200
     assert intake.counts.recovered == 1  # 40 only: 50 came from the other writer
-    [record_] = await event_log.gaps(stream_name)
+    [record_] = await event_log.gap_store.gaps(stream_name)
     assert (record_.state, record_.recovered, record_.missing) == (GapState.REPAIRED, 1, 0)
-    stored_ids = await event_log.stored_keys(stream_name, order, after=None, limit=1000)
+    stored_ids = await event_log.reads.stored_keys(stream_name, order, after=None, limit=1000)
     assert [key[0] for key in stored_ids.keys] == [str(n) for n in range(1, 201)]
 
 
 async def test_a_replay_below_the_newest_id_stores_reused_ids_and_skips_the_rest(
-    event_log: EventLog, stream_name: str
+    event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24 item 7 on the replay path: 1..5 stored with data ``a``; a replay from 0
     reads 1..3 with data ``b`` (the server restarted its counter), then 4 and 5 as
@@ -351,7 +356,7 @@ async def test_a_replay_below_the_newest_id_stores_reused_ids_and_skips_the_rest
     order = "numeric"
     first = [ev(n, f"a{n}") for n in range(1, 6)]
     replayed = [*(ev(n, f"b{n}") for n in range(1, 4)), *first[3:]]
-    await event_log.insert_batch(
+    await event_log.writer.insert_batch(
         stream_name,
         order,
         [EventRecord(str(n), 0, "message", f"a{n}", RECEIVED) for n in range(1, 6)],
@@ -359,10 +364,10 @@ async def test_a_replay_below_the_newest_id_stores_reused_ids_and_skips_the_rest
     counts = []
     for _ in range(2):
         ahead = StoredAhead(order, start="0")
-        ahead.add(await event_log.stored_keys(stream_name, order, after="0", limit=100))
+        ahead.add(await event_log.reads.stored_keys(stream_name, order, after="0", limit=100))
         intake = make_intake("0", floor="5", stored=ahead)
         [batch] = read_all(intake, replayed)
-        result = await event_log.insert_batch(stream_name, order, batch.records)
+        result = await event_log.writer.insert_batch(stream_name, order, batch.records)
         intake.committed(batch, new_rows=result.new_rows, reused=result.reused)
         counts.append((ids(batch), intake.counts, intake.cursor))
     assert counts[0] == (
@@ -371,7 +376,7 @@ async def test_a_replay_below_the_newest_id_stores_reused_ids_and_skips_the_rest
         "5",
     )
     assert counts[1] == ([], ReadCounts(events_read=5, new_rows=0, duplicates=5), "5")
-    rows = await event_log.events(stream_name)
+    rows = await event_log.reads.events(stream_name)
     assert [(e.event_id, e.data) for e in rows] == [
         *((str(n), f"a{n}") for n in range(1, 6)),
         *((str(n), f"b{n}") for n in range(1, 4)),
@@ -382,7 +387,7 @@ async def test_a_replay_below_the_newest_id_stores_reused_ids_and_skips_the_rest
 
 
 async def test_a_replay_connection_writes_only_the_rows_missing(
-    source: SSESource, pg_event_log: EventLog, redis_url: str, stream_name: str
+    source: SSESource, pg_event_log: Stores, redis_url: str, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=2000, keepalive=0))
     spec = StreamSpec(
@@ -390,16 +395,16 @@ async def test_a_replay_connection_writes_only_the_rows_missing(
     )
     l2 = RedisCursors(redis_url)
     written: list[int] = []
-    submit = pg_event_log.submit_batch
+    submit = pg_event_log.writer.submit_batch
 
     def counting_submit(*args: Any, **kwargs: Any) -> Any:
         written.append(len(args[2]))  # the rows of each batch, as handed to the real log
         return submit(*args, **kwargs)
 
-    pg_event_log.submit_batch = counting_submit  # type: ignore[method-assign]
+    pg_event_log.writer.submit_batch = counting_submit  # type: ignore[method-assign]
     try:
         async with httpx.AsyncClient(follow_redirects=False) as http:
-            reader = StreamReader(http=http, event_log=pg_event_log, l1=LocalCursors(), l2=l2)
+            reader = StreamReader(http=http, stores=replace(pg_event_log, l1=LocalCursors(), l2=l2))
             env = ActivityEnvironment()
             first = await env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT))
             assert first.counts.new_rows == 2000 and sum(written) == 2000

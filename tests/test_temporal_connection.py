@@ -31,9 +31,10 @@ from cryptography.x509.oid import NameOID
 from temporalio.testing import WorkflowEnvironment
 
 import worker as worker_module
+from durable_sse.config.settings import Settings
+from durable_sse.config.temporal import load_target
 from durable_sse.errors import ConfigError
-from durable_sse.settings import Settings
-from durable_sse.temporal_client import TemporalConnectionError, connect, load_target
+from durable_sse.ops.temporal_client import TemporalConnectionError, connect
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +54,7 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         if not k.startswith("TEMPORAL_") and k != "DURABLE_SSE_PAYLOAD_KEY"
     }
     return subprocess.run(
-        [sys.executable, "-m", "durable_sse.cli", *args],
+        [sys.executable, "-m", "durable_sse.ops.cli", *args],
         env={**environ, **env},
         capture_output=True,
         text=True,
@@ -444,7 +445,7 @@ async def test_mutual_tls_with_the_temporal_cli_variables_and_a_profile(
 async def test_dev_uses_the_temporal_a_profile_names_instead_of_starting_one(
     tmp_path: Path,
 ) -> None:
-    from durable_sse.dev import DevOptions, DevStack, start_temporal
+    from durable_sse.ops.dev import DevOptions, DevStack, start_temporal
 
     stack = DevStack(DevOptions(state_dir=tmp_path, profile="cloud"))
     assert await start_temporal(stack, {}) == (None, None)

@@ -2,7 +2,7 @@
 
 A real Temporal dev server, PostgreSQL, Redis and two ``worker.py`` processes: the
 streams' connections spread over both, every stream persists, and a signal to a stream
-read by either worker is nudged through Redis to both (``durable_sse/nudge.py``).
+read by either worker is nudged through Redis to both (``durable_sse/ops/nudge.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse.eventlog import EventLog
-from durable_sse.l2 import cursor_key
+from durable_sse.config.spec import StreamSpec
+from durable_sse.cursor.l2 import cursor_key
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from tests.chaos.harness import (
     end_process,
     reader_pid,
@@ -43,9 +43,9 @@ GUARD = 90.0
 
 
 @pytest.fixture
-async def event_log(pg_url: str) -> AsyncIterator[EventLog]:
+async def event_log(pg_url: str) -> AsyncIterator[Stores]:
     """The schema exists before the workers start (each would create it otherwise)."""
-    log = EventLog(pg_url)
+    log = Stores.open(pg_url)
     await log.create_schema()
     yield log
     await log.close()
@@ -73,7 +73,7 @@ async def test_two_worker_processes_share_the_streams_and_hear_every_nudge(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    event_log: EventLog,
+    event_log: Stores,
     tmp_path: Path,
 ) -> None:
     task_queue = "two-" + uuid.uuid4().hex[:8]

@@ -7,7 +7,7 @@ gaps are now, how long to wait), and before every connection :func:`plan_connect
 to cancel it.
 
 The workflow does not own the gaps: they are durable records the reader writes with its
-batches (:mod:`durable_sse.gaps`). It mirrors their summary, read back from the store
+batches (:mod:`durable_sse.gaps.tracker`). It mirrors their summary, read back from the store
 after each connection, and routes on it:
 
 * no gap open: live;
@@ -17,7 +17,11 @@ after each connection, and routes on it:
   once, from where it got to (the gap's ``reread_to``);
 * a requested replay (``replay`` signal) reads from its ``from_id`` (or the lagging id)
   up to the live cursor of the time it was asked for, resuming from its own progress
-  after a disconnect; it closes the gaps it re-reads and no other.
+  after a disconnect; it closes the gaps it re-reads and no other;
+* with ``verify_reconnects``, a connection the server ended (a drop, a drop signal) may
+  have lost a notice with it: the next connection suspects what was read since the
+  lagging id (a gap of kind ``suspected``, recorded by the reader) and that span is
+  re-read like a repair, under the same throttle.
 """
 
 from __future__ import annotations
@@ -26,20 +30,20 @@ import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from durable_sse.config.replay import ReplaySignal
+from durable_sse.config.spec import DEFAULT_MAX_RETRY_DELAY
 from durable_sse.contracts import (
     RECORDED_GAP,
     ConnectionProgress,
     Outcome,
     ReadCounts,
     ReadResult,
-    ReplaySignal,
     RetentionStatus,
     Route,
     StreamCounters,
 )
-from durable_sse.gaps import GapSummary
+from durable_sse.gaps.model import GapSummary
 from durable_sse.ids import compare_ids, newest
-from durable_sse.spec import DEFAULT_MAX_RETRY_DELAY
 
 MAX_CONNECTIONS_PER_RUN = 200
 """Connections before the workflow continues-as-new (history stays small)."""
@@ -125,10 +129,13 @@ class StreamState:
     retry_capped_from_ms: int | None = None
     """The server's last ``retry:`` (ms) when it asked for more than ``max_retry_delay``
     and the wait was cut to that bound (None: the last one was honoured, or none came)."""
+    verify_pending: bool = False
+    """``verify_reconnects``: a connection the server ended read events, and no
+    connection has recorded the suspicion yet (the next one does, and re-reads it)."""
 
     @property
     def repair_wanted(self) -> bool:
-        return bool(self.gaps.open) or self.gaps.totals.open > 0
+        return bool(self.gaps.open) or self.gaps.totals.open > 0 or self.verify_pending
 
 
 @dataclass
@@ -147,6 +154,9 @@ class ConnectionPlan:
     """A new lagged reconnect (counted, and throttled)."""
     replay_started: bool = False
     known_gaps: list[str] = field(default_factory=list)
+    verify: bool = False
+    """The connection records a suspicion of what was read since the lagging id
+    (``StreamState.verify_pending``)."""
 
 
 @dataclass
@@ -230,7 +240,18 @@ def server_retry_delay(retry_ms: int | None, max_delay: float | None) -> tuple[f
 def plan_connection(
     state: StreamState, *, now: datetime, interval: float, id_order: str
 ) -> ConnectionPlan:
-    """Choose the next connection's route; updates ``state`` (throttle, replay, counts)."""
+    """Choose the next connection's route; updates ``state`` (throttle, replay, counts).
+
+    A pending verification (``verify_reconnects``) rides on whatever route comes out: it
+    counts as a repair (the lagged route when the throttle allows, else live, and the
+    suspicion waits for the next allowed re-read), and the connection records it.
+    """
+    plan = _plan(state, now=now, interval=interval, id_order=id_order)
+    plan.verify = state.verify_pending
+    return plan
+
+
+def _plan(state: StreamState, *, now: datetime, interval: float, id_order: str) -> ConnectionPlan:
     known = state.gaps.open_ids
     if state.pending_replay is not None:
         signal = state.pending_replay
@@ -314,6 +335,7 @@ def record_result(
     duration: float,
     refused: str | None = None,
     max_retry_delay: float | None = DEFAULT_MAX_RETRY_DELAY,
+    verify_reconnects: bool = False,
 ) -> Decision:
     """Fold one finished connection into ``state`` and say what to do next.
 
@@ -326,6 +348,8 @@ def record_result(
         refused: the message of a non-retryable refusal (StreamRefusedError/ConfigError).
         max_retry_delay: the stream's bound on the server's ``retry:`` (None: none, see
             :func:`server_retry_delay`).
+        verify_reconnects: the stream's setting: a connection the server ended after
+            reading events makes the next one a verification.
     """
     decision = Decision()
     if refused is not None:
@@ -337,8 +361,16 @@ def record_result(
         state.gaps_stale = decision.refresh_gaps = True
         return decision
     if result is None:
-        result = ReadResult(outcome=Outcome.CANCELLED)
+        result = ReadResult(outcome=Outcome.CANCELLED)  # the suspicion, if any, stays pending
+    elif plan.verify:
+        state.verify_pending = False  # recorded with the connection's first batch or flush
     outcome = Outcome(result.outcome)
+    if (
+        verify_reconnects
+        and outcome in (Outcome.DROPPED, Outcome.DROP_SIGNAL)
+        and result.counts.events_read > 0
+    ):
+        state.verify_pending = True
     counters = state.counters
     blind_before = counters.reconnects_without_cursor
     _add_reading(state, result.counts, result.last_cursor, result.lagging_id, id_order)
@@ -414,6 +446,9 @@ def fold_gaps(state: StreamState, gaps: GapSummary, decision: Decision | None = 
     counters.gaps_unknown_size = totals.unknown_size
     counters.events_unrecoverable = totals.events_unrecoverable
     counters.events_recovered = totals.events_recovered
+    counters.suspicions = totals.suspicions
+    counters.suspicions_closed = totals.suspicions_closed
+    counters.suspicions_recovered = totals.suspicions_recovered
     if not state.repair_wanted:
         state.repair_resume = False
 

@@ -33,14 +33,16 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     # Every module whose dataclasses cross the workflow boundary is passed through by
     # name: the converter resolves their type hints in the sandbox's module table.
-    import durable_sse.gaps  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
+    import durable_sse.gaps.model  # noqa: F401 - GapSummary/GapView inside ReadResult, StreamGaps
+    from durable_sse.config.durations import format_duration
+    from durable_sse.config.replay import ReplaySignal, parse_replay_signal
+    from durable_sse.config.spec import StreamSpec, parse_spec
     from durable_sse.contracts import (
         STREAM_STATE_ATTRIBUTE,
         ConnectionProgress,
         Outcome,
         ReadInput,
         ReadResult,
-        ReplaySignal,
         RetentionStatus,
         ScheduleInput,
         SinceInput,
@@ -49,9 +51,8 @@ with workflow.unsafe.imports_passed_through():
         StreamStatus,
     )
     from durable_sse.errors import ConfigError
-    from durable_sse.metrics import WorkflowMetrics
+    from durable_sse.ops.metrics import WorkflowMetrics
     from durable_sse.ownership import require_stream_owner
-    from durable_sse.spec import StreamSpec, format_duration, parse_replay_signal, parse_spec
     from workflows.routes import (
         HOLD_PARKED,
         ConnectionPlan,
@@ -365,7 +366,10 @@ class StreamWorkflow:
             known_gaps=plan.known_gaps,
             connection=s.counters.connections,
             events_read_before=s.counters.events_read,
+            verify=plan.verify,
         )
+        c = s.counters
+        suspected_before = (c.suspicions, c.suspicions_closed, c.suspicions_recovered)
         started = workflow.now()
         self._repairing = plan.repairs
         self._running = read_input.connection
@@ -386,6 +390,7 @@ class StreamWorkflow:
             duration=duration,
             refused=refused,
             max_retry_delay=spec.max_retry_delay if bounded else None,
+            verify_reconnects=spec.verify_reconnects,
         )
         if decision.retry_capped_from_ms is not None and not self._retry_cap_logged:
             self._retry_cap_logged = True
@@ -415,10 +420,30 @@ class StreamWorkflow:
             decision.new_unrecoverable_gaps,
             no_resume=decision.reconnects_without_cursor,
         )
+        self._report_suspicions(suspected_before)
         if decision.replay_finished:
             workflow.logger.info("requested replay finished")
         if decision.delay > 0:
             s.next_reconnect_at = (workflow.now() + timedelta(seconds=decision.delay)).isoformat()
+
+    def _report_suspicions(self, before: tuple[int, int, int]) -> None:
+        """Export what ``verify_reconnects`` suspected, closed and recovered since
+        ``before`` (the counters as the connection started)."""
+        c = self._state.counters
+        now = (c.suspicions, c.suspicions_closed, c.suspicions_recovered)
+        if now == before:
+            return
+        metrics = WorkflowMetrics(workflow.metric_meter(), self._spec.name)
+        for counter, new, old in zip(metrics.suspicions, now, before, strict=True):
+            if new > old:
+                counter.add(new - old)
+        if now[2] > before[2]:
+            workflow.logger.warning(
+                "stream %s: re-reading a reconnect brought back %d events the server had "
+                "skipped without a notice that arrived (verify_reconnects)",
+                self._spec.name,
+                now[2] - before[2],
+            )
 
     def _report_unrecoverable(self, events: int, gaps: int, *, no_resume: int = 0) -> None:
         """Export what became unrecoverable and warn; gaps of a reconnect that could not
@@ -519,7 +544,7 @@ class StreamWorkflow:
 
     def _nudge_reader(self) -> None:
         """Make the cancellation just requested reach the reader now rather than at its
-        next heartbeat (durable_sse/nudge.py). Scheduled after the cancellation, in the
+        next heartbeat (durable_sse/ops/nudge.py). Scheduled after the cancellation, in the
         same workflow task, so the server knows of it when the reader heartbeats. Not
         awaited: a nudge that fails only leaves the cancellation to that heartbeat."""
 
@@ -705,13 +730,19 @@ class StreamWorkflow:
                 f"reconnects without a cursor {c.reconnects_without_cursor} (the server sends "
                 "no ids: each lost what was sent meanwhile)"
             )
+        if c.suspicions:
+            lines.append(
+                f"verified reconnects {c.suspicions} (closed {c.suspicions_closed}): "
+                f"{c.suspicions_recovered} events the server skipped without a notice that "
+                "arrived were read again and stored"
+            )
         if status.repair_pending:
             lines.append("repair pending (lagged reconnects are throttled)")
         if status.progress_at is not None:
             lag = "-" if status.commit_lag is None else f"{status.commit_lag:.1f} s"
             lines.append(f"as of {status.progress_at} (connection reports) · commit lag {lag}")
-        if status.retention is not None and status.retention.retention is not None:
-            r = status.retention
+        r = status.retention
+        if r is not None and r.retention is not None:
             lines.append(
                 f"retention {format_duration(r.retention)} ({r.source}): deleted "
                 f"{r.deleted_rows} · oldest kept `{_shown(r.oldest_kept_id)}` at "

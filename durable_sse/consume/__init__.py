@@ -18,11 +18,12 @@ At least once (the effect goes elsewhere: make it idempotent on ``(stream, seq)`
                 await send(event)
             await batch.ack()
 
-See :mod:`durable_sse.consume.runner` for how, :mod:`.model` for what a batch holds.
+See :mod:`durable_sse.consume.consumer` for how, :mod:`.model` for what a batch holds.
 """
 
 from __future__ import annotations
 
+from durable_sse.consume.consumer import Consumer
 from durable_sse.consume.metrics import ConsumerMetrics, serve_metrics
 from durable_sse.consume.model import (
     Batch,
@@ -38,7 +39,7 @@ from durable_sse.consume.model import (
     Truncated,
 )
 from durable_sse.consume.retention import retention_holds
-from durable_sse.consume.runner import Consumer, Handler
+from durable_sse.consume.transactions import Handler
 from durable_sse.errors import ConsumerError, LeaseLostError
 
 __all__ = [

@@ -23,8 +23,12 @@ while the group is parked on the stream).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from temporalio.common import MetricMeter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from durable_sse.consume.model import Batch, Event
 
 PREFIX = "durable_sse_consumer_"
 
@@ -73,3 +77,22 @@ class ConsumerMetrics:
         self.parked = meter.create_gauge(
             PREFIX + "parked", "1 while the group is parked on the stream (a poison item)"
         )
+
+    def record_handler_latency(self, batch: Batch) -> None:
+        """From the receive time of the batch's oldest event to now (the handler gets it)."""
+        for item in batch.items:
+            if isinstance(item, Event):
+                latency = (datetime.now(UTC) - item.received_at).total_seconds()
+                self.handler_latency.record(max(latency, 0.0), {"stream": batch.stream})
+                return
+
+    def record_consumed(self, batch: Batch) -> None:
+        """A batch is consumed: count it and its events, and the lag its newest event left."""
+        events = sum(1 for item in batch.items if isinstance(item, Event))
+        attributes = {"stream": batch.stream}
+        self.batches.add(1, attributes)
+        self.events.add(events, attributes)
+        newest = next((item for item in reversed(batch.items) if isinstance(item, Event)), None)
+        if newest is not None:
+            lag = (datetime.now(UTC) - newest.received_at).total_seconds()
+            self.lag_seconds.set(max(lag, 0.0), attributes)

@@ -2,7 +2,7 @@
 the group's settings. Plain values, no driver: the store modules build them.
 
 A stream's *order* is its rows' ``seq`` (arrival order; the writer makes a stream's rows
-visible in that order, see ``EventLog._order_and_notify``) with the gap markers in
+visible in that order, see ``Writer._order_and_notify``) with the gap markers in
 between: a ``Gap`` right after the newest event stored when the gap was recorded, a
 ``GapClosed`` right after the newest event stored when it closed. A ``Truncated`` comes
 first in a batch when retention deleted rows the group had not read.

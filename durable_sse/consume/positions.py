@@ -20,7 +20,10 @@ transaction there writes first (taking the write lock) and then reads.
 from __future__ import annotations
 
 import functools
+import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -39,9 +42,15 @@ from durable_sse.consume.schema import (
     dead_letters_table,
     groups_table,
 )
-from durable_sse.db import from_db_time
+from durable_sse.log.records import from_db_time
 
 MAX_ERROR_CHARS = 2000
+
+
+def default_owner() -> str:
+    """``host:pid:random``: a process's name in leases, unique per process, readable in
+    ``durable-sse consumers``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 @dataclass

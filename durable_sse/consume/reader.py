@@ -2,13 +2,13 @@
 markers between them, a truncation first.
 
 Why this is safe to read with ``seq > position``: the writer makes each stream's rows
-visible in ``seq`` order (``EventLog._order_and_notify`` on PostgreSQL; SQLite has one
+visible in ``seq`` order (``Writer._order_and_notify`` on PostgreSQL; SQLite has one
 writer), so once a row is visible every row of its stream with a smaller ``seq`` is too,
 and a reader that moved past a ``seq`` can never meet a smaller one later.
 
 Gap markers carry ``(after_seq, mark)``: the stream's newest ``seq`` when the gap opened
 (or closed) and the marker's number among the stream's markers; both only grow
-(``EventLog._place_gap_markers``). A marker comes after the events up to its
+(``GapStore._place_gap_markers``). A marker comes after the events up to its
 ``after_seq`` and before the later ones. The events and the markers are two statements
 (two snapshots on PostgreSQL's READ COMMITTED): a marker committed between them has an
 ``after_seq`` at or past the newest event the first statement saw, so only markers up to
@@ -38,7 +38,8 @@ from durable_sse.consume.model import (
     StartKind,
     Truncated,
 )
-from durable_sse.db import (
+from durable_sse.log.rows import stored_data
+from durable_sse.log.schema import (
     EVENTS_TABLE,
     GAPS_TABLE,
     RETENTION_TABLE,
@@ -46,7 +47,6 @@ from durable_sse.db import (
     gaps_table,
     retention_table,
 )
-from durable_sse.eventlog import stored_data
 
 _EVENTS_SQL = (
     "SELECT seq, event_id, event_ord, event_type, data, data_bytes, received_at "
@@ -266,6 +266,18 @@ def newest_seq(connection: Connection, stream: str) -> int:
         sa.select(sa.func.max(events.c.seq)).where(events.c.stream == stream)
     ).scalar_one_or_none()
     return int(value or 0)
+
+
+def all_streams(connection: Connection) -> list[str]:
+    """Every stream in the log, by a skip scan of the ``(stream, …)`` index (one probe
+    per stream, not a read of every row)."""
+    sql = (
+        f"WITH RECURSIVE s(stream) AS ("
+        f"SELECT min(stream) FROM {EVENTS_TABLE} "
+        f"UNION ALL SELECT (SELECT min(stream) FROM {EVENTS_TABLE} e WHERE e.stream > s.stream) "
+        f"FROM s WHERE s.stream IS NOT NULL) SELECT stream FROM s WHERE stream IS NOT NULL"
+    )
+    return [row[0] for row in connection.exec_driver_sql(sql)]
 
 
 def newest_mark(connection: Connection, stream: str, *, up_to_seq: int | None = None) -> int:

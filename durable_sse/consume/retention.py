@@ -4,7 +4,7 @@ delete's transaction, for what consumer groups still need of a stream.
 A group with ``hold_retention`` keeps every row after its position, until the row is
 older than the group's ``max_hold`` (then the group meets ``Truncated``, or parks, by its
 choice). The worker, which runs retention, passes :func:`retention_holds` to its
-``EventLog`` (``consumer_holds=``); the event log cannot import this package (it sits
+``Stores`` (``consumer_holds=``); the event log cannot import this package (it sits
 below it), so the term comes in as a hook, like the fence's others.
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_sse.consume.schema import consumer_tables_exist, consumers_table, groups_table
-from durable_sse.retention import ConsumerHold
+from durable_sse.log.retention import ConsumerHold
 
 
 def retention_holds(connection: Connection, stream: str, now: datetime) -> list[ConsumerHold]:

@@ -23,8 +23,9 @@ from durable_sse.consume.schema import (
     dead_letters_table,
     groups_table,
 )
-from durable_sse.db import events_table, from_db_time
 from durable_sse.errors import ConsumerError
+from durable_sse.log.records import from_db_time
+from durable_sse.log.schema import events_table
 
 LAG_CAP = 1_000_000
 """Lag in events is counted up to this many (then shown as ``1000000+``)."""
@@ -75,8 +76,8 @@ def consumer_statuses(
     }
     dead = dead_letters_table
     dead_counts = {
-        (row.group_name, row.stream): int(row.count)
-        for row in connection.execute(
+        (group_name, stream): int(count)
+        for group_name, stream, count in connection.execute(
             sa.select(dead.c.group_name, dead.c.stream, sa.func.count().label("count")).group_by(
                 dead.c.group_name, dead.c.stream
             )

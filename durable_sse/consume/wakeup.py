@@ -1,7 +1,7 @@
 """Wake a consumer when its streams may have something new.
 
 PostgreSQL: the writer's group transaction queues one ``NOTIFY`` per stream it wrote
-(``EventLog._order_and_notify``; delivered on commit, never for a rollback). A consumer
+(``Writer._order_and_notify``; delivered on commit, never for a rollback). A consumer
 process keeps one ``LISTEN`` connection, shared by every consumer in it (psycopg's own
 async notifications, no polling), and marks the stream named in each payload.
 Notifications are not durable: one sent while the connection was down is gone. So after
@@ -26,13 +26,14 @@ import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
 
-from durable_sse.db import EVENTS_CHANNEL, EVENTS_TABLE
-from durable_sse.settings import sqlite_path
+from durable_sse.config.settings import sqlite_path
+from durable_sse.log.schema import EVENTS_CHANNEL, EVENTS_TABLE
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Subscription(Wakeups):
         return self._listener
 
     @property
-    def listening(self) -> asyncio.Event:  # type: ignore[override]
+    def listening(self) -> asyncio.Event:
         """The shared connection's: set while it listens (needs a running loop)."""
         return self._attach().listening
 
@@ -104,7 +105,7 @@ class Subscription(Wakeups):
         pass  # the shared listener's event stands
 
     @property
-    def listens(self) -> int:  # type: ignore[override]
+    def listens(self) -> int:
         return 0 if self._listener is None else self._listener.listens
 
     @listens.setter
@@ -228,7 +229,7 @@ class SqlitePoller(Wakeups):
     """``PRAGMA data_version`` polling (see the module docstring)."""
 
     def __init__(
-        self, path: str | None, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
+        self, path: Path | None, on_stream: OnStream, on_all: OnAll, *, poll_interval: float
     ) -> None:
         super().__init__(on_stream, on_all, poll_interval=poll_interval)
         self._path = path

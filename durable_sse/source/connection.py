@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from durable_sse.source.stream import OneShot, SourceStream
 
@@ -53,6 +54,13 @@ class EventConnection:
         self.skip_remaining = 0
         self.skip_total = 0
         self.skip_from: int | None = None
+        self.notice_lost = False
+        """The drop being taken is never announced: ``notice_after`` events after the skip
+        the connection closes, its notice lost with it (``drop`` with ``lost=true``)."""
+        self.notice_after = 0
+        """Events still to send after the skip before its notice (or the close)."""
+        self.pending_notice: tuple[int, int, int] | None = None
+        """``(first, last, count)`` of a completed skip whose notice waits."""
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._loop = asyncio.get_running_loop()
@@ -69,6 +77,12 @@ class EventConnection:
             await self._flush()
         finally:
             self._eof.cancel()
+            if self.pending_notice is not None:
+                # The connection ends (either side) before the skip was announced: its
+                # notice is lost with it.
+                first, last, _ = self.pending_notice
+                self.stream.record_unannounced(first, last)
+                self.pending_notice = None
 
     async def _step(self) -> bool:
         """One round: one-shots, then a batch of events or an idle wait. True = close."""
@@ -93,12 +107,13 @@ class EventConnection:
         stream = self.stream
         while self.next_id <= newest:
             config = stream.config
-            drops = (
-                config.drop_every is not None
-                and config.drop_count > 0
-                and self.next_id >= self.live_from
+            # Standing drops apply here: every ``drop_every`` events (None: not here).
+            drop_every = (
+                config.drop_every
+                if config.drop_count > 0 and self.next_id >= self.live_from
+                else None
             )
-            if drops and not self.skip_remaining and self.since_drop >= config.drop_every:
+            if drop_every is not None and not self.skip_remaining and self.since_drop >= drop_every:
                 self.since_drop = 0
                 self.skip_remaining = self.skip_total = config.drop_count
             if self.skip_remaining:
@@ -111,17 +126,21 @@ class EventConnection:
             count = newest - self.next_id + 1
             if config.disconnect_after is not None:
                 count = min(count, config.disconnect_after - self.sent)
-            if drops:
-                count = min(count, config.drop_every - self.since_drop)
+            if drop_every is not None:
+                count = min(count, drop_every - self.since_drop)
             if config.flush == "event" or config.disconnect_probability > 0:
                 count = 1
             else:
                 count = min(count, max(1, BULK_BYTES // stream.event_size))
+            if self.pending_notice is not None:
+                count = min(count, max(self.notice_after, 1))
             first = self.next_id
             self._emit(stream.encode(first, first + count - 1))
             self.next_id += count
             self.sent += count
-            if drops:
+            if self.pending_notice is not None and self._notice_due(count):
+                return True
+            if drop_every is not None:
                 self.since_drop += count
             if config.flush == "event" or self._buffered >= BULK_BYTES:
                 await self._flush()
@@ -143,9 +162,32 @@ class EventConnection:
         self.skip_remaining -= count
         if not self.skip_remaining:
             self.stream.record_drop(self.skip_from, self.next_id - 1)
-            self._emit(DROP_NOTICE % self.skip_total)
+            self.pending_notice = (self.skip_from, self.next_id - 1, self.skip_total)
             self.skip_from = None
             self.skip_total = 0
+            if not self.notice_after and not self.notice_lost:
+                self._announce()
+
+    def _announce(self) -> None:
+        assert self.pending_notice is not None
+        self._emit(DROP_NOTICE % self.pending_notice[2])
+        self.pending_notice = None
+
+    def _notice_due(self, sent: int) -> bool:
+        """``sent`` events went out after a skip whose notice waits: announce it once its
+        delay is over, or, for a notice that is to be lost, close. True = close."""
+        self.notice_after = max(self.notice_after - sent, 0)
+        if self.notice_after:
+            return False
+        if not self.notice_lost:
+            self._announce()
+            return False
+        assert self.pending_notice is not None
+        first, last, _ = self.pending_notice
+        self.stream.record_unannounced(first, last)
+        self.pending_notice = None
+        self.notice_lost = False
+        return True
 
     async def _one_shots(self) -> bool:
         stream = self.stream
@@ -170,6 +212,10 @@ class EventConnection:
             count = int(shot.params.get("count", 1))
             self.skip_remaining += count
             self.skip_total += count
+            self.notice_after = int(shot.params.get("late", 0))
+            self.notice_lost = bool(shot.params.get("lost", False))
+            if self.notice_lost and not self.notice_after:
+                self.notice_after = 1  # a skip the cursor never passes loses nothing
         elif shot.action == "malformed":
             self._emit(MALFORMED)
             await self._flush()
@@ -194,9 +240,10 @@ class EventConnection:
                 await self._flush()
                 return False
         waiter = asyncio.ensure_future(wakeup.wait())
+        waiting: set[asyncio.Future[Any]] = {waiter, self._eof}
         try:
             done, _ = await asyncio.wait(
-                {waiter, self._eof}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             waiter.cancel()

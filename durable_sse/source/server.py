@@ -167,7 +167,9 @@ class SSESource:
         """Change settings (``inject(n, rate=5)``) or act (``inject(n, action="drop", count=3)``).
 
         Actions: ``drop`` (``count``; ``first`` = True: taken only by a connection that
-        has sent no event yet, before its first event), ``malformed``, ``oversized``
+        has sent no event yet, before its first event; ``late`` = N: announced after N
+        more events; ``lost`` = True: never announced, the connection closes ``late``
+        (at least 1) events after the skip, its notice lost with it), ``malformed``, ``oversized``
         (``bytes``, ``close`` = True), ``disconnect``: one-shots consumed by the next
         connection that looks (an open one, else the next to connect); ``status``
         (``code``, ``times`` = 1, ``retry_after``, ``content_type``, ``location``): the
@@ -362,12 +364,20 @@ def _cursor(prefix: str, *candidates: str | None) -> int | None:
 
 
 def _one_shot_params(verb: str, params: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"drop": {"count", "first"}, "oversized": {"bytes", "close"}}.get(verb, set())
+    allowed = {
+        "drop": {"count", "first", "late", "lost"},
+        "oversized": {"bytes", "close"},
+    }.get(verb, set())
     unknown = set(params) - allowed
     if unknown:
         raise ConfigError(f"action {verb!r} takes {sorted(allowed)}, got {sorted(unknown)}")
-    if "first" in params and not isinstance(params["first"], bool):
-        raise ConfigError(f"action {verb!r}: 'first' must be true or false")
+    for key in ("first", "lost"):
+        if key in params and not isinstance(params[key], bool):
+            raise ConfigError(f"action {verb!r}: {key!r} must be true or false")
+    if "late" in params:
+        value = params["late"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"action {verb!r}: 'late' must be an integer >= 0")
     for key in ("count", "bytes"):
         if key in params:
             value = params[key]

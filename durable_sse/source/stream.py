@@ -42,6 +42,9 @@ class SourceTruth:
     unavailable: list[tuple[int, int]] = field(default_factory=list)
     """Ranges a connection asked for (its cursor was older) after the history had lost
     them: the server could no longer deliver these ids to anyone."""
+    unannounced: list[tuple[int, int]] = field(default_factory=list)
+    """Of ``dropped``, the ranges whose notice never went out: the connection was closed
+    first (``drop`` with ``lost=true``). Nothing on the wire told of these."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +53,7 @@ class SourceTruth:
             "generated": self.generated,
             "history_start": self.history_start,
             "unavailable": [list(r) for r in self.unavailable],
+            "unannounced": [list(r) for r in self.unannounced],
         }
 
 
@@ -71,6 +75,7 @@ class SourceStream:
         self.oldest = config.start_id
         self.dropped: list[tuple[int, int]] = []
         self.unavailable: list[tuple[int, int]] = []
+        self.unannounced: list[tuple[int, int]] = []
         self.one_shots: deque[OneShot] = deque()
         self.connections = 0
         self.rng = random.Random(f"{seed}:{name}")
@@ -160,6 +165,16 @@ class SourceStream:
         self.dropped.append((first, last))
         logger.info("stream %s: skipped events %d..%d on a connection", self.name, first, last)
 
+    def record_unannounced(self, first: int, last: int) -> None:
+        """The skip ``first..last`` was never announced: its connection closed first."""
+        self.unannounced.append((first, last))
+        logger.info(
+            "stream %s: closed the connection before announcing the skip of %d..%d",
+            self.name,
+            first,
+            last,
+        )
+
     def record_unavailable(self, first: int, last: int) -> None:
         """A connection asked for ``first..last`` after the history had lost them."""
         if first <= last:
@@ -174,6 +189,7 @@ class SourceStream:
             generated=self.newest - start + 1,
             history_start=self.oldest,
             unavailable=list(self.unavailable),
+            unannounced=list(self.unannounced),
         )
 
     def describe(self) -> dict[str, Any]:

@@ -67,9 +67,11 @@ class SSEDecoder:
     """Turns the bytes of one connection's body into events and comments, in stream order.
 
     One decoder per connection: ``feed`` each chunk as it arrives, then ``close`` at the
-    end of the body. ``last_event_id`` is the id the connection resumed from (the one sent
-    as ``Last-Event-ID``): as in a browser it stays in force for events without an id
-    until the stream sets another.
+    end of the body. A little over the house's ~300 lines for a class: it is the hot
+    loop (about 2 us an event), and its state lives in one object's slots so the loop
+    reads locals, not attributes of helpers. ``last_event_id`` is the id the connection
+    resumed from (the one sent as ``Last-Event-ID``): as in a browser it stays in force
+    for events without an id until the stream sets another.
 
     Args:
         max_line_bytes: longest line (``LineTooLongError`` past it).
@@ -390,7 +392,11 @@ def _utf8_len(text: str) -> int:
 
 
 _new_event = object.__new__
-_set_data = Event.data.__set__  # type: ignore[attr-defined]
-_set_type = Event.event.__set__  # type: ignore[attr-defined]
-_set_id = Event.id.__set__  # type: ignore[attr-defined]
-_set_id_field = Event.id_field.__set__  # type: ignore[attr-defined]
+# The slots' own setters (a frozen dataclass refuses plain assignment), read from the
+# class dict: ``vars(Event)["data"]`` is the very descriptor ``Event.data`` is, but a
+# type checker takes ``Event.data`` for the instance attribute, a str.
+_slots = vars(Event)
+_set_data = _slots["data"].__set__
+_set_type = _slots["event"].__set__
+_set_id = _slots["id"].__set__
+_set_id_field = _slots["id_field"].__set__

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 import sqlalchemy as sa
 
-from durable_sse.eventlog import EventLog
-from durable_sse.gaps import Gap, GapState
+from durable_sse.cursor.l2 import cursor_key, parse_value
+from durable_sse.gaps.model import Gap, GapState
 from durable_sse.ids import compare_ids
-from durable_sse.l2 import cursor_key, parse_value
 from durable_sse.source import SourceTruth
+from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,11 @@ class Stored:
     duplicate_rows: int
 
 
-async def stored(log: EventLog, stream: str) -> Stored:
+async def stored(log: Stores, stream: str) -> Stored:
     """Every stored id of ``stream`` and the duplicate row count (same event id twice)."""
 
     def query() -> Stored:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             ids = [
                 int(row[0])
                 for row in connection.execute(
@@ -72,6 +72,9 @@ class Verdict:
     reread: int = 0
     faults: str = ""
     first_lost: list[int] = field(default_factory=list)
+    lost_unannounced: int = 0
+    """Of ``lost``: ids inside a skip the source never announced (its connection closed
+    first, ``truth.unannounced``): no drop signal on the wire told of them."""
 
     def row(self) -> str:
         unknown = f" ({self.unknown_size} of unknown size)" if self.unknown_size else ""
@@ -95,7 +98,10 @@ def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] =
     A skipped id inside an unrecoverable gap record of *unknown size* (``gaps``, from
     ``sse_gaps``: no count was announced and ids are not contiguous) was announced lost:
     out of window too, and counted in ``unknown_size`` since no exact figure includes it.
-    Every other missing id is *lost* (silently).
+    A skip the source never announced (``truth.unannounced``: its connection closed
+    first) that the history still holds is no excuse: its missing ids are *lost*, and
+    counted in ``lost_unannounced`` (only ``contiguous_ids`` or ``verify_reconnects`` can
+    bring them back). Every other missing id is *lost* (silently).
     """
     verdict = Verdict(scenario=scenario, stored=rows.rows, duplicate_rows=rows.duplicate_rows)
     if not rows.ids:
@@ -111,6 +117,8 @@ def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] =
     skipped = {i for i in missing if any(low <= i <= high for low, high in truth.dropped)}
     out_of_window: set[int] = set()
     for low, high in truth.dropped:
+        if (low, high) in truth.unannounced and low >= truth.history_start:
+            continue  # still in the history: lost unless re-read (counted apart below)
         recovered = [i for i in range(low, high + 1) if i in have]
         bound = min(recovered) if recovered else high + 1
         out_of_window |= {i for i in missing if low <= i < bound}
@@ -122,6 +130,9 @@ def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] =
     lost = sorted(missing - out_of_window - announced)
     verdict.lost = len(lost)
     verdict.first_lost = lost[:10]
+    verdict.lost_unannounced = sum(
+        1 for i in lost if any(low <= i <= high for low, high in truth.unannounced)
+    )
     verdict.out_of_window = len(out_of_window | announced)
     verdict.unknown_size = len(announced)
     return verdict
@@ -137,7 +148,7 @@ class CursorSampler:
     Errors (a store down on purpose) skip the sample.
     """
 
-    def __init__(self, log: EventLog, redis_url: str, stream: str, *, every: float = 0.1):
+    def __init__(self, log: Stores, redis_url: str, stream: str, *, every: float = 0.1):
         self.log = log
         self.stream = stream
         self.every = every
@@ -198,7 +209,7 @@ class CursorSampler:
                     if not await self._committed(value):
                         self.ahead.append(value)
         try:
-            checkpoint = await self.log.get_checkpoint(self.stream)
+            checkpoint = await self.log.checkpoints.get_checkpoint(self.stream)
         except Exception:  # noqa: BLE001 - PostgreSQL down on purpose: skip
             return
         lagging = checkpoint.lagging_id if checkpoint else None
@@ -209,7 +220,7 @@ class CursorSampler:
 
     async def _committed(self, event_id: str) -> bool:
         def query() -> bool:
-            with self.log.engine.connect() as connection:
+            with self.log.database.engine.connect() as connection:
                 row = connection.execute(
                     sa.text("SELECT 1 FROM sse_events WHERE stream = :s AND event_id = :e LIMIT 1"),
                     {"s": self.stream, "e": event_id},

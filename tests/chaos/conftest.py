@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_sse.eventlog import EventLog
+from durable_sse.stores import Stores
 from tests.chaos.checker import Verdict
 from tests.chaos.harness import DEFAULT, LONG, SHORT, Sizes, in_process_worker, unique
 
@@ -48,8 +48,8 @@ def seed(seed_index: int) -> int:
 
 
 @pytest.fixture(scope="module")
-async def chaos_log(pg_url: str) -> AsyncIterator[EventLog]:
-    log = EventLog(pg_url)
+async def chaos_log(pg_url: str) -> AsyncIterator[Stores]:
+    log = Stores.open(pg_url)
     await log.create_schema()
     yield log
     await log.close()

@@ -21,11 +21,11 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHandle
 
 import worker as worker_module
+from durable_sse.config.settings import Settings
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.eventlog import EventLog
-from durable_sse.settings import Settings
 from durable_sse.source import SSESource
-from durable_sse.spec import StreamSpec
+from durable_sse.stores import Stores
 from tests.chaos.checker import stored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +179,7 @@ async def reader_pid(handle: WorkflowHandle) -> int | None:
 async def drain_and_stop(
     handle: WorkflowHandle,
     source: SSESource,
-    log: EventLog,
+    log: Stores,
     name: str,
     *,
     timeout: float = 120,
@@ -205,7 +205,7 @@ async def drain_and_stop(
             return False
         # The store, not the status: a repair connection closes gaps as it reads on, and
         # the workflow hears of it only when that connection ends.
-        return not (await log.gap_summary(name, "numeric")).open
+        return not (await log.gap_store.gap_summary(name, "numeric")).open
 
     await wait_until(
         caught_up, timeout=timeout, what=f"{name} to store up to {newest}", handle=handle

@@ -20,10 +20,10 @@ import sqlalchemy as sa
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse.binaries import redis_server as redis_binary
 from durable_sse.contracts import StreamStatus
-from durable_sse.eventlog import EventLog
+from durable_sse.ops.binaries import redis_server as redis_binary
 from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.stores import Stores
 from tests import services
 from tests.chaos.checker import CursorSampler, Verdict, check, stored
 from tests.chaos.harness import (
@@ -58,13 +58,15 @@ async def verdict_of(
     scenario: str,
     faults: str,
     source: SSESource,
-    log: EventLog,
+    log: Stores,
     name: str,
     sampler: CursorSampler,
     status: StreamStatus,
     verdicts: list[Verdict],
 ) -> Verdict:
-    verdict = check(scenario, source.truth(name), await stored(log, name), await log.gaps(name))
+    verdict = check(
+        scenario, source.truth(name), await stored(log, name), await log.gap_store.gaps(name)
+    )
     verdict.faults = faults
     verdict.regressions = sampler.regression_count
     verdict.cursor_ahead = len(sampler.ahead)
@@ -86,18 +88,18 @@ def assert_clean(verdict: Verdict, sampler: CursorSampler) -> None:
     assert sampler.samples > 10
 
 
-async def flowing(log: EventLog, name: str, count: int, timeout: float = 60) -> None:
+async def flowing(log: Stores, name: str, count: int, timeout: float = 60) -> None:
     async def check_count() -> bool:
         return (await stored(log, name)).rows >= count
 
     await wait_until(check_count, timeout=timeout, what=f"{name} to store {count} events")
 
 
-async def ready_for_a_gap(log: EventLog, name: str) -> None:
+async def ready_for_a_gap(log: Stores, name: str) -> None:
     """1,000+ events stored and a lagging id exists (a replay has somewhere to start)."""
 
     async def ready() -> bool:
-        checkpoint = await log.get_checkpoint(name)
+        checkpoint = await log.checkpoints.get_checkpoint(name)
         return bool(checkpoint and checkpoint.lagging_id) and (
             (await stored(log, name)).rows >= 1000
         )
@@ -112,7 +114,7 @@ async def test_1_baseline_no_faults(
     temporal: WorkflowEnvironment,
     queue: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     redis_url: str,
     sizes: Sizes,
     verdicts: list[Verdict],
@@ -136,7 +138,7 @@ async def test_2_random_resets_and_stalls(
     temporal: WorkflowEnvironment,
     queue: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     redis_url: str,
     sizes: Sizes,
     seed: int,
@@ -175,7 +177,7 @@ async def kill_readers(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    log: EventLog,
+    log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -238,7 +240,7 @@ async def _wait_reader(handle: WorkflowHandle, other_than: int | None = None) ->
 
 async def _duplicates(temporal: WorkflowEnvironment, handle: WorkflowHandle) -> int:
     """Rows re-read so far: the workflow's count plus the running attempt's heartbeat."""
-    from durable_sse.control import stream_status
+    from durable_sse.ops.control import stream_status
 
     status = await stream_status(temporal.client, handle.id.split(":", 1)[1])
     in_flight = status.get("in_flight") or {}
@@ -251,7 +253,7 @@ async def test_3_sigkill_worker(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -278,7 +280,7 @@ async def test_4_sigterm_worker(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -335,7 +337,7 @@ async def test_5_drop_notices_inside_the_window(
     temporal: WorkflowEnvironment,
     queue: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     redis_url: str,
     sizes: Sizes,
     seed: int,
@@ -354,7 +356,7 @@ async def test_5_drop_notices_inside_the_window(
             gaps.append(await drop_for_real(source, name, count, rate=sizes.rate))
 
             async def repaired(total: int = sum(gaps)) -> bool:
-                summary = await chaos_log.gap_summary(name, "numeric")
+                summary = await chaos_log.gap_store.gap_summary(name, "numeric")
                 return summary.totals.events_recovered >= total and not summary.open
 
             await wait_until(
@@ -372,13 +374,99 @@ async def test_5_drop_notices_inside_the_window(
     assert status.counters.events_unrecoverable == 0 and verdict.out_of_window == 0
 
 
+# -- 12. skips whose notice is lost with the connection ------------------------------------------
+
+
+async def skip_and_cut(source: SSESource, name: str, count: int, *, late: int, rate: float) -> None:
+    """Make the source skip ``count`` events, send ``late`` more, then close the
+    connection before its notice goes out: a silent skip, as a plain disconnect.
+
+    A one-shot is taken by the next connection that looks; one that we end before the
+    skip is complete (a repair closing its gaps, a verification's interrupt) wastes it, as
+    ``drop_for_real`` says: inject again when it has not shown long after it should have.
+    """
+    before = len(source.truth(name).unannounced)
+    loop = asyncio.get_running_loop()
+    patience = max(2.0, 3 * (count + late) / rate)
+    deadline = loop.time() + 10 * patience
+    source.inject(name, action="drop", count=count, late=late, lost=True)
+    retry_at = loop.time() + patience
+    while len(source.truth(name).unannounced) == before:
+        now = loop.time()
+        if now > retry_at and not source.describe(name)["pending"]:
+            source.inject(name, action="drop", count=count, late=late, lost=True)
+            retry_at = now + patience
+        if now > deadline:
+            raise AssertionError(f"the source never took the silent skip: {source.describe(name)}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("setting", ["verify_reconnects", "contiguous_ids", "neither"])
+async def test_12_skips_whose_notice_dies_with_the_connection(
+    temporal: WorkflowEnvironment,
+    queue: str,
+    source: SSESource,
+    chaos_log: Stores,
+    redis_url: str,
+    sizes: Sizes,
+    seed: int,
+    verdicts: list[Verdict],
+    setting: str,
+) -> None:
+    """Issue 24: a server that skips events and drops the connection before its notice
+    goes out looks like a plain disconnect. ``verify_reconnects`` re-reads from the
+    lagging id after it and brings every skipped id back; ``contiguous_ids`` sees the
+    hole; with neither, what is lost is lost only inside those never-announced skips."""
+    rng = random.Random(f"{seed}:{setting}")
+    name = new_stream(source, f"silent-{setting.split('_')[0]}", sizes)
+    overrides = {setting: True} if setting != "neither" else {}
+    spec = chaos_spec(name, source.url(name), **overrides)
+    skips = 0
+    async with CursorSampler(chaos_log, redis_url, name) as sampler:
+        handle = await start_stream(temporal.client, spec, queue)
+        await ready_for_a_gap(chaos_log, name)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + sizes.seconds
+        while skips < 6 or loop.time() < until:
+            await skip_and_cut(
+                source, name, rng.randint(5, 40), late=rng.randint(1, 5), rate=sizes.rate
+            )
+            skips += 1
+            await asyncio.sleep(rng.uniform(0.2, 1.5))
+        status = await drain_and_stop(handle, source, chaos_log, name, min_events=sizes.min_events)
+    truth = source.truth(name)
+    faults = f"{skips} skips cut before their notice, {setting}"
+    verdict = await verdict_of(
+        f"12 silent skips ({setting})", faults, source, chaos_log, name, sampler, status, verdicts
+    )
+    print(
+        f"12 {setting}: suspicions {status.counters.suspicions} (closed "
+        f"{status.counters.suspicions_closed}, recovered {status.counters.suspicions_recovered}), "
+        f"re-read {status.counters.duplicates}, lost {verdict.lost} "
+        f"({verdict.lost_unannounced} inside unannounced skips)"
+    )
+    assert len(truth.unannounced) >= skips  # a wasted one-shot injected again may land twice
+    assert verdict.unexpected == 0 and verdict.duplicate_rows == 0
+    assert sampler.regressions == [] and sampler.ahead == []
+    if setting == "neither":
+        # Loss is possible, and only where no signal ever told of a skip.
+        assert verdict.lost == verdict.lost_unannounced
+    else:
+        assert verdict.lost == 0, f"{verdict.lost} lost, first {verdict.first_lost}"
+        assert status.counters.gaps_unrecoverable == 0
+    if setting == "verify_reconnects":
+        assert status.counters.suspicions >= 1
+        assert status.counters.suspicions_closed == status.counters.suspicions
+        assert status.counters.suspicions_recovered > 0
+
+
 async def test_6_gap_older_than_the_history_is_reported(
     temporal: WorkflowEnvironment,
     address: str,
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -414,7 +502,7 @@ async def test_6_drop_before_the_replay_s_first_event_is_reported(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -458,7 +546,7 @@ async def _scenario_6(
     redis_url: str,
     temporal: WorkflowEnvironment,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -513,7 +601,7 @@ async def _scenario_6(
                 source.inject(name, action="drop", count=gap)
 
             async def reported() -> bool:
-                summary = await chaos_log.gap_summary(name, "numeric")
+                summary = await chaos_log.gap_store.gap_summary(name, "numeric")
                 return summary.totals.unrecoverable >= 1
 
             await wait_until(reported, timeout=60, what="the unrecoverable gap report")
@@ -558,7 +646,7 @@ async def test_7_redis_down_then_back_empty(
     address: str,
     pg_url: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -664,7 +752,7 @@ async def test_8_postgresql_restarted(
     temporal: WorkflowEnvironment,
     queue: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     redis_url: str,
     sizes: Sizes,
     verdicts: list[Verdict],
@@ -699,7 +787,7 @@ async def test_9_paused_worker_comes_back(
     pg_url: str,
     redis_url: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     sizes: Sizes,
     tmp_path: Path,
     verdicts: list[Verdict],
@@ -744,7 +832,7 @@ async def test_10_slow_consumer_gaps_recovered(
     temporal: WorkflowEnvironment,
     queue: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     redis_url: str,
     sizes: Sizes,
     verdicts: list[Verdict],
@@ -790,9 +878,9 @@ async def test_10_slow_consumer_gaps_recovered(
     assert status.counters.events_recovered > 0
 
 
-async def _newest_stored(log: EventLog, name: str) -> int:
+async def _newest_stored(log: Stores, name: str) -> int:
     def query() -> int:
-        with log.engine.connect() as connection:
+        with log.database.engine.connect() as connection:
             value = connection.execute(
                 sa.text("SELECT max(CAST(event_id AS BIGINT)) FROM sse_events WHERE stream = :s"),
                 {"s": name},
@@ -809,7 +897,7 @@ async def test_11_seeded_mixed_faults_count_every_loss_exactly(
     temporal: WorkflowEnvironment,
     queue: str,
     source: SSESource,
-    chaos_log: EventLog,
+    chaos_log: Stores,
     redis_url: str,
     sizes: Sizes,
     seed: int,
@@ -858,7 +946,7 @@ async def test_11_seeded_mixed_faults_count_every_loss_exactly(
     verdict = await verdict_of(
         "11 seeded mix", faults, source, chaos_log, name, sampler, status, verdicts
     )
-    summary = await chaos_log.gap_summary(name, "numeric")
+    summary = await chaos_log.gap_store.gap_summary(name, "numeric")
     print(
         f"11 seed {seed}: unrecoverable {status.counters.events_unrecoverable} "
         f"(store {summary.totals.events_unrecoverable}), out of window {verdict.out_of_window}"
@@ -883,7 +971,7 @@ RECOVERS = {"429": {"code": 429, "retry_after": 1, "times": 2}, "500": {"code": 
 
 
 async def test_bad_http_follows_the_policy_and_never_fails_the_workflow(
-    temporal: WorkflowEnvironment, queue: str, source: SSESource, chaos_log: EventLog
+    temporal: WorkflowEnvironment, queue: str, source: SSESource, chaos_log: Stores
 ) -> None:
     sizes = Sizes(rate=50, seconds=0, redis_down=0)
     cases: dict[str, tuple[str, WorkflowHandle]] = {}

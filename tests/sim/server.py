@@ -30,6 +30,9 @@ class Profile:
     """Events the history holds."""
     late_notices: bool
     """Notices may come a few events after the skip."""
+    verify: bool = False
+    """The consumer declares ``verify_reconnects``: a notice lost with a connection the
+    server cut is no excuse (the next connection re-reads from the lagging id)."""
 
 
 @dataclass
@@ -77,6 +80,12 @@ class SimConnection:
     announced: list[Notice] = field(default_factory=list)
     """Notices in the order they were written."""
     taken: int = 0
+    cut: bool = False
+    """The server cut it while it was the workflow's connection (not a presumed-dead
+    attempt's): what it skipped with a notice still to come is lost with the notice."""
+    verified: tuple[str | None, str | None] | None = None
+    """``(lagging id, floor)`` as the next connection started, when ``cut``: the span a
+    verification re-reads (``verify_reconnects``)."""
     behind: bool = False
     """Its cursor was older than the newest stored id (a replay), as the reader saw it."""
     _late: list[tuple[int, Notice]] = field(default_factory=list)

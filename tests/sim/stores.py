@@ -1,12 +1,12 @@
 """In-memory stand-ins for the event log and Redis, with the same semantics.
 
-The memory event log applies batches exactly as :class:`~durable_sse.eventlog.EventLog`
+The memory event log applies batches exactly as :class:`~durable_sse.stores.Stores`
 does: rows deduplicated on ``(event_id, follower_key)``, an event whose key is stored under
 another digest (a reused id) kept under its extended key, the batch's gap changes applied in
-the same step with :func:`durable_sse.gaps.apply_change`, the start of a connection
-chosen with :func:`durable_sse.gaps.choose_start`, the lagging id moved with
-:func:`durable_sse.gaps.lagging_target`. Retention takes the same decisions from
-:mod:`durable_sse.retention`: the fence (lagging id, open gaps, running connections'
+the same step with :func:`durable_sse.gaps.transitions.apply_change`, the start of a connection
+chosen with :func:`durable_sse.cursor.fence.choose_start`, the lagging id moved with
+:func:`durable_sse.cursor.fence.lagging_target`. Retention takes the same decisions from
+:mod:`durable_sse.log.retention`: the fence (lagging id, open gaps, running connections'
 starts) read for every delete statement, the rows one statement deletes, the horizon the
 write path drops rows at, and where a gap opened behind it starts. Only the storage is
 different.
@@ -23,31 +23,33 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from durable_sse.contracts import CheckpointState
-from durable_sse.eventlog import ConnectionStart, EventRecord, InsertResult, ReaderLease
-from durable_sse.followers import CARRIER_KEY, reused_key
-from durable_sse.gaps import (
+from durable_sse.cursor.fence import (
+    RunningReader,
+    choose_start,
+    lagging_target,
+    live_starts,
+    retention_fence,
+)
+from durable_sse.cursor.readers import ReaderLease
+from durable_sse.cursor.start import ConnectionStart
+from durable_sse.gaps.model import (
     Gap,
     GapChange,
     GapSummary,
     StreamContext,
-    apply_change,
-    choose_start,
-    lagging_target,
     numeric_span,
     summarize,
 )
+from durable_sse.gaps.transitions import apply_change, opening_past_horizon
 from durable_sse.ids import IdOrder, contiguous_number, is_newer, sort_key
-from durable_sse.retention import (
+from durable_sse.log.keys import CARRIER_KEY, reused_key
+from durable_sse.log.records import EventRecord, InsertResult, StoredPage
+from durable_sse.log.retention import (
     HELD_BY_NO_LAGGING,
-    RunningReader,
     after_horizon,
     choose_deletions,
-    live_starts,
-    opening_past_horizon,
-    retention_fence,
     row_deletable,
 )
-from durable_sse.stored import StoredPage
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Row:
 
 @dataclass
 class RetentionBatch:
-    """One delete statement (``EventLog._delete_batch_sync``)."""
+    """One delete statement (``Prune._delete_batch_sync``)."""
 
     deleted: int
     last_seq: int | None
@@ -222,7 +224,7 @@ class MemoryEventLog:
         return self._keys[index][1] if index < len(self._keys) else None
 
     def stored_page(self, after: str | None, limit: int) -> StoredPage:
-        """``EventLog.stored_keys``: the first ``limit`` stored keys after ``after``."""
+        """``Reads.stored_keys``: the first ``limit`` stored keys after ``after``."""
         low = None if after is None else sort_key(after, self.order)
         ahead = sorted(
             (
@@ -290,7 +292,7 @@ class MemoryEventLog:
     def retention_batch(
         self, *, cutoff: datetime, after: int | None, limit: int, now: datetime
     ) -> RetentionBatch:
-        """One delete statement, as ``EventLog._delete_batch_sync`` takes it: the fence
+        """One delete statement, as ``Prune._delete_batch_sync`` takes it: the fence
         read now, the next ``limit`` rows before the fence row's in ``seq`` order."""
         fence = retention_fence(
             self.lagging_id,
@@ -340,7 +342,7 @@ class MemoryEventLog:
         return RetentionBatch(len(doomed), choice.last_seq, choice.done)
 
     def _fence_seq(self, key: bytes) -> int | None:
-        """``EventLog._fence_seq``: the fence id's row, else the first id after it."""
+        """``Prune._fence_seq``: the fence id's row, else the first id after it."""
         at = [row.seq for row in self.rows.values() if row.key == key]
         if at:
             return min(at)

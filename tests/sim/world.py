@@ -2,11 +2,14 @@
 
 The decisions are the real ones: :func:`workflows.routes.plan_connection`,
 :func:`~workflows.routes.record_result` and :func:`~workflows.routes.should_interrupt`
-for the workflow; :class:`~durable_sse.resolve.CursorResolver` and
-:class:`~durable_sse.intake.Intake` (with :mod:`durable_sse.gaps`) for the reader; the
-real SSE decoder on the simulated bytes. What is simulated: the server, the clock, the
-stores' storage, Temporal's scheduling (an attempt that dies is retried with its last
-heartbeat; a result can be lost to a cancel), and the faults.
+for the workflow; for the reader, the classes the read activity runs:
+:class:`~durable_sse.reader.session.ReadSession` (its start through
+:class:`~durable_sse.cursor.resolve.CursorResolver`, its intake and gaps, its result) and
+:class:`~durable_sse.reader.pipeline.CommitPipeline` (the commit order, what a commit
+moves), with the real SSE decoder on the simulated bytes. What is simulated: the server,
+the clock, the stores' storage, Temporal's scheduling (an attempt that dies is retried
+with its last heartbeat; a result can be lost to a cancel), the moments batches commit
+at, and the faults.
 
 A run has a fault phase and a quiet phase (no faults, the server stops generating); at
 the end every id the server could still replay must be stored exactly once, every id it
@@ -24,30 +27,32 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import count
 
+from durable_sse.config.durations import effective_retention
+from durable_sse.config.replay import ReplaySignal
+from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     Outcome,
-    ReadCounts,
     ReadInput,
     ReadProgress,
     ReadResult,
-    ReplaySignal,
     Route,
 )
-from durable_sse.eventlog import ReaderLease
-from durable_sse.gaps import GapChange, GapState
-from durable_sse.ids import compare_ids, is_newer
-from durable_sse.intake import Batch, Intake
-from durable_sse.l1 import LocalCursors
-from durable_sse.resolve import CursorResolver
-from durable_sse.retention import RunningReader, effective_retention
-from durable_sse.spec import StreamSpec
-from durable_sse.sse.decoder import Comment, SSEDecoder
-from durable_sse.stored import StoredAhead, StoredPage
+from durable_sse.cursor.fence import RunningReader
+from durable_sse.cursor.l1 import LocalCursors
+from durable_sse.cursor.readers import ReaderLease
+from durable_sse.cursor.resolve import CursorResolver
+from durable_sse.gaps.model import GapChange, GapState, summarize
+from durable_sse.ids import compare_ids
+from durable_sse.log.records import EventRecord, InsertResult, StoredPage
+from durable_sse.reader.pipeline import CommitPipeline, Settled
+from durable_sse.reader.session import ReadSession
+from durable_sse.sse.decoder import Comment
 from tests.sim.server import Profile, SimConnection, SimServer
 from tests.sim.stores import MemoryEventLog, MemoryRedis
 from workflows.routes import (
@@ -143,6 +148,9 @@ class World:
         self.seed = seed
         self.rng = random.Random(seed)
         self.profile = profile or random_profile(self.rng)
+        if profile is None:
+            # Its own generator: schedules draw what they drew before the setting existed.
+            self.profile.verify = random.Random(f"{seed}:verify").random() < 0.5
         self.faults = faults or Faults()
         self.server = SimServer(self.rng, self.profile)
         order = "numeric" if self.rng.random() < 0.5 else "natural"
@@ -155,6 +163,7 @@ class World:
             replay_window=history_seconds * self.rng.choice([0.5, 0.8, 1.5]),
             lagged_reconnect_interval=self.rng.choice([0.0, 0.5, 2.0]),
             contiguous_ids=self.profile.contiguous,
+            verify_reconnects=self.profile.verify,
             mercure_last_event_id=self.profile.mercure,
             batch_max_events=self.rng.choice([1, 3, 8]),
             batch_max_delay=0.1,
@@ -188,6 +197,8 @@ class World:
                 self.spec.replay_window,
             )
         self.deleting: RetentionRun | None = None
+        self.cut_connections: list[SimConnection] = []
+        """Connections the server cut since the last connection started."""
         self._attempts = count(1)
 
     def maybe_inject_drop(self, chance: float) -> None:
@@ -390,7 +401,12 @@ class World:
             start_id=plan.start_id,
             known_gaps=plan.known_gaps,
             events_read_before=state.counters.events_read,
+            verify=plan.verify,
         )
+        for cut in self.cut_connections:
+            # What a verification of this reconnect covers, as the store has it now.
+            cut.verified = (self.log.lagging_id, self.log.floor)
+        self.cut_connections.clear()
         attempt = await Attempt.start(self, read_input, retried=False, progress=None)
         self.note(
             f"connect {plan.route.value} start_id={plan.start_id} -> cursor "
@@ -440,6 +456,7 @@ class World:
             id_order=self.spec.id_order,
             jitter=self.rng.random(),
             duration=steps * STEP,
+            verify_reconnects=self.spec.verify_reconnects,
         )
         if decision.refresh_gaps:
             fold_gaps(state, await self.log.gap_summary(STREAM, self.log.order))
@@ -454,8 +471,8 @@ class World:
         return (
             not self.generating
             and not self.zombies
-            and attempt.intake.cursor == str(self.server.newest)
-            and not attempt.inflight
+            and attempt.cursor == str(self.server.newest)
+            and not attempt.pipeline.in_flight
             and not self.log.open_gaps()
         )
 
@@ -504,6 +521,23 @@ class World:
             state.pending_replay = ReplaySignal(from_id=self.log.newest_at_or_before(moment))
 
     # -- the end ----------------------------------------------------------------------
+
+    def _verifiable_skips(self) -> set[int]:
+        """Ids a cut connection skipped whose notice was lost with it, inside the span the
+        next connection's verification covers: ``verify_reconnects`` must bring them back
+        (or count them, when the history lost them before the re-read)."""
+        found: set[int] = set()
+        for connection in self.server.connections:
+            if not connection.cut or connection.verified is None:
+                continue
+            lagging, floor = connection.verified
+            if lagging is None or floor is None:
+                continue
+            low, high = int(lagging), int(floor)
+            for notice in connection.notices:
+                if not notice.read:
+                    found.update(n for n in notice.skipped if low < n <= high)
+        return found
 
     def verdict(self) -> None:
         """The final oracle (after :meth:`run` settled)."""
@@ -558,6 +592,14 @@ class World:
                 if not notice.read
                 for n in notice.skipped
             }
+            # With verify_reconnects a notice lost with a connection the server cut is no
+            # excuse: the next connection suspects everything read since the lagging id
+            # and re-reads it. Only ids outside that span (no lagging id yet, or ids the
+            # lagging id had passed) stay unknowable.
+            must_recover = self._verifiable_skips() if self.profile.verify else set()
+            silent -= must_recover
+            if must_recover:
+                self.tally.counts["ids skipped with a notice lost, verified"] += len(must_recover)
             # A gap that starts at the stream's oldest stored id has no older id to
             # start its repair from, so nothing can show that the history no longer
             # reaches it: its loss is unknowable too.
@@ -567,7 +609,7 @@ class World:
                 for n in lost
                 if counted_by_a_gap(n)
                 or (
-                    n in self.server.delivered
+                    (n in self.server.delivered or n in must_recover)
                     and n not in silent
                     and not any(g.contains(str(n), self.log.order) for g in blind)
                 )
@@ -646,25 +688,73 @@ class World:
         self.tally.counts["gaps unrecoverable"] = len(unrecoverable)
 
 
-class Attempt:
-    """One execution attempt of ``read_stream``: the activity shell, simulated."""
+class SimWriter:
+    """The writer one attempt submits to: the memory store, committed one batch at a time
+    at moments the scheduler picks (in submission order, as group commit does)."""
 
-    def __init__(self, world: World, read_input: ReadInput) -> None:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.pending: deque[SimJob] = deque()
+
+    def submit_batch(
+        self,
+        stream: str,
+        id_order: str,
+        events: Sequence[EventRecord],
+        *,
+        after: object = None,
+        gap_changes: Sequence[object] = (),
+    ) -> SimJob:
+        job = SimJob(list(events), [c for c in gap_changes if isinstance(c, GapChange)])
+        self.pending.append(job)
+        return job
+
+    def finished(self, job: SimJob) -> bool:
+        return job.result is not None
+
+    def result(self, job: SimJob) -> InsertResult:
+        assert job.result is not None
+        return job.result
+
+    def commit_next(self) -> SimJob:
+        """The oldest pending batch's transaction."""
+        job = self.pending.popleft()
+        world = self.world
+        job.result = world.log.commit(job.records, job.changes, now=world.now)
+        if world.log.anomalies:
+            raise Violation(f"retention: {world.log.anomalies[:3]}")
+        return job
+
+
+@dataclass(eq=False)
+class SimJob:
+    records: list[EventRecord]
+    changes: list[GapChange]
+    result: InsertResult | None = None
+
+
+class Attempt:
+    """One execution attempt of ``read_stream``: the real :class:`ReadSession` and
+    :class:`CommitPipeline`, fed by the simulated server and committed by the scheduler."""
+
+    def __init__(self, world: World, read_input: ReadInput, session: ReadSession) -> None:
         self.world = world
         self.input = read_input
         self.rng = world.rng
-        self.inflight: list[Batch] = []
+        self.session = session
+        self.writer = SimWriter(world)
+        self.pipeline = CommitPipeline(
+            session,
+            self.writer,
+            cursors=[self._to_l1, world.redis.submit],
+            on_settled=self._settled,
+        )
         self.heartbeat: ReadProgress | None = None
         self.finished = False
         self.committed_any = False
         self.zombie = False
         self.lifetime = 0
         self.connection: SimConnection
-        self.intake: Intake
-        self.decoder: SSEDecoder
-        self.start_cursor: str | None = None
-        self.first_id: str | None = None
-        self.source = ""
         self.page_coming: StoredPage | None = None
         """A page of stored keys read from the log, not yet handed over (a fetch in
         flight: the log may take more rows meanwhile, never lose one)."""
@@ -680,41 +770,24 @@ class Attempt:
         retried: bool,
         progress: ReadProgress | None,
     ) -> Attempt:
-        attempt = cls(world, read_input)
-        start = await world.resolver().resolve(
-            STREAM,
-            world.spec.id_order,
-            Route(read_input.route),
-            explicit=read_input.start_id,
-            retry_of=progress,
+        session = ReadSession(
+            read_input,
+            previous=progress,
             retried=retried,
-            reader=attempt.reader,
-        )
-        attempt.start_cursor = start.cursor
-        attempt.source = start.source
-        attempt.intake = Intake(
-            world.spec,
-            route=Route(read_input.route),
-            cursor=start.cursor,
-            context=start.context,
-            known_gaps=read_input.known_gaps,
             new_gap_id=world.new_gap_id,
             now_iso=lambda: world.now.isoformat(),
-            retried=retried,
-            read_before=read_input.events_read_before > 0
-            or (progress is not None and progress.counts.events_read > 0),
         )
-        floor = start.context.floor
-        if start.cursor and is_newer(floor, start.cursor, world.spec.id_order):
-            if world.rng.random() < 0.8:
-                # A replay skips what is stored (durable_sse.stored), as the activity does:
-                # its first page before the first event, the next ones while it reads.
-                attempt.intake.stored = StoredAhead(
-                    world.spec.id_order, start=start.cursor, page_rows=world.rng.choice([2, 5, 40])
-                )
-                attempt._fetch_stored()
-                attempt._page_arrives()
-        attempt.decoder = SSEDecoder(last_event_id=start.cursor or "")
+        attempt = cls(world, read_input, session)
+        start = await session.resolve(world.resolver(), reader=attempt.reader)
+
+        def page_rows() -> int | None:
+            # A replay skips what is stored (reader.stored), as the activity does, most of
+            # the time: its first page before the first event, the next ones as it reads.
+            return world.rng.choice([2, 5, 40]) if world.rng.random() < 0.8 else None
+
+        if session.begin(start, page_rows=page_rows):
+            attempt._fetch_stored()
+            attempt._page_arrives()
         replay = Route(read_input.route) is not Route.LIVE
         faults = world.faults
         world.maybe_inject_drop(faults.one_shot_replay if replay else faults.one_shot)
@@ -725,33 +798,44 @@ class Attempt:
             and floor is not None
             and compare_ids(start.cursor, floor, world.spec.id_order) < 0
         )
-        attempt.intake.head(truncation_header=attempt.connection.header)
+        session.head(truncation_header=attempt.connection.header)
         if world.rng.random() < 0.9:
             attempt._beat()
         return attempt
 
+    @property
+    def start_cursor(self) -> str | None:
+        return self.session.start_cursor
+
+    @property
+    def source(self) -> str:
+        return self.session.result.cursor_source or ""
+
+    @property
+    def cursor(self) -> str | None:
+        return self.session.started.cursor
+
     def _beat(self) -> None:
-        self.heartbeat = ReadProgress(
-            cursor=self.intake.cursor,
-            start_cursor=self.start_cursor,
-            first_id=self.first_id,
-            counts=ReadCounts(**vars(self.intake.counts)),
-        )
+        self.heartbeat = self.session.progress()
 
     def step(self) -> Outcome | None:
         """Read a little, cut, commit a little. An outcome when the connection ended."""
         if self.finished:
             return None
-        intake, connection = self.intake, self.connection
+        session, connection = self.session, self.connection
+        intake = session.started
         if intake.outcome is not None:
             return intake.outcome
         connection.pump()
         if self.rng.random() < self.world.profile.disconnect_rate:
             cut = self.rng.randint(0, len(connection.buffer))
             self._take(connection.read(cut))
-            intake.end()
+            if not self.zombie:
+                connection.cut = True
+                self.world.cut_connections.append(connection)
+            outcome = session.ended()
             self._collect()
-            return intake.outcome or Outcome.DROPPED
+            return outcome
         chunk = connection.read(self.rng.randint(1, 200))
         if chunk:
             self._take(chunk)
@@ -761,107 +845,92 @@ class Attempt:
             self._fetch_stored()
         intake.poll(self.world.clock)
         self._collect()
-        while self.inflight and (len(self.inflight) > 3 or self.rng.random() < 0.6):
+        while self.pipeline.in_flight and (
+            len(self.pipeline.in_flight) > 3 or self.rng.random() < 0.6
+        ):
             self._commit_one()
         if self.world.deletes.random() < 0.2:
-            # The progress report moves the registration's hold (read.py, _move_hold).
+            # The progress report moves the registration's hold (Connection.move_hold).
             hold = intake.retention_hold(self.world.clock)
             if hold is not None:
                 self.world.log.move_reader(self.reader.reader_id, hold)
         return intake.outcome
 
     def _take(self, chunk: bytes) -> None:
-        """Decode and hand over, item by item: every item of a chunk read is taken, also
-        once the intake has decided to end (as the reader takes what it read ahead); an
-        ending connection only reads no further chunk (``step``)."""
-        for item in self.decoder.feed(chunk):
-            self.intake.take([item], received_at=self.world.now, now=self.world.clock)
+        """Decode and hand over: every item of a chunk read is taken, also once the
+        intake has decided to end (as the reader takes what it read ahead); an ending
+        connection only reads no further chunk (``step``)."""
+        items = self.session.feed(chunk, received_at=self.world.now, now=self.world.clock)
+        for item in items:
             if isinstance(item, Comment) and item.text != "ping":
                 self.connection.notice_taken()
 
     def _fetch_stored(self) -> None:
-        stored = self.intake.stored
-        assert stored is not None
-        after = stored.next_fetch(self.intake.last_read)
+        after = self.session.stored_fetch_due()
         if after is not None:
-            stored.fetching = True
-            self.page_coming = self.world.log.stored_page(after, stored.page_rows)
+            self.page_coming = self.world.log.stored_page(after, self.session.page_rows)
 
     def _page_arrives(self) -> None:
-        stored = self.intake.stored
-        if stored is not None and self.page_coming is not None:
-            stored.add(self.page_coming)
+        if self.page_coming is not None:
+            self.session.stored_page(self.page_coming)
             self.page_coming = None
 
     def _collect(self) -> None:
-        while self.intake.ready:
-            self.inflight.append(self.intake.ready.popleft())
+        self.pipeline.submit_ready()
+        self.pipeline.settle()  # batches with nothing to write move the cursor at once
 
     def _commit_one(self) -> None:
-        batch = self.inflight.pop(0)
-        world = self.world
-        inserted = world.log.commit(batch.records, batch.gap_changes, now=world.now)
-        new_rows = inserted.new_rows
-        if world.log.anomalies:
-            raise Violation(f"retention: {world.log.anomalies[:3]}")
+        """One transaction of this attempt's (the oldest pending), then what it moved."""
+        if self.writer.pending:
+            self.writer.commit_next()
+        self.pipeline.settle()
+        self.pipeline.check()
+
+    def _to_l1(self, stream: str, cursor: str, order: str) -> None:
+        if not self.zombie:  # a presumed-dead attempt's worker kept its own L1
+            self.world.l1.advance(stream, cursor, order)
+
+    def _settled(self, settled: Settled) -> None:
+        world, batch = self.world, settled.batch
         self.committed_any = True
         if batch.skipped:
             world.tally.add("events skipped as stored")
         if self.zombie and self.start_cursor is None:
             world.late_first_rows.update(int(r.event_id) for r in batch.records if r.event_id)
-        first = self.first_id is None and self.start_cursor is None
         if batch.gap_changes:
             world.note(
                 f"commit {[r.event_id for r in batch.records]} changes "
                 f"{[_described(change) for change in batch.gap_changes]}"
             )
-        if self.intake.committed(
-            batch,
-            new_rows=new_rows,
-            reused=inserted.reused,
-            dropped_by_horizon=inserted.dropped_by_horizon,
-        ):
-            cursor = self.intake.cursor
-            assert cursor is not None
-            if not self.zombie:
-                world.l1.advance(STREAM, cursor, world.spec.id_order)
-            world.redis.submit(STREAM, cursor, world.spec.id_order)
-            world.check_notices(self.connection, cursor)
-            if first:
-                self.first_id = (batch.records[0].event_id if batch.records else "") or cursor
-        if (first and self.first_id is not None) or self.rng.random() < 0.7:
+        if settled.moved.cursor is not None:
+            world.check_notices(self.connection, settled.moved.cursor)
+        if settled.moved.first or self.rng.random() < 0.7:
             self._beat()
 
     def inflight_lost(self) -> None:
         """The worker died: batches not yet committed never will be."""
-        self.inflight.clear()
+        self.writer.pending.clear()
+        self.pipeline.abandon()
         self.finished = True
 
     def finish(self, outcome: Outcome) -> ReadResult:
-        """Flush (commit everything read) and build the result, as ``_finish`` does."""
-        intake = self.intake
-        intake.end()
+        """Flush (commit everything read) and build the result, as the connection does."""
+        self.session.stop()
         self._collect()
-        while self.inflight:
+        while self.pipeline.in_flight:
             self._commit_one()
         self.finished = True
         log = self.world.log
         log.release_reader(self.reader.reader_id)
-        return ReadResult(
-            outcome=intake.ending(outcome),
-            start_cursor=self.start_cursor,
-            last_cursor=intake.cursor,
-            counts=intake.counts,
-            drop=intake.drop,
-            gaps=_summary(log),
-            lagging_id=log.lagging_id,
-            retry_ms=self.decoder.retry,
-        )
+        result = self.session.finish(outcome)
+        result.gaps = summarize(list(log.gaps.values()), log.order)
+        result.lagging_id = log.lagging_id
+        return result
 
 
 @dataclass
 class RetentionRun:
-    """A retention run in progress (``EventLog.apply_retention``, one statement a step)."""
+    """A retention run in progress (``Prune.apply_retention``, one statement a step)."""
 
     cutoff: datetime
     limit: int
@@ -874,12 +943,6 @@ def _described(change: GapChange) -> dict[str, object]:
     if change.opened is not None:
         shown["opened"] = (change.opened.start_id, change.opened.notice_id)
     return shown
-
-
-def _summary(log: MemoryEventLog):  # noqa: ANN202 - GapSummary
-    from durable_sse.gaps import summarize
-
-    return summarize(list(log.gaps.values()), log.order)
 
 
 async def run_schedule(seed: int, **options: object) -> World:

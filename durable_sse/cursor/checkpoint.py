@@ -1,0 +1,159 @@
+"""The checkpoint row (``sse_checkpoints``): the lagging id, and the stream's id order.
+
+The lagging id is the newest id persisted at least one replay window ago, moved forward
+by each checkpoint run and never past an open gap
+(:func:`~durable_sse.cursor.fence.lagging_target`): the only store that can answer
+"where was I before the last few hours happened". The
+row also records the ``id_order`` the stream's keys are made with; work under another
+order is refused (:func:`~durable_sse.log.retention.check_id_order`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from durable_sse.contracts import AdvanceResult, CheckpointState
+from durable_sse.cursor.fence import lagging_target, live_starts, retention_fence
+from durable_sse.cursor.readers import Readers
+from durable_sse.gaps.store import GapStore
+from durable_sse.ids import IdOrder, sort_key
+from durable_sse.log.database import Database
+from durable_sse.log.reads import received_at
+from durable_sse.log.records import from_db_time, to_utc
+from durable_sse.log.retention import Fence, check_id_order
+from durable_sse.log.schema import checkpoints_table, events_table
+
+
+class CheckpointStore:
+    """Reads and moves the lagging id, over the shared database."""
+
+    def __init__(self, database: Database, *, gaps: GapStore, readers: Readers) -> None:
+        self._database = database
+        self._gaps = gaps
+        self._readers = readers
+
+    async def get_checkpoint(self, stream: str) -> CheckpointState | None:
+        return await self._database.run(
+            f"read the checkpoint of stream {stream!r}", self._get_checkpoint_sync, stream
+        )
+
+    async def advance_lagging(
+        self, stream: str, id_order: str, *, window: float, now: datetime
+    ) -> AdvanceResult:
+        """Move the lagging id to the newest id received at least ``window`` s before ``now``.
+
+        One transaction: creates the row if missing, then a conditional UPDATE that only
+        moves forward under the id order and never past an open gap's resume point.
+        """
+        cutoff = to_utc(now) - timedelta(seconds=window)
+        return await self._database.run(
+            f"advance the lagging id of stream {stream!r}",
+            self._advance_sync,
+            stream,
+            IdOrder(id_order),
+            cutoff,
+        )
+
+    def ensure(self, connection: Connection, stream: str, order: IdOrder) -> None:
+        statement = (
+            self._database.insert(checkpoints_table)
+            .values(stream=stream, id_order=order.value, updated_at=datetime.now(UTC))
+            .on_conflict_do_nothing(index_elements=["stream"])
+        )
+        connection.execute(statement)
+
+    def check_order(self, connection: Connection, stream: str, order: IdOrder) -> str | None:
+        """The stream's lagging id, after making sure its keys are made under ``order``
+        (raises :class:`~durable_sse.errors.IdOrderMismatchError` otherwise)."""
+        table = checkpoints_table
+        row = connection.execute(
+            sa.select(table.c.lagging_id, table.c.id_order).where(table.c.stream == stream)
+        ).first()
+        if row is None:
+            return None
+        check_id_order(stream, stored=row.id_order, wanted=order.value)
+        return row.lagging_id
+
+    def _get_checkpoint_sync(self, stream: str) -> CheckpointState | None:
+        table = checkpoints_table
+        with self._database.begin() as connection:
+            row = connection.execute(sa.select(table).where(table.c.stream == stream)).first()
+        if row is None:
+            return None
+        return CheckpointState(
+            stream=row.stream,
+            lagging_id=row.lagging_id,
+            lagging_at=_iso(row.lagging_at),
+            updated_at=_iso(row.updated_at),
+        )
+
+    def _advance_sync(self, stream: str, order: IdOrder, cutoff: datetime) -> AdvanceResult:
+        events, table = events_table, checkpoints_table
+        with self._database.begin() as connection:
+            # A write first: on SQLite this takes the write lock before anything is read.
+            self.ensure(connection, stream, order)
+            self.check_order(connection, stream, order)
+            candidate = connection.execute(
+                sa.select(events.c.event_id, events.c.received_at)
+                .where(
+                    events.c.stream == stream,
+                    events.c.id_key.is_not(None),
+                    events.c.received_at <= cutoff,
+                )
+                .order_by(events.c.id_key.desc(), events.c.received_at.desc())
+                .limit(1)
+            ).first()
+            target, held, cap = lagging_target(
+                candidate.event_id if candidate is not None else None,
+                self._gaps.open_gaps(connection, stream, lock=True),
+                order,
+            )
+            target_at = None
+            if target is not None:
+                if candidate is not None and target == candidate.event_id:
+                    target_at = candidate.received_at
+                else:
+                    target_at = received_at(connection, stream, target)
+            moved = False
+            if target is not None:
+                key = sort_key(target, order)
+                result = connection.execute(
+                    sa.update(table)
+                    .where(
+                        table.c.stream == stream,
+                        sa.or_(table.c.lagging_key.is_(None), table.c.lagging_key < key),
+                    )
+                    .values(
+                        lagging_id=target,
+                        lagging_key=key,
+                        lagging_at=from_db_time(target_at),
+                        id_order=order.value,
+                        updated_at=datetime.now(UTC),
+                    )
+                )
+                moved = result.rowcount == 1
+            lagging = connection.execute(
+                sa.select(table.c.lagging_id).where(table.c.stream == stream)
+            ).scalar_one()
+        return AdvanceResult(lagging_id=lagging, moved=moved, held_by_gap=held, cap_id=cap)
+
+    def fence_in(self, connection: Connection, stream: str, order: IdOrder) -> Fence:
+        """Retention's fence, read in the caller's transaction (the prune job's hook):
+        the lagging id (after checking ``order``), the open gaps' starts and the live
+        connections' starts."""
+        lagging = self.check_order(connection, stream, order)
+        readers = self._readers.running(connection, stream)
+        return retention_fence(
+            lagging,
+            self._gaps.open_gaps(connection, stream),
+            order,
+            live_starts(readers, datetime.now(UTC)),
+        )
+
+
+def _iso(moment: datetime | None) -> str | None:
+    value = from_db_time(moment)
+    return None if value is None else value.isoformat()

@@ -1,0 +1,432 @@
+"""One connection's view of its stream's gaps: what it opens, proves and writes with
+each batch.
+
+Pure: the reader's intake (:mod:`durable_sse.reader.intake`) drives it in reading order
+and puts the :class:`~durable_sse.gaps.model.GapChange` s it asks for into the batches
+it submits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from durable_sse.gaps.model import SHORT_READS_TO_LOSE, Gap, GapChange, GapKind, StreamContext
+from durable_sse.ids import IdOrder, compare_ids, contiguous_number, newest
+
+
+class GapTracker:
+    """What one connection knows, proves and opens about its stream's gaps.
+
+    Longer than the house's ~300 lines for a class: its methods share one connection's
+    state (the gaps it carries, what it has proven, the changes queued for the next
+    batch) and are called by one caller in one order; split, each half would need the
+    other's private state.
+
+    The reader calls, in reading order: :meth:`first_event` for the first id read,
+    :meth:`drop_signal` for a notice (after submitting what was read before it),
+    :meth:`id_read` for every id, :meth:`jump` for a hole in contiguous ids, and
+    :meth:`batch_changes` for every batch it submits (the changes go into that batch's
+    transaction). Batches must not straddle :meth:`segment` boundaries, so the new rows
+    of a batch are wholly inside or outside each gap.
+    """
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        order: IdOrder | str,
+        cursor: str | None,
+        context: StreamContext,
+        contiguous: bool,
+        new_gap_id: Callable[[], str],
+        now: Callable[[], str],
+    ) -> None:
+        self.stream = stream
+        self.order = IdOrder(order)
+        self.cursor = cursor
+        self.context = context
+        self.contiguous = contiguous
+        self._new_gap_id = new_gap_id
+        self._now = now
+        self.gaps: dict[str, Gap] = {g.gap_id: g for g in context.open_gaps if g.is_open}
+        self.covered_from: str | None = None
+        """Re-read continuously from here (None: this connection proves nothing)."""
+        self.clean = True
+        """No drop signal of this connection so far: its batches are evidence."""
+        self.short_history = False
+        """The first event suggested a short history for a gap being repaired (a
+        strike): the connection should end soon so that another repair tries again."""
+        self._strikes: list[GapChange] = []
+        self.first_id: str | None = None
+        self.last_id: str | None = None
+        self.opened: list[str] = []
+        self._queued: list[GapChange] = []
+        self._awaiting_end: Gap | None = None
+        self._first_seen = False
+        self._early_notice: str | None = None
+        """The gap of a notice that came before the connection's first event."""
+
+    # -- reading --------------------------------------------------------------------
+
+    def first_event(
+        self, event_id: str, *, history_short: bool = False, history_confirmed: bool = False
+    ) -> None:
+        """The first id read: did the server's history reach the cursor sent?
+
+        The connection is evidence from the cursor on only when that is *shown*: the ids
+        are contiguous and the first is the cursor's successor, the server confirmed the
+        cursor (``history_confirmed``), or the first id is not newer than the first id
+        stored after the cursor (the witness). Otherwise it is evidence from its first
+        id on, and the gaps it set out to repair that lie before that id get a strike.
+
+        Args:
+            history_short: the server said its history does not reach the cursor (a
+                ``Mercure-Last-Event-ID`` unlike it).
+            history_confirmed: the server said it resumed at the cursor (that header,
+                equal to it).
+        """
+        self._first_seen = True
+        self.first_id = event_id
+        cursor = self.cursor
+        if cursor is None:
+            return
+        if history_short:
+            self.covered_from = event_id
+            self._lose_covered(cursor, event_id, definite=True)
+            self._open_skipped(
+                cursor, event_id, kind=GapKind.MERCURE_HEADER, lost=True, at_start=True
+            )
+            return
+        if self.contiguous:
+            low, high = contiguous_number(cursor), contiguous_number(event_id)
+            if low is not None and high is not None:
+                if high <= low + 1:
+                    self.covered_from = cursor
+                    return
+                # The history starts after the cursor, or this connection dropped ids
+                # at its start: gaps being repaired get a strike; ids never stored in
+                # between get a gap of their own.
+                self.covered_from = event_id
+                self._lose_covered(cursor, event_id, definite=False)
+                self._open_skipped(cursor, event_id, kind=GapKind.ID_GAP, lost=False, at_start=True)
+                return
+        witness = self.context.witness
+        reached = history_confirmed or (
+            witness is not None and compare_ids(event_id, witness, self.order) <= 0
+        )
+        if reached:
+            self.covered_from = cursor
+            return
+        # Evidence from here on only. The server skipped ids stored after the cursor: its
+        # history may be shorter (a strike for the gaps this connection set out to
+        # repair). Nothing stored after the cursor to compare with: nothing is shown
+        # either way, and an unrepaired gap waits for a repair that starts before it.
+        self.covered_from = event_id
+        if witness is not None:
+            self._lose_covered(cursor, event_id, definite=False)
+
+    def id_read(self, event_id: str) -> None:
+        """Every id read, in order (the first after a notice is the hole's end)."""
+        if not self._first_seen:
+            self.first_event(event_id)
+        if self._awaiting_end is not None:
+            gap = self._awaiting_end
+            if gap.end_id is None:
+                gap.end_id = event_id
+                change = GapChange(gap.gap_id, end_id=event_id)
+                if gap.gap_id == self._early_notice and self.contiguous:
+                    # The notice came before any event: it speaks of the ids between the
+                    # cursor and this one only. The store narrows it to what is missing.
+                    change.contiguous = True
+                    change.early_floor = self.context.floor or gap.start_id
+                self._queued.append(change)
+            self._awaiting_end = None
+        self.last_id = event_id
+
+    def suspect(self, detail: str) -> Gap | None:
+        """This attempt replaces one that died: record what that one read (from this
+        connection's cursor to the newest stored id) as a gap to re-read, so that a
+        drop notice it read and never wrote is repaired even if this attempt is cut short
+        too. This connection's own continuous read can close it."""
+        start = newest([self.cursor, self.context.lagging_id], self.order)
+        bound = self.context.floor
+        if start is None or bound is None or compare_ids(bound, start, self.order) <= 0:
+            return None
+        # Through the newest stored id (what the dead attempt committed) and one id past
+        # it: a late notice it read may be about the ids right after, which a history
+        # cut short could take before anyone reads them.
+        gap = self._open(
+            GapKind.RETRY, start=start, end=None, notice=bound, announced=None, detail=detail
+        )
+        self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
+        return gap
+
+    def verify(self, detail: str) -> Gap | None:
+        """A reconnect of a stream that verifies its reconnects: record what was read
+        since the lagging id (up to the newest stored id) as a suspected gap, to be
+        re-read and closed on evidence like any gap (:data:`GapKind.SUSPECTED`).
+
+        A suspicion still open from an earlier reconnect already covers the span up to
+        its own end: the new one starts there, so suspicions never overlap. None when
+        there is nothing to suspect (no lagging id yet, nothing stored after it).
+        """
+        start = self.context.lagging_id
+        for gap in self.context.open_gaps:
+            if gap.is_open and gap.kind == GapKind.SUSPECTED:
+                start = newest([start, gap.bound()], self.order)
+        bound = self.context.floor
+        if start is None or bound is None or compare_ids(bound, start, self.order) <= 0:
+            return None
+        # Through the newest stored id, which is its end: a skip the lost notice was about
+        # lies before an id the connection read after it (the cursor passed it); a skip
+        # after the newest stored id is sent again to the next connection anyway.
+        gap = self._open(
+            GapKind.SUSPECTED, start=start, end=bound, notice=bound, announced=None, detail=detail
+        )
+        self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
+        return gap
+
+    def no_resume(self) -> Gap:
+        """This connection reconnects with no id to resume from (see :func:`no_resume`):
+        record the loss window as lost, of unknown size; the first id it reads, if any,
+        is the window's end."""
+        gap = self._open(
+            GapKind.NO_RESUME,
+            start=None,
+            end=None,
+            notice=None,
+            announced=None,
+            detail="reconnected with no id to resume from: what the server sent meanwhile is lost",
+            lost=True,
+        )
+        if self._awaiting_end is None and not self._first_seen:
+            self._awaiting_end = gap
+        return gap
+
+    def jump(self, last_id: str, event_id: str) -> bool:
+        """A hole in contiguous ids between ``last_id`` and ``event_id``, mid-connection.
+
+        Returns True when it is a drop signal: it opened a gap over ids that are new or
+        part of an open gap. A hole among ids already stored (history the server no
+        longer has) is harmless and ignored.
+        """
+        return self._open_skipped(last_id, event_id, kind=GapKind.ID_GAP, lost=False)
+
+    def drop_signal(
+        self,
+        kind: GapKind,
+        *,
+        announced: int | None = None,
+        detail: str = "",
+        read_a_window_ago: str | None = None,
+    ) -> Gap:
+        """A notice or drop event: open a gap now; its end is the next id read.
+
+        Its start is the connection's cursor (or first id), or, on a connection that has
+        been reading for longer than a replay window, ``read_a_window_ago``: the id it
+        read one window ago (a notice speaks of what the server sent lately; that holds
+        for a replay of old ids as for the live tail).
+        """
+        self.clean = False
+        notice = self.last_id if self.last_id is not None else self.cursor
+        start = newest([self.cursor or self.first_id, read_a_window_ago], self.order)
+        if start is None:
+            start = self.context.lagging_id  # nothing read yet: the last window at most
+        fresh = notice is None or self._is_fresh(notice)
+        gap = self._open(
+            kind,
+            start=start,
+            end=None,
+            notice=notice,
+            announced=announced if fresh else None,
+            detail=detail,
+        )
+        self._awaiting_end = gap
+        if not self._first_seen and self.cursor is not None and start == self.cursor:
+            self._early_notice = gap.gap_id
+        return gap
+
+    # -- writing --------------------------------------------------------------------
+
+    def segment(self, event_id: str) -> frozenset[str]:
+        """The gaps a row with this id would fill (batches are cut where this changes)."""
+        if not self.gaps:
+            return frozenset()
+        return frozenset(g.gap_id for g in self.gaps.values() if g.contains(event_id, self.order))
+
+    def batch_changes(self, *, last_id: str | None, segment: frozenset[str]) -> list[GapChange]:
+        """The gap changes to commit with the batch just cut (its newest id ``last_id``)."""
+        changes, self._queued = self._queued, []
+        for gap in list(self.gaps.values()):
+            change = GapChange(gap.gap_id, contiguous=self.contiguous)
+            touched = False
+            if gap.gap_id in segment and gap.gap_id not in self.opened:
+                change.recovered = touched = True
+            if self._covers(gap) and last_id is not None:
+                if gap.passed_by(last_id, self.order):
+                    if gap.end_id is None:
+                        change.end_id = gap.end_id = last_id
+                    change.close = touched = True
+                    del self.gaps[gap.gap_id]
+                elif compare_ids(last_id, gap.resume_from(self.order) or last_id, self.order) > 0:
+                    change.reread_to = gap.reread_to = last_id
+                    touched = True
+            if touched:
+                changes.append(change)
+        return changes
+
+    @property
+    def has_queued(self) -> bool:
+        return bool(self._queued)
+
+    def pending_changes(self) -> list[GapChange]:
+        """Changes not yet given to a batch (the connection is ending: commit them alone),
+        with the strikes of a connection that saw no drop signal of its own."""
+        changes, self._queued = self._queued, []
+        if self.clean:
+            changes.extend(self._strikes)
+        self._strikes = []
+        return changes
+
+    # -- internals ------------------------------------------------------------------
+
+    def _covers(self, gap: Gap) -> bool:
+        if not self.clean or self.covered_from is None or gap.gap_id in self.opened:
+            return False
+        resume = gap.resume_from(self.order)
+        return resume is not None and compare_ids(resume, self.covered_from, self.order) >= 0
+
+    def _is_fresh(self, event_id: str) -> bool:
+        """Whether the connection reads new ids here (at or past the newest stored)."""
+        floor = self.context.floor
+        return floor is None or compare_ids(event_id, floor, self.order) >= 0
+
+    def _lose_covered(self, cursor: str, first_id: str, *, definite: bool) -> None:
+        """The history seems to start at ``first_id``: gaps this connection set out to
+        repair (resume point at or after the cursor) lose what lies before it, when the
+        server said so (``definite``) or a repair before this one saw the same; else it
+        is one strike, and :attr:`short_history` asks for another repair."""
+        for gap in list(self.gaps.values()):
+            resume = gap.resume_from(self.order)
+            if gap.gap_id in self.opened or resume is None:
+                continue
+            if compare_ids(resume, cursor, self.order) < 0:
+                continue  # not this connection's to repair
+            if compare_ids(first_id, resume, self.order) <= 0:
+                continue  # the history still reaches it
+            if not definite and gap.short_reads + 1 < SHORT_READS_TO_LOSE:
+                # A strike, written only if the connection ends with no drop signal of
+                # its own (a late notice would explain the skip).
+                gap.short_reads += 1
+                self.short_history = True
+                self._strikes.append(GapChange(gap.gap_id, short_to=first_id))
+                continue
+            if not definite and not self.clean:
+                continue  # a drop announced before the first event explains the skip
+            change = GapChange(gap.gap_id, contiguous=self.contiguous)
+            if definite:
+                change.lost_to = first_id
+            else:
+                change.short_to = first_id
+            gap.reread_to = first_id
+            gap.truncated = True
+            if gap.passed_by(first_id, self.order):
+                change.close = True
+                change.end_id = gap.end_id or first_id
+                del self.gaps[gap.gap_id]
+            self._queued.append(change)
+
+    def _open_skipped(
+        self, low: str, high: str, *, kind: GapKind, lost: bool, at_start: bool = False
+    ) -> bool:
+        """The server skipped the ids strictly between ``low`` and ``high``.
+
+        Ids never stored (past the floor) get a gap of their own; ``lost``: the server
+        cannot deliver them, so it is closed at once. Ids inside an open gap this
+        connection was re-reading mean the repair did not get through: no new record
+        (that gap stays open), but the connection is no longer evidence and must end.
+        Ids already stored are harmless. ``at_start``: the skip is the connection's first
+        event, which :meth:`_lose_covered` already weighed for the gaps it passes.
+        Returns True when the connection must end.
+        """
+        floor = self.context.floor
+        if any(self._holds(gap_id, low, high) for gap_id in self.opened):
+            self.clean = False
+            return True  # the skip a notice of this connection announced: already recorded
+        through_gap = not at_start and any(
+            self._overlaps(gap, low, high) for gap in self.gaps.values()
+        )
+        if through_gap:
+            self.clean = False
+        new_part = floor is None or compare_ids(high, floor, self.order) > 0
+        if not new_part:
+            return through_gap
+        fresh_low = low if floor is None else newest([low, floor], self.order)
+        assert fresh_low is not None
+        announced = None
+        low_number, high_number = contiguous_number(fresh_low), contiguous_number(high)
+        if low_number is not None and high_number is not None:
+            announced = high_number - low_number - 1
+            if announced <= 0:
+                return through_gap
+        self._open(
+            kind,
+            start=fresh_low,
+            end=high,
+            notice=fresh_low,
+            announced=announced,
+            detail=f"{announced if announced is not None else 'some'} ids skipped",
+            lost=lost,
+        )
+        if lost:
+            return through_gap  # nothing to repair: counted now, the stream reads on
+        self.clean = False
+        return True
+
+    def _holds(self, gap_id: str, low: str, high: str) -> bool:
+        """Whether a gap this connection opened already spans ``(low, high)``."""
+        gap = self.gaps.get(gap_id) or self._awaiting_end
+        if gap is None or gap.gap_id != gap_id or gap.start_id is None:
+            return False
+        if compare_ids(gap.start_id, low, self.order) > 0:
+            return False
+        bound = gap.end_id
+        return bound is None or compare_ids(bound, high, self.order) >= 0
+
+    def _overlaps(self, gap: Gap, low: str, high: str) -> bool:
+        resume, bound = gap.resume_from(self.order), gap.bound()
+        if resume is not None and compare_ids(high, resume, self.order) <= 0:
+            return False
+        return bound is None or compare_ids(low, bound, self.order) < 0
+
+    def _open(
+        self,
+        kind: GapKind,
+        *,
+        start: str | None,
+        end: str | None,
+        notice: str | None,
+        announced: int | None,
+        detail: str,
+        lost: bool = False,
+    ) -> Gap:
+        gap = Gap(
+            gap_id=self._new_gap_id(),
+            stream=self.stream,
+            kind=kind.value,
+            start_id=start,
+            end_id=end,
+            notice_id=notice,
+            announced=announced,
+            seen_at=self._now(),
+            detail=detail[:200],
+            truncated=lost,
+        )
+        change = GapChange(gap.gap_id, opened=gap, contiguous=self.contiguous)
+        if lost or start is None:
+            change.truncated = change.close = True
+        else:
+            self.gaps[gap.gap_id] = gap
+        self.opened.append(gap.gap_id)
+        self._queued.append(change)
+        return gap

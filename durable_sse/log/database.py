@@ -1,0 +1,205 @@
+"""The database every job of the event log shares: one engine, one thread pool, one way
+to run a call and to report its failure.
+
+Each job (:mod:`~durable_sse.log.writer`, :mod:`~durable_sse.log.reads`,
+:mod:`~durable_sse.log.prune`, the gap store, the checkpoint and start stores) is a small
+class over one :class:`Database`, built once per process (:class:`durable_sse.stores.Stores`).
+Blocking SQLAlchemy/driver calls run in the pool's threads, never on the event loop, and
+surface as :class:`~durable_sse.errors.StoreError` naming the database (never its
+password) and what was being done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
+
+from durable_sse.config.settings import sqlite_path
+from durable_sse.errors import StoreError
+from durable_sse.log.schema import CREATE_STAGING
+
+T = TypeVar("T")
+
+DEFAULT_CONNECT_TIMEOUT = 5
+SQLITE_BUSY_TIMEOUT = 30.0
+WORKERS = 16
+"""Threads for database calls: the commit lanes plus checkpoint reads and writes."""
+
+
+class Database:
+    """An engine and the threads that use it.
+
+    The constructor does no I/O; the first call that runs a statement connects.
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+        workers: int = WORKERS,
+    ) -> None:
+        self.engine = make_engine(database_url, connect_timeout=connect_timeout)
+        self.where = describe_database(self.engine.url)
+        """The database in words, for messages (never the password)."""
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sse-db")
+        self._closed = False
+
+    @property
+    def dialect(self) -> str:
+        """``"postgresql"`` or ``"sqlite"``."""
+        return self.engine.dialect.name
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def insert(self, table: sa.Table) -> Any:
+        """The dialect's ``INSERT`` (it has ``on_conflict_do_nothing/update``)."""
+        module = pg_dialect if self.dialect == "postgresql" else sqlite_dialect
+        return module.insert(table)
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A connection in a transaction, committed when the block ends."""
+        with self.engine.connect() as connection, connection.begin():
+            yield connection
+
+    async def run(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in a database thread; ``action`` names it in errors.
+
+        If the caller is cancelled, the call still ends (commits or rolls back) before
+        the cancellation moves on, so no transaction outlives :meth:`close`.
+        """
+        self.refuse_if_closed(action)
+        loop = asyncio.get_running_loop()
+        call = functools.partial(self.guarded, action, function, *args)
+        return await outlast_cancellation(loop.run_in_executor(self.executor, call))
+
+    def guarded(self, action: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` with database errors turned into a :class:`StoreError`."""
+        try:
+            return function(*args)
+        except StoreError:
+            raise
+        except (sa.exc.SQLAlchemyError, psycopg.Error, sqlite3.Error) as error:
+            raise self.store_error(error, action) from error
+
+    def store_error(self, error: BaseException, action: str) -> StoreError:
+        if isinstance(error, StoreError):
+            return error
+        if isinstance(error, sa.exc.DBAPIError) and error.statement is None:
+            # Raised while connecting: no statement ran.
+            failure = StoreError(f"{self.where} is unreachable: {error_summary(error)}")
+        else:
+            failure = StoreError(f"{self.where} failed to {action}: {error_summary(error)}")
+        failure.__cause__ = error
+        return failure
+
+    def refuse_if_closed(self, action: str) -> None:
+        if self._closed:
+            raise StoreError(f"{self.where}: the event log is closed (while trying to {action})")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, self.engine.dispose)
+        self.executor.shutdown(wait=False)
+
+
+def make_engine(database_url: str, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> Engine:
+    """Build (without connecting) an engine tuned for the event log.
+
+    PostgreSQL connections get the COPY staging table as they open; SQLite connections
+    get WAL mode, ``synchronous=NORMAL`` and a busy timeout so concurrent writers wait
+    instead of failing.
+    """
+    url = make_url(database_url)
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        engine = sa.create_engine(
+            url,
+            connect_args={"connect_timeout": max(2, int(connect_timeout))},
+            pool_pre_ping=True,
+            pool_size=8,
+            max_overflow=8,
+            hide_parameters=True,
+        )
+        event.listen(engine, "connect", _prepare_postgresql)
+        return engine
+    if backend == "sqlite":
+        options: dict[str, Any] = {
+            "connect_args": {"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False},
+            "hide_parameters": True,
+        }
+        if sqlite_path(database_url) is None:
+            # In-memory: every connection would get its own empty database.
+            options["poolclass"] = StaticPool
+        engine = sa.create_engine(url, **options)
+        event.listen(engine, "connect", _prepare_sqlite)
+        return engine
+    raise StoreError(f"unsupported database {backend!r}: use postgresql:// or sqlite:///")
+
+
+def _prepare_postgresql(dbapi_connection: Any, _record: Any) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute(CREATE_STAGING)
+    dbapi_connection.commit()
+
+
+def _prepare_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT * 1000)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+    finally:
+        cursor.close()
+
+
+def describe_database(url: URL | str) -> str:
+    """Where the database is, for error messages: never the password."""
+    url = make_url(url) if isinstance(url, str) else url
+    if url.get_backend_name() == "postgresql":
+        return f"PostgreSQL at {url.host or 'localhost'}:{url.port or 5432}"
+    return f"SQLite database {url.database or ':memory:'}"
+
+
+def error_summary(error: BaseException) -> str:
+    """The driver's first message line: no SQL, no parameters (event data), no password."""
+    original = getattr(error, "orig", None) or error
+    text = str(original).strip()
+    return text.splitlines()[0] if text else type(original).__name__
+
+
+def driver(connection: Connection) -> Any:
+    """The psycopg connection under a SQLAlchemy one (COPY and raw statements)."""
+    dbapi = connection.connection.driver_connection
+    assert dbapi is not None
+    return dbapi
+
+
+async def outlast_cancellation(future: asyncio.Future[T]) -> T:
+    """Await work that already runs in a database thread; if the caller is cancelled, let
+    the transaction end (commit or roll back) before the cancellation moves on, so it
+    never outlives close()."""
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise

@@ -1,0 +1,335 @@
+"""One SSE connection, with its I/O: start, read, commit, end.
+
+The decisions are :class:`~durable_sse.reader.session.ReadSession`'s and the commit order
+:class:`~durable_sse.reader.pipeline.CommitPipeline`'s; this module and its neighbours are
+the I/O around them:
+
+* the start cursor comes from :class:`~durable_sse.cursor.resolve.CursorResolver`
+  together with what the store knows of the stream (lagging id, floor, open gaps) in one
+  read, which also refuses an ``id_order`` other than the stream's keys were made with
+  (the stream parks) and registers the connection in ``sse_readers`` until it ends, so
+  retention keeps what it re-reads (:mod:`durable_sse.cursor.readers`);
+* the request is built with the secrets resolved here, for the URL's host, and opened by
+  :mod:`durable_sse.sse.client`; the body is read by :mod:`~durable_sse.reader.body`,
+  whose batches commit through :mod:`~durable_sse.reader.committer` while it reads on
+  (per committed batch: L1 -> L2 -> heartbeat; a cursor never points past an uncommitted
+  event or a drop signal not yet recorded, invariants 1 and 5);
+* a replay from behind the newest stored id fetches the stored keys ahead of it
+  (:mod:`~durable_sse.reader.prefetch`) and skips what is stored;
+* however the connection ends, what was read is committed before the result is built,
+  with the stream's gaps as the store has them then.
+
+Where it runs (the Temporal activity, :mod:`activities.read`) is told through
+:class:`~durable_sse.reader.keepalive.Heartbeats`; what retrying cannot fix is raised as a
+:class:`~durable_sse.errors.ConfigError` or :class:`~durable_sse.errors.StreamRefusedError`
+whose message is final (the stream parks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from secrets import token_hex
+from typing import Any
+
+import httpx
+
+from durable_sse.config.hosts import host_allowed
+from durable_sse.config.secrets import DeclaredSecrets, request_secrets
+from durable_sse.contracts import Outcome, ReadInput, ReadProgress, ReadResult
+from durable_sse.cursor.readers import ReaderLease
+from durable_sse.cursor.resolve import CursorResolver
+from durable_sse.errors import (
+    BatchRefusedError,
+    ConfigError,
+    StoreError,
+    StreamRefusedError,
+    UnsendableIdError,
+)
+from durable_sse.reader.body import BodyReader
+from durable_sse.reader.committer import Committer
+from durable_sse.reader.keepalive import Heartbeats, Keepalive
+from durable_sse.reader.metrics import ReaderMetrics
+from durable_sse.reader.prefetch import StoredPrefetch
+from durable_sse.reader.session import ReadSession
+from durable_sse.redact import redact_url
+from durable_sse.sse.client import Answer, open_stream
+from durable_sse.sse.request import request_headers, with_cursor, with_query
+from durable_sse.stores import Stores
+
+logger = logging.getLogger(__name__)
+
+Headers = dict[str, str | bytes]
+
+
+class Connection:
+    """One connection of a stream, from its start cursor to its result.
+
+    Args:
+        read_input: the activity's input.
+        stores: the worker's stores (event log jobs, L1, L2).
+        http: the worker's HTTP client.
+        heartbeats: where heartbeats go.
+        lease: this attempt's registration in ``sse_readers`` (None: not registered).
+        previous: heartbeat details of the attempt before (a retry starts from them).
+        retried: this is not the first attempt.
+        secrets, allowed_hosts: the worker's declared secrets and allowed hosts.
+        metrics: what the connection records (None: nothing).
+        log: the logger to use (the activity's carries its context).
+        cancel_reason: why a cancellation came, in words (for the log line).
+    """
+
+    def __init__(
+        self,
+        read_input: ReadInput,
+        *,
+        stores: Stores,
+        http: httpx.AsyncClient,
+        heartbeats: Heartbeats,
+        lease: ReaderLease | None = None,
+        previous: ReadProgress | None = None,
+        retried: bool = False,
+        secrets: DeclaredSecrets | None = None,
+        allowed_hosts: tuple[str, ...] | None = None,
+        metrics: ReaderMetrics | None = None,
+        log: logging.Logger | logging.LoggerAdapter[Any] = logger,
+        cancel_reason: Callable[[], str] = lambda: "no reason given",
+    ) -> None:
+        self.spec = read_input.spec
+        self.stream = read_input.spec.name
+        self.order = read_input.spec.id_order
+        self.stores = stores
+        self.http = http
+        self.lease = lease
+        self.secrets = DeclaredSecrets() if secrets is None else secrets
+        self.allowed_hosts = allowed_hosts
+        self.metrics = metrics
+        self.log = log
+        self.cancel_reason = cancel_reason
+        self.session = session = ReadSession(
+            read_input,
+            previous=previous,
+            retried=retried,
+            new_gap_id=_gap_id,
+            now_iso=_now_iso,
+        )
+        self.keepalive = Keepalive(
+            heartbeats,
+            progress=session.progress,
+            started=lambda: session.intake is not None,
+        )
+        self.committer = Committer(session, stores, self.keepalive, metrics=metrics, log=log)
+        self.prefetch = StoredPrefetch(session, stores.reads, log=log)
+        self.secret_params = frozenset(self.spec.query_from_env)
+        self.hold: str | None = None
+        """What the registration holds now (moved forward by :meth:`move_hold`)."""
+
+    @property
+    def commit_lag(self) -> float | None:
+        """Seconds from the newest committed event's arrival to its commit."""
+        return self.committer.commit_lag
+
+    def heartbeat(self, *, force: bool = False) -> None:
+        self.keepalive.beat(force=force)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self) -> ReadResult:
+        """Connect, read until an outcome, commit what was read: the result."""
+        if not host_allowed(self.spec.url, self.allowed_hosts):
+            raise ConfigError(
+                f"stream {self.stream!r}: setting 'url' names a host that is not in "
+                f"SSE_ALLOWED_HOSTS ({self.redact(self.spec.url)})"
+            )
+        session, waiting = self.session, self.keepalive.waiting
+        try:
+            start = await waiting(session.resolve(self._resolver(), reader=self.lease))
+        except ConfigError as error:  # IdOrderMismatchError: nothing was touched
+            self.log.error("stream %s: %s; parked", self.stream, error)
+            raise ConfigError(f"{error}; the stream is parked") from None
+        self.hold = start.cursor
+        if session.begin(start):  # ConfigError: a drop_notice pattern RE2 refuses
+            self.prefetch.fetch()
+        self.heartbeat(force=True)
+        if self.prefetch.task is not None:
+            # A replay: its first page of stored keys before its first event, so that it
+            # skips what is stored from the start (one indexed query, a few ms).
+            await waiting(asyncio.wait([self.prefetch.task]))
+        url, headers = self._request()
+        intake = session.started
+        if intake.outcome is not None:
+            # Open gaps the workflow did not know of: end now so the repair can start.
+            return await self._finish(intake.outcome)
+        try:
+            return await self._read_and_commit(url, headers)
+        except BatchRefusedError as error:
+            # Nothing from the refused batch on was stored and the cursor stands before
+            # it: parked, the status says why, and `resume` reads it all again.
+            self.log.warning("stream %s: %s; parked", self.stream, error)
+            raise StreamRefusedError(f"{error}; the stream is parked until resumed") from None
+
+    async def close(self) -> None:
+        """After the run, however it ended: no fetch left running, the registration gone."""
+        await self.prefetch.stop()
+        await self._release()
+
+    def _resolver(self) -> CursorResolver:
+        stores = self.stores
+        return CursorResolver(stores.l1, stores.l2, stores.starts)
+
+    def _request(self) -> tuple[str, Headers]:
+        """The URL (cursor and secret parameters in) and headers of the request: secret
+        values are resolved here, for this URL's host, before the wire rules see them
+        (a secret the worker does not declare for the host is a ConfigError)."""
+        spec, cursor = self.spec, self.session.start_cursor
+        secret = request_secrets(
+            self.secrets,
+            headers_from_env=spec.headers_from_env,
+            query_from_env=spec.query_from_env,
+            url=spec.url,
+            stream=self.stream,
+        )
+        try:
+            headers = request_headers(
+                cursor=cursor,
+                cursor_param=spec.cursor_param,
+                secret_headers=secret.headers,
+                stream=self.stream,
+            )
+            url = with_query(
+                with_cursor(spec.url, spec.cursor_param, cursor, stream=self.stream),
+                secret.query,
+            )
+        except UnsendableIdError as error:
+            raise StreamRefusedError(f"{error}; the stream is parked until resumed") from None
+        return url, headers
+
+    async def _read_and_commit(self, url: str, headers: Headers) -> ReadResult:
+        """Connect, read until an outcome, and commit what was read, whatever ends it."""
+        try:
+            outcome = await self._connect(url, headers)
+        except asyncio.CancelledError:
+            await self.committer.flush()
+            self.log.info(
+                "stream %s: connection cancelled (%s) after flushing",
+                self.stream,
+                self.cancel_reason(),
+            )
+            return await self._finish(Outcome.CANCELLED)
+        except StreamRefusedError:
+            await self.committer.flush()
+            self._count_ids_out_of_order()
+            raise
+        await self.committer.flush()
+        return await self._finish(outcome)
+
+    async def _finish(self, outcome: Outcome) -> ReadResult:
+        """The result, with the stream's gaps as they are now (read after the flush)."""
+        result = self.session.finish(outcome)
+        if result.drop is not None and self.metrics is not None:
+            self.metrics.drop_signal(result.drop.kind)
+        self._count_ids_out_of_order()
+        waiting = self.keepalive.waiting
+        try:
+            result.gaps = await waiting(self.stores.gap_store.gap_summary(self.stream, self.order))
+            checkpoint = await waiting(self.stores.checkpoints.get_checkpoint(self.stream))
+            result.lagging_id = checkpoint.lagging_id if checkpoint else None
+        except StoreError as error:
+            # The gaps are durable; the workflow reads them itself when a result has none.
+            self.log.warning("stream %s: cannot read its gaps: %s", self.stream, error)
+        return result
+
+    def _count_ids_out_of_order(self) -> None:
+        intake = self.session.intake
+        if intake is not None and intake.ids_out_of_order and self.metrics is not None:
+            self.metrics.ids_out_of_order.add(intake.ids_out_of_order)
+
+    async def _release(self) -> None:
+        """The connection ended: its start no longer holds retention. A failure only
+        delays deletes until the registration expires."""
+        lease = self.lease
+        if lease is None:
+            return
+        try:
+            await self.stores.readers.release_reader(self.stream, lease.reader_id)
+        except StoreError as error:
+            self.log.warning(
+                "stream %s: the connection's registration stays until %s (retention keeps "
+                "its start until then): %s",
+                self.stream,
+                lease.expires_at.isoformat(),
+                error,
+            )
+
+    def redact(self, url: str) -> str:
+        return redact_url(url, self.secret_params)
+
+    # -- HTTP ----------------------------------------------------------------------
+
+    async def _connect(self, url: str, headers: Headers) -> Outcome:
+        timeout = httpx.Timeout(
+            connect=self.spec.connect_timeout,
+            read=self.spec.idle_timeout,
+            write=self.spec.connect_timeout,
+            pool=self.spec.connect_timeout,
+        )
+        async with open_stream(
+            self.http,
+            url,
+            headers,
+            timeout=timeout,
+            stream=self.stream,
+            redact=self.redact,
+            waiting=self.keepalive.waiting,
+        ) as answer:
+            return await self._answered(answer)
+
+    async def _answered(self, answer: Answer) -> Outcome:
+        result = self.session.result
+        result.status_code = answer.status_code
+        if answer.stop:
+            return Outcome.NO_CONTENT
+        if answer.retry_later:
+            result.retry_after = answer.retry_after
+            result.error = answer.error
+            return Outcome.RETRY_LATER
+        assert answer.response is not None
+        self.session.head(truncation_header=answer.truncation_header)
+        body = BodyReader(
+            self.session,
+            committer=self.committer,
+            prefetch=self.prefetch,
+            keepalive=self.keepalive,
+            log=self.log,
+        )
+        return await body.read(answer.response)
+
+    # -- the retention hold --------------------------------------------------------
+
+    async def move_hold(self) -> None:
+        """Let retention have what this connection no longer needs (``Intake.
+        retention_hold``): it read past it a replay window ago. Skipped on a store error
+        (the hold stays older: retention keeps more, a while longer)."""
+        intake, lease = self.session.intake, self.lease
+        if intake is None or lease is None:
+            return
+        hold = intake.retention_hold(time.monotonic())
+        if hold is None or hold == self.hold:
+            return
+        try:
+            await self.stores.readers.move_reader(self.stream, lease.reader_id, hold)
+        except StoreError as error:
+            self.log.debug("stream %s: retention hold not moved: %s", self.stream, error)
+            return
+        self.hold = hold
+
+
+def _gap_id() -> str:
+    return token_hex(8)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()
