@@ -14,6 +14,7 @@ with its trace. ``SIM_SCHEDULES`` sets how many run (default 10,000, over the co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from durable_sse.consume import reader
 from durable_sse.cursor import fence
 from durable_sse.gaps import tracker, transitions
 from durable_sse.gaps.model import Gap, GapState
@@ -264,10 +266,42 @@ def _verify_nothing(self, detail):  # noqa: ANN001, ANN202
     return None
 
 
+_merge = reader.merge_items
+
+
+def _merge_without_markers(stream, position, events, markers, **options):  # noqa: ANN001, ANN202
+    return _merge(stream, position, events, [], **{**options, "markers_full": False})
+
+
+def _merge_without_truncations(stream, position, events, markers, **options):  # noqa: ANN001, ANN202
+    return _merge(stream, position, events, markers, **{**options, "deleted_to": None})
+
+
+def _merge_markers_last(stream, position, events, markers, **options):  # noqa: ANN001, ANN202
+    """Events first, then the markers: a gap met after events stored after it."""
+    read = _merge(stream, position, events, [], **{**options, "markers_full": False})
+    end = read.end
+    for marker in markers:
+        read.items.append(marker)
+        end = dataclasses.replace(end, mark=marker.mark)
+    read.end = end
+    return read
+
+
 MUTATIONS += [
     # verify_reconnects (issue 24, item 10): a notice lost with a cut connection is no
     # excuse when the stream verifies its reconnects.
     Mutation("reconnects are never verified", tracker.GapTracker, "verify", _verify_nothing, 1000),
+    # Consumers (issue 23): the memory store reads through the real merge.
+    Mutation("consumers never meet gaps", stores, "merge_items", _merge_without_markers, 300),
+    Mutation("consumers meet gaps late", stores, "merge_items", _merge_markers_last, 300),
+    Mutation(
+        "consumers are not told of deleted rows",
+        stores,
+        "merge_items",
+        _merge_without_truncations,
+        300,
+    ),
     # Retention (issue 24): the memory store takes its decisions from these names.
     Mutation("retention ignores open gaps", stores, "retention_fence", _fence_without_gaps, 300),
     Mutation("the write path ignores the horizon", stores, "after_horizon", _no_horizon, 300),

@@ -62,7 +62,7 @@ class Gap:
     gap_id: str
     kind: str
     """What revealed it: ``comment``, ``event_type``, ``mercure_header``, ``id_gap``,
-    ``retry``, ``migrated``."""
+    ``retry``, ``migrated``, ``no_resume``, ``suspected``."""
     start_id: str | None
     """The hole lies strictly after this id."""
     end_id: str | None

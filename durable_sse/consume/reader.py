@@ -70,13 +70,40 @@ class Read:
 
 def read_items(connection: Connection, stream: str, position: Position, *, limit: int) -> Read:
     """The first ``limit`` items after ``position``, in the stream's order."""
-    items: list[Item] = []
-    truncated = position.truncated
     events = read_events(connection, stream, position.seq, limit)
     bound = events[-1].seq if events else position.seq
     markers, markers_full, deleted_to = read_markers(
         connection, stream, position.mark, bound, limit
     )
+    return merge_items(
+        stream,
+        position,
+        events,
+        markers,
+        markers_full=markers_full,
+        deleted_to=deleted_to,
+        limit=limit,
+    )
+
+
+def merge_items(
+    stream: str,
+    position: Position,
+    events: list[Event],
+    markers: list[Gap | GapClosed],
+    *,
+    markers_full: bool,
+    deleted_to: int | None,
+    limit: int,
+) -> Read:
+    """The items after ``position``: a truncation first, then the events (by ``seq``, as
+    read after ``position.seq``) and the markers (by mark, those after no event past the
+    last one read) merged, a marker before the first event past its ``after_seq``.
+
+    Pure: the simulation suite (``tests/sim``) feeds it its store's rows.
+    """
+    items: list[Item] = []
+    truncated = position.truncated
     if deleted_to is not None and deleted_to > max(position.seq, position.truncated):
         items.append(Truncated(stream=stream, after_seq=position.seq, through_seq=deleted_to))
         truncated = deleted_to
@@ -198,12 +225,23 @@ def read_markers(
         counts[kind] += 1
         last[kind] = int(row[13])
         found.append(_opened(stream, row) if kind == "o" else _closed(stream, row))
-    found.sort(key=lambda marker: marker.mark)
+    capped, full = cap_markers(found, counts, last, limit)
+    return capped, full, deleted_to
+
+
+def cap_markers(
+    found: list[Gap | GapClosed], counts: dict[str, int], last: dict[str, int], limit: int
+) -> tuple[list[Gap | GapClosed], bool]:
+    """Openings and closings read as two lists of at most ``limit`` each, by mark, merged:
+    a full list may leave out markers numbered below the other list's last ones, so the
+    merge stops at the lower of the full lists' last marks. ``counts`` and ``last``: each
+    list's (``"o"``, ``"c"``) length and last mark. Returns the markers and whether more
+    may follow."""
+    found = sorted(found, key=lambda marker: marker.mark)
     caps = [last[kind] for kind in ("o", "c") if counts[kind] >= limit]
     if caps:
-        # A full list may leave out markers numbered below the other list's last ones.
         found = [marker for marker in found if marker.mark <= min(caps)]
-    return found, bool(caps), deleted_to
+    return found, bool(caps)
 
 
 _GAP_COLUMNS = (

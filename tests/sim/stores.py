@@ -22,6 +22,11 @@ import bisect
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from durable_sse.consume.model import Event as ConsumedEvent
+from durable_sse.consume.model import Gap as GapItem
+from durable_sse.consume.model import GapClosed as GapClosedItem
+from durable_sse.consume.model import Position
+from durable_sse.consume.reader import Read, cap_markers, merge_items
 from durable_sse.contracts import CheckpointState
 from durable_sse.cursor.fence import (
     RunningReader,
@@ -99,6 +104,14 @@ class MemoryEventLog:
         self.anomalies: list[str] = []
         """What retention must never cause: an id stored again after it was deleted, or
         counted as missing by a gap although it was stored (and then deleted)."""
+        self.opened_markers: dict[str, tuple[int, int]] = {}
+        self.closed_markers: dict[str, tuple[int, int]] = {}
+        """Per gap, ``(after_seq, mark)`` of its opening and closing markers: the place a
+        consumer meets them in the stream's order (``GapStore._place_gap_markers``)."""
+        self.deleted_to: int | None = None
+        """``sse_retention.deleted_to_seq``: the newest ``seq`` retention deleted."""
+        self.deleted_seqs: set[int] = set()
+        """Every ``seq`` retention deleted (the oracle's view)."""
 
     # -- the write path ------------------------------------------------------------
 
@@ -149,6 +162,8 @@ class MemoryEventLog:
         if self.horizon is not None and any(change.opened is not None for change in changes):
             moved = (opening_past_horizon(c, self.horizon[1], self.order) for c in changes)
             changes = [change for change in moved if change is not None]
+        found = set(self.gaps)
+        was_open = {gap_id for gap_id, gap in self.gaps.items() if gap.is_open}
         for change in changes:
             updated = apply_change(
                 self.gaps.get(change.gap_id),
@@ -164,12 +179,103 @@ class MemoryEventLog:
                 self.gaps[change.gap_id] = updated
                 if updated.state == "unrecoverable" and (before is None or before.is_open):
                     self._note_counted(updated)
+        self._place_markers(sorted({change.gap_id for change in changes}), found, was_open)
         self.commits += 1
         return InsertResult(
             new_rows=new_rows,
             duplicates=len(records) - new_rows - dropped,
             reused=tuple(reused),
             dropped_by_horizon=dropped,
+        )
+
+    def _place_markers(self, ids: list[str], found: set[str], was_open: set[str]) -> None:
+        """Gaps that opened or closed in this commit get their place in the stream's
+        order: the newest ``seq`` now, and the next marker numbers, openings first."""
+        opened = [gap_id for gap_id in ids if gap_id in self.gaps and gap_id not in found]
+        closed = [
+            gap_id
+            for gap_id in ids
+            if gap_id in self.gaps
+            and not self.gaps[gap_id].is_open
+            and (gap_id not in found or gap_id in was_open)
+        ]
+        if not opened and not closed:
+            return
+        at = max((row.seq for row in self.rows.values()), default=0)
+        marks = [mark for _, mark in (*self.opened_markers.values(), *self.closed_markers.values())]
+        mark = max(marks, default=0)
+        for gap_id in opened:
+            mark += 1
+            self.opened_markers[gap_id] = (at, mark)
+        for gap_id in closed:
+            mark += 1
+            self.closed_markers[gap_id] = (at, mark)
+
+    def consumer_read(self, position: Position, *, limit: int) -> Read:
+        """What a consumer reads after ``position`` (``consume.reader.read_items``): the
+        rows and markers as the SQL store selects them, merged by the real merge."""
+        events = [
+            ConsumedEvent(
+                self.stream,
+                row.seq,
+                row.event_id,
+                "message",
+                f"d{row.event_id}",
+                row.received_at,
+                0 if row.carrier else None,
+            )
+            for row in sorted(self.rows.values(), key=lambda row: row.seq)
+            if row.seq > position.seq
+        ][:limit]
+        bound = events[-1].seq if events else position.seq
+        found: list[GapItem | GapClosedItem] = []
+        counts = {"o": 0, "c": 0}
+        last = {"o": 0, "c": 0}
+        for kind, markers in (("o", self.opened_markers), ("c", self.closed_markers)):
+            chosen = sorted(
+                (mark, gap_id, at)
+                for gap_id, (at, mark) in markers.items()
+                if mark > position.mark and at <= bound
+            )[:limit]
+            counts[kind] = len(chosen)
+            for mark, gap_id, at in chosen:
+                last[kind] = mark
+                found.append(self._marker(kind, gap_id, at, mark))
+        markers, full = cap_markers(found, counts, last, limit)
+        return merge_items(
+            self.stream,
+            position,
+            events,
+            markers,
+            markers_full=full,
+            deleted_to=self.deleted_to,
+            limit=limit,
+        )
+
+    def _marker(self, kind: str, gap_id: str, at: int, mark: int) -> GapItem | GapClosedItem:
+        gap = self.gaps[gap_id]
+        if kind == "o":
+            return GapItem(
+                stream=self.stream,
+                gap_id=gap_id,
+                kind=gap.kind,
+                start_id=gap.start_id,
+                end_id=gap.end_id,
+                announced=gap.announced,
+                seen_at=None,
+                detail=gap.detail,
+                after_seq=at,
+                mark=mark,
+            )
+        return GapClosedItem(
+            stream=self.stream,
+            gap_id=gap_id,
+            state=gap.state,
+            recovered=gap.recovered,
+            missing=gap.missing,
+            closed_at=None,
+            after_seq=at,
+            mark=mark,
         )
 
     def _note_counted(self, gap: Gap) -> None:
@@ -328,6 +434,7 @@ class MemoryEventLog:
         ]
         for name, row in doomed:
             del self.rows[name]
+            self.deleted_seqs.add(row.seq)
             if row.carrier:
                 self._keys.remove((row.key, row.event_id))  # type: ignore[arg-type]
                 number = contiguous_number(row.event_id)
@@ -339,6 +446,8 @@ class MemoryEventLog:
             newest = next(row for _, row in doomed if row.key == choice.newest_key)
             self.horizon = (choice.newest_key, newest.event_id)
         self.deleted_rows += len(doomed)
+        if choice.deleted_to is not None:
+            self.deleted_to = max(self.deleted_to or 0, choice.deleted_to)
         return RetentionBatch(len(doomed), choice.last_seq, choice.done)
 
     def _fence_seq(self, key: bytes) -> int | None:

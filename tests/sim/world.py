@@ -36,6 +36,9 @@ from itertools import count
 from durable_sse.config.durations import effective_retention
 from durable_sse.config.replay import ReplaySignal
 from durable_sse.config.spec import StreamSpec
+from durable_sse.consume.model import Event as ConsumedEvent
+from durable_sse.consume.model import GapClosed as GapClosedItem
+from durable_sse.consume.model import Item, Position, Truncated
 from durable_sse.contracts import (
     Outcome,
     ReadInput,
@@ -199,6 +202,12 @@ class World:
         self.deleting: RetentionRun | None = None
         self.cut_connections: list[SimConnection] = []
         """Connections the server cut since the last connection started."""
+        self.consumer = SimConsumer(self.log)
+        self.reads = random.Random(f"{seed}:consumer")
+        """The consumer reads at moments of its own generator's (other draws unchanged)."""
+        self.read_rate = self.reads.choice([0.02, 0.1, 0.3])
+        """Chance per step that the consumer reads a batch: a slow one falls behind
+        retention and meets ``Truncated``."""
         self._attempts = count(1)
 
     def maybe_inject_drop(self, chance: float) -> None:
@@ -250,6 +259,8 @@ class World:
                 self.tally.add("redis emptied")
         self.maybe_inject_drop(faults.one_shot_tick)
         self.delete_some()
+        if self.reads.random() < self.read_rate:
+            self.consumer.read(limit=self.reads.randint(1, 12))
         for zombie in list(self.zombies):
             zombie.lifetime -= 1
             outcome = zombie.step()
@@ -541,6 +552,9 @@ class World:
 
     def verdict(self) -> None:
         """The final oracle (after :meth:`run` settled)."""
+        self.consumer.check()
+        for kind, met in self.consumer.met.items():
+            self.tally.counts[f"consumer met: {kind}"] += met
         for connection in self.server.connections:
             early = [
                 n
@@ -926,6 +940,84 @@ class Attempt:
         result.gaps = summarize(list(log.gaps.values()), log.order)
         result.lagging_id = log.lagging_id
         return result
+
+
+class SimConsumer:
+    """A consumer group (not holding retention) reading the stream while it is written:
+    the real merge (:func:`durable_sse.consume.reader.merge_items`) over the memory
+    store's rows and gap markers, a batch at a time at moments the scheduler picks.
+
+    The oracle: every event once, in ``seq`` order; a row retention deleted before the
+    group read it is reported by a ``Truncated`` that covers it; each gap's opening and
+    closing met once, the closing after the opening, each between the events where it
+    happened (after the events up to its ``after_seq``, before the later ones).
+    """
+
+    def __init__(self, log: MemoryEventLog) -> None:
+        self.log = log
+        self.position = Position()
+        self.items: list[Item] = []
+        self.met: Counter[str] = Counter()
+
+    def read(self, *, limit: int) -> bool:
+        """One batch; True when more may follow at once."""
+        read = self.log.consumer_read(self.position, limit=limit)
+        self.items.extend(read.items)
+        moved = read.end != self.position
+        self.position = read.end
+        return read.full and moved
+
+    def check(self) -> None:
+        for _ in range(100_000):
+            if not self.read(limit=50):
+                break
+        seqs: list[int] = []
+        truncations: list[tuple[int, int]] = []
+        opened: list[str] = []
+        closed: list[str] = []
+        place = 0
+        for item in self.items:
+            if isinstance(item, ConsumedEvent):
+                if seqs and item.seq <= seqs[-1]:
+                    raise Violation(f"consumer: event seq {item.seq} after {seqs[-1]}")
+                if item.seq < place:
+                    raise Violation(f"consumer: event {item.seq} after a marker at {place}")
+                seqs.append(item.seq)
+                place = item.seq
+            elif isinstance(item, Truncated):
+                truncations.append((item.after_seq, item.through_seq))
+            else:
+                if seqs and item.after_seq < seqs[-1]:
+                    raise Violation(
+                        f"consumer: gap {item.gap_id} marked after seq {item.after_seq} met "
+                        f"after event {seqs[-1]}"
+                    )
+                place = max(place, item.after_seq)
+                if isinstance(item, GapClosedItem):
+                    if item.gap_id not in opened:
+                        raise Violation(f"consumer: gap {item.gap_id} closed before opened")
+                    closed.append(item.gap_id)
+                else:
+                    opened.append(item.gap_id)
+        log = self.log
+        delivered = set(seqs)
+        skipped = {row.seq for row in log.rows.values()} - delivered
+        if skipped:
+            raise Violation(f"consumer: stored rows never delivered: {sorted(skipped)[:10]}")
+        unreported = {
+            seq
+            for seq in log.deleted_seqs - delivered
+            if not any(low < seq <= high for low, high in truncations)
+        }
+        if unreported:
+            raise Violation(
+                f"consumer: rows deleted unread and not reported: {sorted(unreported)[:10]}"
+            )
+        self.met.update(events=len(seqs), gaps=len(opened), truncations=len(truncations))
+        if sorted(opened) != sorted(log.opened_markers) or len(set(opened)) != len(opened):
+            raise Violation(f"consumer: gap openings met {opened}, recorded {log.opened_markers}")
+        if sorted(closed) != sorted(log.closed_markers) or len(set(closed)) != len(closed):
+            raise Violation(f"consumer: gap closings met {closed}, recorded {log.closed_markers}")
 
 
 @dataclass
