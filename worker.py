@@ -37,7 +37,7 @@ from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
 from durable_sse.ops.logs import configure_logging
 from durable_sse.ops.metrics import prometheus_runtime, redis_failures_counter
-from durable_sse.ops.nudge import Nudges
+from durable_sse.ops.nudge import Nudges, nudge_channel
 from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamWorkflow
@@ -78,7 +78,13 @@ class WorkerResources:
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
                 trust_env=False,
             ),
-            nudges=Nudges(settings.redis_url, timeout=settings.redis_timeout),
+            nudges=Nudges(
+                settings.redis_url,
+                channel=nudge_channel(
+                    settings.temporal_namespace, settings.task_queue, settings.redis_url
+                ),
+                timeout=settings.redis_timeout,
+            ),
         )
 
     async def close(self) -> None:

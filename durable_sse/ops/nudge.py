@@ -5,9 +5,10 @@ so without help a signal (``replay``, ``pause``, ``stop``) acts only as fast as 
 connection heartbeats, and heartbeats are the Temporal server's biggest load at a
 thousand streams (docs/benchmarks.md, section 3). A nudge makes cancellation independent
 of the heartbeat rate: once the workflow has requested the cancellation it runs the short
-``nudge_reader`` activity, which publishes the stream's name on one Redis channel; every
-worker subscribes, and the one holding the connection heartbeats at once, so the
-cancellation comes back in that heartbeat's answer.
+``nudge_reader`` activity, which publishes the stream's name on the deployment's Redis
+channel (:func:`nudge_channel`: its namespace, task queue and Redis database); every
+worker of the deployment subscribes, and the one holding the connection heartbeats at
+once, so the cancellation comes back in that heartbeat's answer.
 
 Redis pub/sub delivers at most once and only to subscribers connected at that moment: a
 lost nudge only means the cancellation waits for the connection's next regular heartbeat.
@@ -20,13 +21,30 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
 
 logger = logging.getLogger(__name__)
 
 CHANNEL = "sse-nudge"
-"""The one Redis channel every worker subscribes to; a message is a stream's name."""
+"""The channel's prefix; a message is a stream's name."""
+
+
+def nudge_channel(namespace: str, task_queue: str, redis_url: str) -> str:
+    """The channel of one deployment: ``sse-nudge:<namespace>:<task queue>:<db>``.
+
+    Redis pub/sub ignores the database number, so deployments that share one Redis (two
+    task queues, two namespaces, or two databases of one server) would hear each other's
+    nudges on one channel; every worker of a deployment names the same one."""
+    return f"{CHANNEL}:{namespace}:{task_queue}:{_database(redis_url)}"
+
+
+def _database(redis_url: str) -> int:
+    path = urlsplit(redis_url).path.strip("/")
+    return int(path) if path.isdigit() else 0
+
+
 RECONNECT_DELAY = (0.5, 10.0)
 """First and longest wait between attempts to subscribe again after Redis failed."""
 POLL_TIMEOUT = 1.0
@@ -41,8 +59,14 @@ class NudgeListener:
     """
 
     def __init__(
-        self, redis_url: str, on_nudge: Callable[[str], None], *, timeout: float = 0.5
+        self,
+        redis_url: str,
+        on_nudge: Callable[[str], None],
+        *,
+        channel: str = CHANNEL,
+        timeout: float = 0.5,
     ) -> None:
+        self.channel = channel
         self._redis = Redis.from_url(
             redis_url, socket_connect_timeout=timeout, health_check_interval=POLL_TIMEOUT * 5
         )
@@ -78,10 +102,10 @@ class NudgeListener:
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(CHANNEL)
+                await pubsub.subscribe(self.channel)
                 self.live = True
                 if failing:
-                    logger.info("nudges: subscribed again to Redis channel %s", CHANNEL)
+                    logger.info("nudges: subscribed again to Redis channel %s", self.channel)
                 failing = False
                 delay = RECONNECT_DELAY[0]
                 while True:
@@ -99,7 +123,7 @@ class NudgeListener:
                     logger.warning(
                         "nudges: Redis channel %s lost (%s); connections heartbeat more "
                         "often until it is back",
-                        CHANNEL,
+                        self.channel,
                         error,
                     )
                 failing = True
@@ -117,11 +141,13 @@ class Nudges:
     """A worker's end of the channel: publishes nudges, and hands each one it hears to
     the callbacks registered for that stream (its connections)."""
 
-    def __init__(self, redis_url: str, *, timeout: float = 0.5) -> None:
+    def __init__(self, redis_url: str, *, channel: str = CHANNEL, timeout: float = 0.5) -> None:
+        """``channel``: the deployment's (:func:`nudge_channel`); the worker names it."""
         self._publisher = Redis.from_url(
             redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
-        self.listener = NudgeListener(redis_url, self._deliver, timeout=timeout)
+        self.channel = channel
+        self.listener = NudgeListener(redis_url, self._deliver, channel=channel, timeout=timeout)
         self._targets: dict[str, set[Callable[[], None]]] = {}
         self.delivered = 0
 
@@ -146,7 +172,7 @@ class Nudges:
 
     async def publish(self, stream: str) -> int:
         """Nudge ``stream``'s connection; returns how many workers were subscribed."""
-        return int(await self._publisher.publish(CHANNEL, stream))
+        return int(await self._publisher.publish(self.channel, stream))
 
     async def close(self) -> None:
         await self.listener.close()
