@@ -21,7 +21,7 @@ schedule built before retention existed skips the step (see
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -44,8 +44,13 @@ RETENTION_TIMEOUT = timedelta(minutes=4)
 """Inside the run's own timeout (at least 5 minutes): a run is a few bounded batches."""
 RETENTION_HEARTBEAT = timedelta(seconds=30)
 QUIET_REPORT_WINDOW = 60.0
-"""A run that deleted nothing still reports (the status shows the retention in force)
-when runs are at least this many seconds apart: one history event per run."""
+"""Runs from before ``QUIET_REPORT_PATCH``: a run that deleted nothing still reported
+when runs were at least this many seconds apart (one signal and a workflow task each)."""
+QUIET_REPORT_PATCH = "sse-retention-quiet-reports"
+QUIET_REPORT_EVERY = 6 * 3600.0
+"""A run that deleted nothing reports only when it is the first of a period this long: its
+report would repeat the last one but for its time (rows deleted 0, the same oldest row),
+and each report is a signal and a workflow task in the stream's history."""
 RETENTION_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
@@ -109,8 +114,12 @@ class CheckpointAdvanceWorkflow:
             return None
         if status.retention is None:
             return status  # nothing configured: nothing to tell
-        if not status.deleted_last_run and input.replay_window < QUIET_REPORT_WINDOW:
-            return status  # frequent runs report only what changed (history is not free)
+        if not status.deleted_last_run:
+            if workflow.patched(QUIET_REPORT_PATCH):
+                if not _first_of_period(input.now, input.replay_window, QUIET_REPORT_EVERY):
+                    return status  # nothing changed: history is not free
+            elif input.replay_window < QUIET_REPORT_WINDOW:
+                return status
         try:
             stream = workflow.get_external_workflow_handle(stream_workflow_id(input.stream.name))
             await stream.signal("retention", status)
@@ -119,3 +128,11 @@ class CheckpointAdvanceWorkflow:
                 "retention of %s not reported to its workflow: %s", input.stream.name, error
             )
         return status
+
+
+def _first_of_period(now: str | None, window: float, period: float) -> bool:
+    """Whether a run at ``now`` is the first one (runs ``window`` apart) of its ``period``."""
+    if now is None:
+        return True
+    at = datetime.fromisoformat(now).timestamp()
+    return at // period != (at - window) // period
