@@ -10,10 +10,11 @@ to give, and what it raises is turned into what Temporal understands:
   nudge (:mod:`durable_sse.ops.nudge`) asks for one at once;
 * the attempt's registration in ``sse_readers`` expires when nothing the attempt can
   still write needs holding (:meth:`_ActivityConnection.lease`);
-* every ``PROGRESS_INTERVAL`` the connection's cursor, counts, gaps and lagging id are
-  sent to its workflow (the ``progress`` signal) when anything changed, so the status
-  query and the Web UI stay current while a connection lasts (heartbeat details are not
-  enough: a workflow cannot read them);
+* every ``PROGRESS_INTERVAL`` the connection's cursor, counts and commit lag go to Redis
+  (``progress:<stream>``, :meth:`RedisCursors.submit_progress`), where ``durable-sse
+  status`` reads them: what moves with every batch stays out of the workflow's history,
+  which learns it from the connection's result (docs/benchmarks.md, the cost of a
+  stream); every ``HOLD_INTERVAL`` the connection's retention hold moves forward;
 * what retrying cannot fix (a setting, a refusal) is a non-retryable
   ``ApplicationError`` named after the error's class: the stream parks.
 """
@@ -33,9 +34,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from durable_sse.config.secrets import DeclaredSecrets
-from durable_sse.contracts import ConnectionProgress, ReadInput, ReadProgress, ReadResult
+from durable_sse.contracts import (
+    ConnectionProgress,
+    ReadInput,
+    ReadProgress,
+    ReadResult,
+    progress_json,
+)
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
-from durable_sse.errors import ConfigError, StoreError, StreamRefusedError
+from durable_sse.errors import ConfigError, StreamRefusedError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.connection import Connection
@@ -59,19 +66,29 @@ MAX_HEARTBEAT_INTERVAL = 5.0
 """Half the read activity's heartbeat timeout (``READ_HEARTBEAT_TIMEOUT``, 10 s, in
 workflows/stream.py): however many connections a worker holds, one slow heartbeat call
 does not time a live attempt out (Temporal would start a duplicate)."""
+NUDGED_SHARE = 0.4
+HEARTBEAT_SLACK = 60.0
+"""While the worker hears nudges (durable_sse/ops/nudge.py), a connection heartbeats
+every ``heartbeat_timeout - HEARTBEAT_SLACK`` seconds, or ``NUDGED_SHARE`` of the timeout
+when that is longer (the stream's ``heartbeat_timeout``, 5 minutes by default: every
+4 minutes, 15 an hour). A signal's cancellation comes with the heartbeat its nudge asks
+for, so the regular heartbeats only show the attempt is alive: a minute (or 60 % of a
+short timeout) of slack means a starved event loop never times a live attempt out, and a
+lost nudge leaves a cancellation at most one interval late. Heartbeats are a running
+stream's main cost in Temporal (docs/benchmarks.md)."""
+LONG_TIMEOUT = 100.0
+"""A heartbeat timeout from which the nudged interval leaves a full ``HEARTBEAT_SLACK``."""
 NUDGED_HEARTBEAT_INTERVAL = 4.0
-"""Seconds between heartbeats while the worker hears nudges (durable_sse/ops/nudge.py): a
-signal's cancellation then comes with the heartbeat its nudge asks for, so the regular
-heartbeats only show the attempt is alive. 0.4 of ``READ_HEARTBEAT_TIMEOUT`` (10 s):
-one late heartbeat never times a live attempt out. A thousand connections cost 250 calls
-a second instead of 500, and a lost nudge leaves a cancellation at most this late."""
-PROGRESS_INTERVAL = 20.0
-"""Seconds between progress reports to the workflow (only sent when something changed).
-A report is checked for whenever the connection wakes (a batch, or at most
-``MAX_HEARTBEAT_INTERVAL`` later), so the workflow's view is under 30 s old; each report
-costs the workflow's history four events (docs/benchmarks.md)."""
-PROGRESS_TIMEOUT = 5.0
-"""Seconds one report may take (store reads and the signal); a late one is dropped."""
+"""The shortest nudged interval (a heartbeat timeout of 10 s, the shortest allowed)."""
+PROGRESS_INTERVAL = 2.0
+"""Seconds between writes of a connection's live progress to Redis, when it changed
+(checked whenever the connection wakes: a batch, a keep-alive, a heartbeat). Unchanged,
+it is written again every ``PROGRESS_REFRESH``, so its ``at`` says the connection lives."""
+PROGRESS_REFRESH = 60.0
+HOLD_INTERVAL = 20.0
+"""Seconds between moves of the connection's retention hold (a database write)."""
+HOLD_TIMEOUT = 5.0
+"""Seconds one move of the hold may take; a late one is dropped (retention keeps more)."""
 ATTEMPT_MARGIN = timedelta(seconds=60)
 """Added to ``max_connection_age + connect_timeout + idle_timeout`` for a connection's
 registration when the attempt has no ``start_to_close`` timeout to go by (run outside a
@@ -118,14 +135,17 @@ class StreamReader:
             await connection.stop_reports()
             await connection.connection.close()
 
-    def heartbeat_interval(self, *, streaming: bool = True) -> float:
+    def heartbeat_interval(self, *, streaming: bool = True, timeout: float | None = None) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget.
 
-        Only a connection that is streaming takes the long nudged interval: one still
-        resolving its cursor or waiting for a response head keeps the short one, so a
-        start-up burst that starves the event loop does not time its attempts out."""
-        nudged = streaming and self.nudges is not None and self.nudges.live
-        return heartbeat_interval(self.open_connections, nudged=nudged)
+        A connection still resolving its cursor or waiting for a response head takes the
+        long nudged interval only when its timeout leaves ``HEARTBEAT_SLACK`` or more to
+        spare: under a short timeout a start-up burst that starves the event loop would
+        time its attempts out, under a long one a thousand starting connections must not
+        flood the server with heartbeats while it is busiest (issue 25)."""
+        roomy = timeout is not None and timeout >= LONG_TIMEOUT
+        nudged = (streaming or roomy) and self.nudges is not None and self.nudges.live
+        return heartbeat_interval(self.open_connections, nudged=nudged, timeout=timeout)
 
     def activities(self) -> list[Any]:
         return [self.read_stream]
@@ -136,13 +156,17 @@ MAX_CONNECTIONS_PER_WORKER = int(HEARTBEAT_BUDGET * MAX_HEARTBEAT_INTERVAL)
 ``MAX_HEARTBEAT_INTERVAL`` within the budget. ``worker.py`` sizes its activity slots by it."""
 
 
-def heartbeat_interval(open_connections: int, *, nudged: bool = False) -> float:
+def heartbeat_interval(
+    open_connections: int, *, nudged: bool = False, timeout: float | None = None
+) -> float:
     """Seconds between one connection's heartbeats when the worker holds
-    ``open_connections``: ``NUDGED_HEARTBEAT_INTERVAL`` while nudges reach the worker
-    (cancellations do not wait for heartbeats), else short for prompt cancellations,
-    stretched to stay within ``HEARTBEAT_BUDGET``, never past ``MAX_HEARTBEAT_INTERVAL``."""
+    ``open_connections`` and its heartbeat timeout is ``timeout``: all but
+    ``HEARTBEAT_SLACK`` of the timeout while nudges reach the worker (cancellations do not
+    wait for heartbeats), else short for prompt cancellations, stretched to stay within
+    ``HEARTBEAT_BUDGET``, never past ``MAX_HEARTBEAT_INTERVAL``."""
     if nudged:
-        return NUDGED_HEARTBEAT_INTERVAL
+        timeout = timeout or 10.0
+        return max(NUDGED_HEARTBEAT_INTERVAL, NUDGED_SHARE * timeout, timeout - HEARTBEAT_SLACK)
     stretched = max(HEARTBEAT_INTERVAL, open_connections / HEARTBEAT_BUDGET)
     return min(stretched, MAX_HEARTBEAT_INTERVAL)
 
@@ -154,6 +178,8 @@ class _ActivityConnection:
         self.reader = reader
         self.input = input
         info = activity.info()
+        self.timeout = info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None
+        """The attempt's heartbeat timeout (None: none, outside a workflow)."""
         details = info.heartbeat_details
         self.connection = Connection(
             input,
@@ -169,10 +195,13 @@ class _ActivityConnection:
             log=activity.logger,
             cancel_reason=_cancel_reason,
         )
-        self.next_report = time.monotonic() + reader.progress_interval
-        self.reporting: asyncio.Task[None] | None = None
-        self.reported: ConnectionProgress | None = None
-        """The last report the workflow got (its ``at`` left out)."""
+        now = time.monotonic()
+        self.next_progress = now + reader.progress_interval
+        self.refresh_at = now
+        self.published: ConnectionProgress | None = None
+        """The last live progress written (its ``at`` left out)."""
+        self.next_hold = now + HOLD_INTERVAL
+        self.holding: asyncio.Task[None] | None = None
         self.context = contextvars.copy_context()
         """The activity's context: a nudge heartbeats from the worker's listener task."""
 
@@ -207,69 +236,64 @@ class _ActivityConnection:
         )
 
     def _interval(self, streaming: bool) -> float:
-        return self.reader.heartbeat_interval(streaming=streaming)
+        return self.reader.heartbeat_interval(streaming=streaming, timeout=self.timeout)
 
     def nudged(self) -> None:
         """The workflow asked for a cancellation: heartbeat now, so its answer brings it
         (the SDK still spaces heartbeats by its throttle, 0.5 s)."""
         self.context.run(self.connection.heartbeat, force=True)
 
-    # -- progress reports ----------------------------------------------------------
+    # -- live progress and the retention hold ---------------------------------------
 
     def _due(self) -> None:
-        """Checked at every heartbeat check: heartbeats may be ``NUDGED_HEARTBEAT_INTERVAL``
-        apart, reports are due every ``progress_interval``."""
+        """Checked at every heartbeat check (heartbeats may be minutes apart): the live
+        progress when it is due and changed, the retention hold every ``HOLD_INTERVAL``."""
         now = time.monotonic()
-        if now >= self.next_report and self.reporting is None:
-            self.next_report = now + self.reader.progress_interval
-            self.reporting = asyncio.create_task(self._report())
+        if now >= self.next_progress:
+            self.next_progress = now + self.reader.progress_interval
+            self._publish(now)
+        if now >= self.next_hold and self.holding is None:
+            self.next_hold = now + HOLD_INTERVAL
+            self.holding = asyncio.create_task(self._move_hold())
 
-    async def _report(self) -> None:
-        """Tell the workflow what this connection has done, if anything changed.
-
-        A view, never the truth: a report that fails or comes late is dropped (logged),
-        and the next one says it all again.
-        """
-        connection = self.connection
-        stream, order = self.input.spec.name, self.input.spec.id_order
-        report = ConnectionProgress(
+    def _publish(self, now: float) -> None:
+        """Write the connection's progress to Redis (non-blocking, coalesced): a view for
+        ``durable-sse status``, never the truth, and never in the workflow's history."""
+        l2 = self.reader.stores.l2
+        if l2 is None:
+            return
+        session = self.connection.session
+        progress = ConnectionProgress(
             connection=self.input.connection,
-            cursor=connection.session.started.cursor,
-            counts=connection.session.counts(),
-            commit_lag=connection.commit_lag,
+            cursor=session.started.cursor,
+            counts=session.counts(),
+            commit_lag=self.connection.commit_lag,
         )
+        if progress == self.published and now < self.refresh_at:
+            return
+        self.published = progress
+        self.refresh_at = now + PROGRESS_REFRESH
+        stamped = replace(progress, at=datetime.now(UTC).isoformat())
+        l2.submit_progress(self.input.spec.name, progress_json(stamped))
+
+    async def _move_hold(self) -> None:
         try:
-            async with asyncio.timeout(PROGRESS_TIMEOUT):
-                await connection.move_hold()
-                try:
-                    stores = self.reader.stores
-                    report.gaps = await stores.gap_store.gap_summary(stream, order)
-                    checkpoint = await stores.checkpoints.get_checkpoint(stream)
-                    report.lagging_id = checkpoint.lagging_id if checkpoint else None
-                except StoreError as error:
-                    activity.logger.debug("stream %s: report without gaps: %s", stream, error)
-                    report.gaps = None
-                if report == self.reported:
-                    return
-                info = activity.info()
-                if info.workflow_id is None:  # a standalone activity: no workflow to tell
-                    return
-                handle = activity.client().get_workflow_handle(
-                    info.workflow_id, run_id=info.workflow_run_id
-                )
-                sent = replace(report, at=datetime.now(UTC).isoformat())
-                await handle.signal("progress", sent)
-                self.reported = report
-        except RuntimeError as error:  # no client: an activity run outside a worker (tests)
-            activity.logger.debug("stream %s: progress not reported: %s", stream, error)
-        except Exception as error:  # noqa: BLE001 - a view: dropped, the next one retries
-            activity.logger.info("stream %s: progress not reported: %s", stream, error)
+            async with asyncio.timeout(HOLD_TIMEOUT):
+                await self.connection.move_hold()
+        except TimeoutError:
+            activity.logger.debug(
+                "stream %s: retention hold not moved in time", self.input.spec.name
+            )
         finally:
-            self.reporting = None
+            self.holding = None
 
     async def stop_reports(self) -> None:
-        """The connection ended: its result says it all, a late report would be ignored."""
-        task = self.reporting
+        """The connection ended: no hold move outlives it; its last progress is written
+        (its result says the rest to the workflow)."""
+        if self.connection.session.intake is not None:
+            self.published = None
+            self._publish(time.monotonic())
+        task = self.holding
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task])

@@ -7,11 +7,13 @@ and never secrets. New fields always get defaults so old histories still decode.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from durable_sse.config.spec import StreamSpec
-from durable_sse.gaps.model import GapSummary, GapView
+from durable_sse.gaps.model import GapSummary, GapTotals, GapView
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
 SCHEDULE_ID_PREFIX = "sse-checkpoint:"
@@ -124,12 +126,13 @@ class ReadProgress:
 
 @dataclass
 class ConnectionProgress:
-    """Payload of the ``progress`` signal: what the running connection has done so far.
+    """What the running connection has done so far: its live progress in Redis
+    (``progress:<stream>``, :func:`progress_json`), which ``durable-sse status`` folds in.
 
-    The reader sends it to its workflow at most every ``PROGRESS_INTERVAL`` and only when
-    something changed, so the ``status`` query and the Web UI's current details stay
-    current while a connection lasts (up to ``max_connection_age``). Display only: the
-    workflow routes on results, never on a report.
+    The reader writes it every ``PROGRESS_INTERVAL`` when something changed. Workers of
+    earlier versions sent it as the ``progress`` signal, which the workflow still takes
+    (display only: the workflow routes on results, never on a report); it is no longer
+    sent because every report cost the history four events (docs/benchmarks.md).
     """
 
     connection: int = 0
@@ -345,12 +348,77 @@ class StreamStatus:
     repair_pending: bool = False
     """A gap is open and its repair waits for the lagged-reconnect throttle."""
     progress_at: str | None = None
-    """When the running connection last reported its progress (None: no connection, or
-    none yet); cursor, counters, gaps and lagging id include that report."""
+    """When the running connection's progress folded in was written (None: none): its
+    live progress in Redis (``durable-sse status``), or a report of a worker of an
+    earlier version; cursor, counters, gaps and lagging id include it."""
     commit_lag: float | None = None
     """The running connection's last reported commit lag, seconds."""
+    id_order: str = "natural"
+    """The stream's id order (how its cursors compare)."""
+    connection: int | None = None
+    """The running connection's number (None: none running)."""
+    counted_at: str | None = None
+    """When the workflow last folded a connection's result into the counters (what the
+    query and the Web UI show of cursors and counts is this old, beyond a live view)."""
+    gaps_at: str | None = None
+    """When the gaps shown were read from the store by ``durable-sse status`` (None: the
+    workflow's view, as of the last connection's result)."""
     retention: RetentionStatus | None = None
     """The last checkpoint run's retention report (None: none yet, or none configured)."""
     retry_capped_from_ms: int | None = None
     """The server's last ``retry:`` (ms) when it asked for more than the stream's
     ``max_retry_delay`` and the wait was cut to that bound (None: honoured, or none)."""
+
+
+def add_counts(counters: StreamCounters, counts: ReadCounts) -> None:
+    """What a connection read, added to the stream's counters: one rule for a result, a
+    running connection's progress and the live status, so they never disagree on how
+    counts add up."""
+    counters.events_read += counts.events_read
+    counters.events_persisted += counts.new_rows
+    counters.duplicates += counts.duplicates
+    counters.ids_out_of_order += counts.ids_out_of_order
+    counters.ids_reused += counts.ids_reused
+    counters.reconnects_without_cursor += counts.reconnects_without_cursor
+    counters.dropped_by_horizon += counts.dropped_by_horizon
+
+
+def progress_json(progress: ConnectionProgress) -> str:
+    """A running connection's progress as its live value in Redis (``progress:<stream>``)."""
+    return json.dumps(dataclasses.asdict(progress), separators=(",", ":"))
+
+
+def parse_progress(text: str) -> ConnectionProgress | None:
+    """A live progress value read back; None when it does not parse (a value of another
+    version is a view lost, never an error). Gaps are not part of it: they are read from
+    the store."""
+    try:
+        data = json.loads(text)
+        counts = data.get("counts") or {}
+        known = {
+            f.name: int(counts[f.name]) for f in dataclasses.fields(ReadCounts) if f.name in counts
+        }
+        return ConnectionProgress(
+            connection=int(data.get("connection", 0)),
+            cursor=data.get("cursor"),
+            counts=ReadCounts(**known),
+            lagging_id=data.get("lagging_id"),
+            commit_lag=data.get("commit_lag"),
+            at=data.get("at"),
+        )
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def fold_gap_totals(counters: StreamCounters, totals: GapTotals) -> None:
+    """The store's gap totals as the stream's counters (the workflow's fold and the live
+    status both use it)."""
+    counters.gaps_open = totals.open
+    counters.gaps_repaired = totals.repaired
+    counters.gaps_unrecoverable = totals.unrecoverable
+    counters.gaps_unknown_size = totals.unknown_size
+    counters.events_unrecoverable = totals.events_unrecoverable
+    counters.events_recovered = totals.events_recovered
+    counters.suspicions = totals.suspicions
+    counters.suspicions_closed = totals.suspicions_closed
+    counters.suspicions_recovered = totals.suspicions_recovered

@@ -211,7 +211,7 @@ def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
         header, *lines = table.splitlines()
         assert header.split() == [
             "stream", "state", "route", "cursor", "lagging", "id", "persisted", "lag",
-            "drops",
+            "as", "of", "drops",
             "open", "gaps", "recovered", "lost", "retention", "last", "error",
         ]  # fmt: skip
         assert "7d: 1204 deleted, oldest kept 2026-12-01T10:00:00Z" in lines[0]

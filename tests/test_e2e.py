@@ -282,11 +282,12 @@ async def test_sigkilled_worker_is_replaced_without_loss_or_duplicates(
     first = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "first.log")
     second = None
     try:
-        handle = await start(
-            temporal.client,
-            StreamSpec(name=name, url=source.url(name), id_order="numeric"),
-            task_queue,
+        # A worker that dies is noticed after the heartbeat timeout: 10 s here, so the
+        # takeover is watched in seconds (the default, 5 minutes, trades that for cost).
+        spec = StreamSpec(
+            name=name, url=source.url(name), id_order="numeric", heartbeat_timeout=10.0
         )
+        handle = await start(temporal.client, spec, task_queue)
 
         def flowing(count: int) -> Callable[[], Awaitable[bool]]:
             async def check() -> bool:

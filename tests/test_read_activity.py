@@ -31,6 +31,8 @@ import activities.read as read_module
 from activities.read import (
     HEARTBEAT_BUDGET,
     HEARTBEAT_INTERVAL,
+    HEARTBEAT_SLACK,
+    LONG_TIMEOUT,
     MAX_CONNECTIONS_PER_WORKER,
     MAX_HEARTBEAT_INTERVAL,
     NUDGED_HEARTBEAT_INTERVAL,
@@ -38,7 +40,7 @@ from activities.read import (
     heartbeat_interval,
 )
 from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
-from durable_sse.config.spec import StreamSpec
+from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
 from durable_sse.contracts import (
     RECORDED_GAP,
     DropReport,
@@ -1321,6 +1323,16 @@ def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
         assert heartbeat_interval(count, nudged=True) == NUDGED_HEARTBEAT_INTERVAL
     assert 2 * NUDGED_HEARTBEAT_INTERVAL < timeout
     assert heartbeat_interval(1000, nudged=True) > heartbeat_interval(1000)  # fewer calls
+    # Issue 25: the stream's heartbeat_timeout (5 minutes by default) sets the interval, all
+    # but a minute of it, so a running stream costs 15 heartbeats an hour; a short timeout
+    # keeps 60 % of itself as slack, and the interval is never under 4 s.
+    assert heartbeat_interval(1, nudged=True, timeout=DEFAULT_HEARTBEAT_TIMEOUT) == 240.0
+    assert heartbeat_interval(1, nudged=True, timeout=100.0) == 40.0
+    assert heartbeat_interval(1, nudged=True, timeout=10.0) == NUDGED_HEARTBEAT_INTERVAL
+    for timeout in (10.0, 30.0, 100.0, 300.0, 3600.0):
+        slack = timeout - heartbeat_interval(1, nudged=True, timeout=timeout)
+        assert slack >= min(HEARTBEAT_SLACK, 0.6 * timeout)
+    assert heartbeat_interval(1, timeout=DEFAULT_HEARTBEAT_TIMEOUT) == HEARTBEAT_INTERVAL
 
 
 async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
@@ -1345,8 +1357,16 @@ async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
             )
             assert await nudges.listener.wait_live(GUARD)
             assert reader.heartbeat_interval() == NUDGED_HEARTBEAT_INTERVAL
-            # A connection still starting (no response head yet) keeps the short one.
+            # A connection still starting (no response head yet) keeps the short one
+            # under a short timeout, and takes the long one when the timeout has room.
             assert reader.heartbeat_interval(streaming=False) == HEARTBEAT_INTERVAL
+            assert reader.heartbeat_interval(streaming=False, timeout=LONG_TIMEOUT - 1) == (
+                HEARTBEAT_INTERVAL
+            )
+            long = DEFAULT_HEARTBEAT_TIMEOUT
+            assert reader.heartbeat_interval(streaming=False, timeout=long) == (
+                long - HEARTBEAT_SLACK
+            )
             await beats.wait_for(1)  # the start's heartbeat
             await asyncio.sleep(1.0)
             quiet = len(beats)

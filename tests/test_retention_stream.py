@@ -29,6 +29,7 @@ from temporalio.testing import WorkflowEnvironment
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, checkpoint_schedule_id, stream_workflow_id
+from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.ops.metrics import prometheus_runtime
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
@@ -148,7 +149,7 @@ async def replay_what_was_deleted(
     schedule = running.client.get_schedule_handle(checkpoint_schedule_id(name))
     await schedule.pause()
     await asyncio.sleep(1.0)  # a run already started ends
-    before = await handle.query("status", result_type=StreamStatus)
+    before = await status_of(running, handle)
     oldest_kept = (await stored(log, name))[0]
     assert before.live_cursor is not None and oldest_kept > 1
     await handle.signal("replay", {"from_id": "1"})
@@ -158,13 +159,13 @@ async def replay_what_was_deleted(
         return status.counters.duplicates + status.counters.dropped_by_horizon
 
     async def replayed() -> bool:
-        status = await handle.query("status", result_type=StreamStatus)
+        status = await status_of(running, handle)
         return seen(status) - seen(before) >= resent
 
     await wait_for(replayed, timeout=60, what="the replay of every id from 2 on")
     ids = await stored(log, name)
     assert min(ids) == oldest_kept  # nothing retention deleted came back
-    status = await handle.query("status", result_type=StreamStatus)
+    status = await status_of(running, handle)
     assert status.counters.events_recovered == 0
     # What retention deleted (2 up to the horizon, just before the oldest kept) is
     # counted as dropped by the horizon; the rest as duplicates.
@@ -172,6 +173,14 @@ async def replay_what_was_deleted(
     assert dropped == oldest_kept - 2
     await schedule.unpause()
     return resent
+
+
+async def status_of(running: Running, handle: WorkflowHandle) -> StreamStatus:
+    """The status ``durable-sse status`` shows: the workflow's, with the running
+    connection's live progress (Redis) and the store's gaps folded in (the workflow
+    itself learns cursors and counts when a connection ends)."""
+    status = await handle.query("status", result_type=StreamStatus)
+    return await live_status(status, LiveStores(l2=running.log.l2, stores=running.log))
 
 
 async def wait_for(check, *, timeout: float, what: str) -> None:  # noqa: ANN001
@@ -318,7 +327,7 @@ async def test_a_stream_started_again_under_another_id_order_parks_and_loses_not
     last = int(first.live_cursor or 0)
 
     async def read_on() -> bool:
-        status = await handle.query("status", result_type=StreamStatus)
+        status = await status_of(running, handle)
         return status.live_cursor is not None and int(status.live_cursor) > last + 2 * RATE
 
     await wait_for(read_on, timeout=60, what="the stream reading on under numeric")

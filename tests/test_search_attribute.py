@@ -19,7 +19,9 @@ from activities.attributes import ANSWER_TTL, SearchAttributeActivities, answer_
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
+from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.ops.binaries import temporal_dev_server
+from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.source import SourceStreamConfig, SSESource
 from tests.test_e2e import capture_history
 from worker import WorkerResources, build_worker
@@ -135,12 +137,13 @@ async def test_streams_run_without_the_attribute_where_it_is_not_registered(
     client = temporal.client
     name = "sa-none-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=50, keepalive=1, retry_ms=None))
+    live = LiveStores(l2=RedisCursors(redis_url))
     async for queue in running_worker(client, pg_url, redis_url):
         handle = await start(client, queue, name, source.url(name))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + POLL_LIMIT
-        while True:
-            status = await handle.query("status", result_type=StreamStatus)
+        while True:  # the running connection's progress is live in Redis, not the workflow
+            status = await live_status(await handle.query("status", result_type=StreamStatus), live)
             if status.counters.events_persisted > 0:
                 break
             assert loop.time() < deadline, f"nothing persisted: {status}"
@@ -150,6 +153,7 @@ async def test_streams_run_without_the_attribute_where_it_is_not_registered(
         await handle.signal("resume")
         await handle.signal("stop")
         final = await handle.result()
+    await live.close()
     assert final.state == "stopped" and final.counters.events_persisted > 0
     assert await upserts(handle) == []
 

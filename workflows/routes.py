@@ -41,6 +41,8 @@ from durable_sse.contracts import (
     RetentionStatus,
     Route,
     StreamCounters,
+    add_counts,
+    fold_gap_totals,
 )
 from durable_sse.gaps.model import GapSummary
 from durable_sse.ids import compare_ids, newest
@@ -132,6 +134,8 @@ class StreamState:
     verify_pending: bool = False
     """``verify_reconnects``: a connection the server ended read events, and no
     connection has recorded the suspicion yet (the next one does, and re-reads it)."""
+    counted_at: str | None = None
+    """ISO time the last connection's result was folded in (the counters' age)."""
 
     @property
     def repair_wanted(self) -> bool:
@@ -440,15 +444,7 @@ def fold_gaps(state: StreamState, gaps: GapSummary, decision: Decision | None = 
         decision.new_unrecoverable_gaps = max(totals.unrecoverable - counters.gaps_unrecoverable, 0)
     state.gaps = gaps
     state.gaps_stale = False
-    counters.gaps_open = totals.open
-    counters.gaps_repaired = totals.repaired
-    counters.gaps_unrecoverable = totals.unrecoverable
-    counters.gaps_unknown_size = totals.unknown_size
-    counters.events_unrecoverable = totals.events_unrecoverable
-    counters.events_recovered = totals.events_recovered
-    counters.suspicions = totals.suspicions
-    counters.suspicions_closed = totals.suspicions_closed
-    counters.suspicions_recovered = totals.suspicions_recovered
+    fold_gap_totals(counters, totals)
     if not state.repair_wanted:
         state.repair_resume = False
 
@@ -508,16 +504,9 @@ def _add_reading(
     lagging_id: str | None,
     id_order: str,
 ) -> None:
-    """What a connection read, from its result or its latest report: one rule for both,
-    so the status view and the state never disagree on how counts add up."""
-    counters = state.counters
-    counters.events_read += counts.events_read
-    counters.events_persisted += counts.new_rows
-    counters.duplicates += counts.duplicates
-    counters.ids_out_of_order += counts.ids_out_of_order
-    counters.ids_reused += counts.ids_reused
-    counters.reconnects_without_cursor += counts.reconnects_without_cursor
-    counters.dropped_by_horizon += counts.dropped_by_horizon
+    """What a connection read, from its result or its latest report (the counting rule is
+    :func:`durable_sse.contracts.add_counts`, which the live status uses too)."""
+    add_counts(state.counters, counts)
     state.live_cursor = newest([state.live_cursor, cursor], id_order)
     if lagging_id is not None:
         state.lagging_id = lagging_id

@@ -97,6 +97,9 @@ READ_RETRY = RetryPolicy(
     non_retryable_error_types=NON_RETRYABLE_ERRORS,
 )
 READ_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+"""The read activity's heartbeat timeout of runs from before ``heartbeat_timeout``."""
+HEARTBEAT_TIMEOUT_PATCH = "sse-heartbeat-timeout"
+"""Runs recorded before the stream's ``heartbeat_timeout`` replay with the 10 s one."""
 READ_MARGIN = timedelta(seconds=60)
 STORE_TIMEOUT = timedelta(seconds=30)
 STORE_RETRY = RetryPolicy(
@@ -346,6 +349,9 @@ class StreamWorkflow:
             commit_lag=progress.commit_lag if progress is not None else None,
             retention=s.retention,
             retry_capped_from_ms=s.retry_capped_from_ms,
+            id_order=self._spec.id_order,
+            connection=self._running,
+            counted_at=s.counted_at,
         )
 
     # --- one connection ----------------------------------------------------------------
@@ -392,6 +398,7 @@ class StreamWorkflow:
             max_retry_delay=spec.max_retry_delay if bounded else None,
             verify_reconnects=spec.verify_reconnects,
         )
+        s.counted_at = workflow.now().isoformat()
         if decision.retry_capped_from_ms is not None and not self._retry_cap_logged:
             self._retry_cap_logged = True
             workflow.logger.warning(
@@ -487,7 +494,11 @@ class StreamWorkflow:
                 seconds=spec.max_connection_age + spec.connect_timeout + spec.idle_timeout
             )
             + READ_MARGIN,
-            heartbeat_timeout=READ_HEARTBEAT_TIMEOUT,
+            heartbeat_timeout=(
+                timedelta(seconds=spec.heartbeat_timeout)
+                if workflow.patched(HEARTBEAT_TIMEOUT_PATCH)
+                else READ_HEARTBEAT_TIMEOUT
+            ),
             retry_policy=READ_RETRY,
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=f"{read_input.route.value} #{read_input.connection}",
@@ -741,6 +752,11 @@ class StreamWorkflow:
         if status.progress_at is not None:
             lag = "-" if status.commit_lag is None else f"{status.commit_lag:.1f} s"
             lines.append(f"as of {status.progress_at} (connection reports) · commit lag {lag}")
+        elif status.counted_at is not None:
+            lines.append(
+                f"cursors and counts as of {status.counted_at} (the last connection's end; "
+                "`durable-sse status` shows them live)"
+            )
         r = status.retention
         if r is not None and r.retention is not None:
             lines.append(

@@ -34,6 +34,7 @@ from pydantic import AfterValidator, ConfigDict, Field, PlainValidator, Validati
 
 from durable_sse.config.durations import (
     DAY,
+    HOUR,
     MINUTE,
     RetentionSeconds,
     format_duration,
@@ -50,6 +51,7 @@ from durable_sse.redact import show_value
 KiB = 1024
 MiB = 1024 * KiB
 DEFAULT_MAX_RETRY_DELAY = 300.0
+DEFAULT_HEARTBEAT_TIMEOUT = 300.0
 """``max_retry_delay``'s default: 5 minutes, the bound ``Retry-After`` has too."""
 
 DEFAULT_MAX_LINE_BYTES = 1 * MiB
@@ -258,6 +260,12 @@ class StreamSpec:
     """Longest event id (UTF-8 bytes) the event log takes (see MAX_ID_BYTES_LIMIT)."""
     retention: RetentionSeconds | None = None
     """Seconds events are kept (None = forever); at least ``replay_window``."""
+    heartbeat_timeout: Annotated[float, seconds(10.0, HOUR)] = DEFAULT_HEARTBEAT_TIMEOUT
+    """How long a connection's worker may stay silent before Temporal takes it for dead
+    and starts the connection again elsewhere: a worker that dies is noticed this late.
+    While the worker hears nudges the connection heartbeats a minute before it runs out
+    (signals come with a nudge's heartbeat, at once), so it is also what a running stream costs in
+    heartbeats (docs/benchmarks.md)."""
     max_retry_delay: Annotated[float, seconds(0.0, DAY)] = DEFAULT_MAX_RETRY_DELAY
     """Longest wait the server's ``retry:`` field buys (as ``Retry-After`` is capped):
     a server that sends ``retry: 99999999999`` cannot put the stream to sleep for years.

@@ -1,4 +1,6 @@
-"""L2: the Redis cursor store (key ``cursor:<stream>``, value ``<stream>#<id>``).
+"""L2: the Redis cursor store (key ``cursor:<stream>``, value ``<stream>#<id>``), and
+each running connection's live progress (key ``progress:<stream>``, a view for
+``durable-sse status``: what moves with every batch stays out of Temporal's history).
 
 L2 survives worker restarts and makes moving a stream to another worker cheap. It is a
 cache, never the truth: every failure is a miss or a dropped write, logged once per
@@ -28,6 +30,12 @@ logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "cursor:"
 """Redis key of a stream's cursor: ``cursor:<stream>``."""
+PROGRESS_PREFIX = "progress:"
+"""Redis key of a running connection's live progress: ``progress:<stream>`` (a JSON
+``ConnectionProgress``, written every few seconds; ``durable-sse status`` reads it)."""
+PROGRESS_TTL_MS = 15 * 60 * 1000
+"""A connection that stopped writing its progress (it ended, its worker died) leaves a
+value that expires: the status then shows the workflow's view alone."""
 VALUE_SEPARATOR = "#"
 """The value is ``<stream>#<id>``; the stream part is stripped by its exact length."""
 MAX_KEYS_PER_CALL = 256
@@ -135,6 +143,10 @@ def cursor_key(stream: str) -> str:
     return f"{KEY_PREFIX}{stream}"
 
 
+def progress_key(stream: str) -> str:
+    return f"{PROGRESS_PREFIX}{stream}"
+
+
 def cursor_value(stream: str, event_id: str) -> str:
     return f"{stream}{VALUE_SEPARATOR}{event_id}"
 
@@ -182,6 +194,8 @@ class RedisCursors:
         self._advance_script = self._redis.register_script(ADVANCE_LUA)
         self._down = False
         self._pending: dict[str, tuple[str, str]] = {}
+        self._progress: dict[str, str] = {}
+        """Live progress values waiting to be written, the newest per stream."""
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -300,12 +314,40 @@ class RedisCursors:
                 self._flush_forever(), name="redis-cursor-flusher"
             )
 
+    def submit_progress(self, stream: str, value: str) -> None:
+        """Queue a running connection's live progress (JSON) without waiting: written by
+        the cursor flusher, the newest value per stream, never blocking the caller."""
+        if self._closed:
+            return
+        self._progress[stream] = value
+        self._idle.clear()
+        self._wakeup.set()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush_forever(), name="redis-cursor-flusher"
+            )
+
+    async def get_progress(self, stream: str) -> str | None:
+        """A running connection's live progress, or None (none, expired, or Redis failed)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                value = await self._redis.get(progress_key(stream))
+        except Exception as error:
+            self.read_failures += 1
+            self._failed("read", error)
+            return None
+        self._recovered()
+        if value is None:
+            return None
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
     async def flush(self) -> None:
         """Wait until every cursor submitted so far has been attempted."""
         if self._flusher is None or self._flusher.done():
-            if self._pending:
+            if self._pending or self._progress:
                 batch, self._pending = self._pending, {}
-                await self._write_pending(batch)
+                progress, self._progress = self._progress, {}
+                await self._write_pending(batch, progress)
             self._idle.set()
             return
         self._wakeup.set()
@@ -329,18 +371,37 @@ class RedisCursors:
         while not self._closed:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._pending:
+            while self._pending or self._progress:
                 batch, self._pending = self._pending, {}
-                await self._write_pending(batch)
+                progress, self._progress = self._progress, {}
+                await self._write_pending(batch, progress)
             self._idle.set()
 
-    async def _write_pending(self, batch: dict[str, tuple[str, str]]) -> None:
+    async def _write_pending(
+        self, batch: dict[str, tuple[str, str]], progress: dict[str, str] | None = None
+    ) -> None:
         try:
-            await self.advance_many(
-                [(stream, event_id, order) for stream, (event_id, order) in batch.items()]
-            )
+            if batch:
+                await self.advance_many(
+                    [(stream, event_id, order) for stream, (event_id, order) in batch.items()]
+                )
+            if progress:
+                await self._write_progress(progress)
         except Exception:  # the flusher must outlive any bug in one batch
             logger.exception("redis cursor flush failed; %d cursors dropped", len(batch))
+
+    async def _write_progress(self, progress: dict[str, str]) -> None:
+        """One pipelined round trip: ``SET progress:<stream> value PX ttl`` each."""
+        pipeline = self._redis.pipeline(transaction=False)
+        for stream, value in progress.items():
+            pipeline.set(progress_key(stream), value, px=PROGRESS_TTL_MS)
+        try:
+            async with asyncio.timeout(self._timeout):
+                await pipeline.execute()
+        except Exception as error:  # a view: dropped, the next one says it all again
+            self._failed("write", error)
+            return
+        self._recovered()
 
     # -- outage logging --------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -15,6 +16,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durable_sse.config.durations import format_duration
 from durable_sse.config.replay import parse_replay_signal
 from durable_sse.config.spec import StreamSpec, parse_spec
 from durable_sse.config.temporal import TemporalTarget
@@ -22,6 +24,7 @@ from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_w
 from durable_sse.errors import DurableSSEError
 from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
+from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.ops.temporal_client import TemporalConnectionError
 
 __all__ = ["TemporalConnectionError", "connect"]
@@ -142,9 +145,12 @@ async def replay(
     await signal_stream(client, name, "replay", signal)
 
 
-async def stream_status(client: Client, name: str) -> dict[str, Any]:
-    """The workflow's ``status``: current while a connection runs (its progress reports
-    are folded in; ``progress_at`` says when the last one came)."""
+async def stream_status(
+    client: Client, name: str, *, live: LiveStores | None = None
+) -> dict[str, Any]:
+    """The workflow's ``status``, with the running connection's live progress and the
+    store's gaps folded in when ``live`` reaches the deployment's stores
+    (:mod:`durable_sse.ops.live`; ``progress_at`` and ``gaps_at`` say how old they are)."""
     handle = client.get_workflow_handle(stream_workflow_id(name))
     try:
         status = await handle.query("status", result_type=StreamStatus)
@@ -154,6 +160,8 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
         if "encrypted" not in str(error):
             raise
         raise _needs_key(name) from None
+    if live is not None and isinstance(status, StreamStatus):
+        status = await live_status(status, live)
     result = asdict(status) if not isinstance(status, dict) else status
     # The name its workflow id owns: a workflow whose input names another stream is
     # shown under its own name (parked, saying why), not as a second row of that stream.
@@ -164,6 +172,17 @@ async def stream_status(client: Client, name: str) -> dict[str, Any]:
 def current_counts(status: dict[str, Any]) -> tuple[str | None, int]:
     """(cursor, events persisted), the running connection's last report included."""
     return status.get("live_cursor"), status["counters"]["events_persisted"]
+
+
+def age_text(status: dict[str, Any], *, now: datetime | None = None) -> str:
+    """How old the cursor and counts shown are: the running connection's live progress
+    (``progress_at``), else the last connection's end (``counted_at``); ``-``: neither."""
+    stamp = status.get("progress_at") or status.get("counted_at")
+    if not stamp:
+        return "-"
+    now = now or datetime.now(UTC)
+    seconds = max((now - datetime.fromisoformat(stamp)).total_seconds(), 0.0)
+    return format_duration(round(seconds)) if seconds >= 1 else "0s"
 
 
 def lag_text(status: dict[str, Any]) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+from collections.abc import Mapping
 
 from temporalio.client import Client
 
@@ -14,11 +16,14 @@ from durable_sse.config.replay import parse_replay_signal
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.config.streams import load_streams, spec_differences
+from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.errors import ConfigError
 from durable_sse.ops import control
 from durable_sse.ops.cli.parser import EXIT_ERROR
 from durable_sse.ops.cli.tables import format_status_table
+from durable_sse.ops.live import LiveStores
 from durable_sse.redact import redact_url
+from durable_sse.stores import Stores
 
 
 async def run_stream_command(args: argparse.Namespace) -> int:
@@ -49,7 +54,11 @@ async def run_stream_command(args: argparse.Namespace) -> int:
         return await start_streams(client, specs, settings, args)
     if args.command == "status":
         names = [args.name] if args.name else await control.running_streams(client)
-        statuses = [await control.stream_status(client, name) for name in names]
+        live = live_stores(settings)
+        try:
+            statuses = [await control.stream_status(client, name, live=live) for name in names]
+        finally:
+            await live.close()
         if args.json:
             print(json.dumps(statuses, indent=2))
         else:
@@ -62,6 +71,19 @@ async def run_stream_command(args: argparse.Namespace) -> int:
         await control.signal_stream(client, args.name, args.command)
     print(f"{args.name}: {args.command} sent")
     return 0
+
+
+def live_stores(settings: Settings, environ: Mapping[str, str] | None = None) -> LiveStores:
+    """The deployment's stores for ``status``'s live figures: Redis when ``REDIS_URL`` is
+    set, the event log when ``DATABASE_URL`` is (never the embedded defaults, which would
+    be some other deployment's, or none)."""
+    environ = os.environ if environ is None else environ
+    l2 = stores = None
+    if environ.get("REDIS_URL"):
+        l2 = RedisCursors(settings.redis_url, timeout=settings.redis_timeout)
+    if environ.get("DATABASE_URL"):
+        stores = Stores.open(settings.database_url)
+    return LiveStores(l2=l2, stores=stores)
 
 
 async def start_streams(

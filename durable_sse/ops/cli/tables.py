@@ -19,6 +19,7 @@ STATUS_COLUMNS = (
     ("lagging id", lambda s: s.get("lagging_id") or "-"),
     ("persisted", lambda s: control.current_counts(s)[1]),
     ("lag", lambda s: control.lag_text(s)),
+    ("as of", lambda s: control.age_text(s)),
     ("drops", lambda s: s["counters"]["drop_signals"]),
     ("open gaps", control.open_gaps_text),
     ("recovered", lambda s: s["counters"]["events_recovered"]),
