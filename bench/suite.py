@@ -2,8 +2,10 @@
 
 Sections: 1 parse ceiling, 2 hot stream end to end, 3 many streams, 4 reconnect
 overhead, 5 replay, 6 cost per event, 7 naive consumer, 8 consumers of the log
-(``--only consume``: bench/consume.py). Each figure is the median of
-several runs with min-max; each ratio is against a baseline measured in this run.
+(``--only consume``: bench/consume.py), 9 what a stream costs in Temporal per stream-hour
+(``--only cost``: bench/cost.py; not in the default run, it measures for minutes).
+Each figure is the median of several runs with min-max; each ratio is against a baseline
+measured in this run.
 Children's logs and the probe counters go to a work directory (``--workdir``).
 """
 
@@ -24,13 +26,15 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import consume, hot, many, parse, reconnect  # noqa: E402
+from bench import consume, cost, hot, many, parse, reconnect  # noqa: E402
 from bench.common import Figures, Row, print_table, stack, verdict  # noqa: E402
 from bench.temporal_stack import temporal  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-SECTIONS = ("parse", "hot", "many", "reconnect", "replay", "naive", "consume")
+SECTIONS = ("parse", "hot", "many", "reconnect", "replay", "naive", "consume", "cost")
+DEFAULT_SECTIONS = SECTIONS[:-1]
+"""``cost`` runs only when asked for: its window is minutes long."""
 
 
 @dataclass
@@ -74,7 +78,12 @@ DEFAULT = Sizes(
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1-2 minute smoke run")
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"subset of {SECTIONS}")
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help=f"subset of {SECTIONS}")
+    parser.add_argument("--cost-streams", type=int, default=10, help="busy and idle, each")
+    parser.add_argument("--cost-minutes", type=float, default=12.0, help=cost.MINUTES_HELP)
+    parser.add_argument(
+        "--cost-replay-window", type=float, default=120.0, help="seconds, for the cost section"
+    )
     parser.add_argument("--runs", type=int, help="runs per figure")
     parser.add_argument("--parse-events", type=int)
     parser.add_argument("--hot-events", type=int)
@@ -164,6 +173,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                 runs=sizes.runs,
                 writer_events=sizes.writer_events,
             )
+            _progress(rows)
+        if "cost" in only:
+            async with temporal(running, label="cost") as stack_t:
+                rows += await cost.cost_rows(
+                    stack_t,
+                    streams=args.cost_streams,
+                    minutes=args.cost_minutes,
+                    replay_window=args.cost_replay_window,
+                )
             _progress(rows)
         await redis.aclose()
     return rows
