@@ -273,6 +273,7 @@ async def main(argv: list[str] | None = None) -> None:
     import tempfile
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-cost-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     async with stack(workdir, pg_admin=args.pg_admin) as running:
         async with temporal(running, label="cost") as stack_t:
             rows = await cost_rows(
