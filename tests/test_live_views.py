@@ -6,7 +6,7 @@ never ends on its own (``max_connection_age`` is an hour). What moves with every
 (cursor, counts, commit lag) goes to Redis, not through the workflow's history: ``durable-sse
 status`` reads it there, and the gaps and lagging id from PostgreSQL, each with its age; the
 workflow's own query and the Web UI's details say how old their counts are. A signal still
-reaches the connection within a second, though it heartbeats only every two minutes.
+reaches the connection within a second, though it heartbeats only every four minutes.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from durable_sse.ops import control
 from durable_sse.ops.live import LiveStores
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
+from tests.test_e2e import capture_history
 from worker import WorkerResources, build_worker
 
 pytestmark = pytest.mark.slow
@@ -283,3 +284,5 @@ async def test_a_signal_reaches_a_connection_that_heartbeats_every_four_minutes(
     assert statistics.median(delays) < 1.0, delays
     await handle.signal("stop")
     await handle.result()
+    # The heartbeat timeout's patch, nudged pauses and no progress signal, for the Replayer.
+    await capture_history(handle, "stream_heartbeat_timeout")

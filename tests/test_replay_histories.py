@@ -7,6 +7,8 @@ when a change is *meant* to be incompatible (and then version the workflow).
 ``stream_progress_reports`` (tests/test_live_views.py) and ``stream_state_attribute``
 (tests/test_search_attribute.py) are captured the same way by those modules; the three
 older histories predate both and replay through the ``sse-stream-state-attribute`` patch.
+``stream_heartbeat_timeout`` (also tests/test_live_views.py) is a run of today's reader:
+the ``sse-heartbeat-timeout`` patch, nudged pauses, no progress signal.
 """
 
 from __future__ import annotations

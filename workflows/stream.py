@@ -8,12 +8,13 @@ activity's retry policy is only for crashes and infrastructure, never for an ord
 reconnect. Signals (``replay``, ``pause``, ``resume``, ``stop``) cancel the running
 connection; the reader flushes its batch and returns, and the workflow acts once it has.
 
-While a connection runs, the reader reports its progress with the ``progress`` signal (at
-most every ``PROGRESS_INTERVAL``, only when something changed): the ``status`` query and
-the Web UI's current details fold the last report in, so they are never more than about
-half a minute old. Reports are display only (no decision rests on one); they cost
-history, so a connection whose run's history has grown past its budget is cut short and
-the workflow continues-as-new (docs/benchmarks.md gives the cost per stream-hour).
+What goes through this workflow's history is what changes the stream's course: state,
+route, gaps (every gap a connection finds ends that connection, so its result brings it)
+and errors. Cursors and counts, which move with every batch, arrive when a connection ends
+(``counted_at``); while one runs, the reader writes them to Redis (``progress:<stream>``)
+and ``durable-sse status`` folds them in (:mod:`durable_sse.ops.live`), so a stream that
+runs all day pays no history for them (docs/benchmarks.md gives the cost per stream-hour).
+The ``progress`` signal of earlier readers is still accepted, display only.
 
 The server can never fail this workflow: refusals park it, ``204`` stops it until
 resumed, everything else backs off and reconnects.
@@ -281,11 +282,9 @@ class StreamWorkflow:
 
     @workflow.signal
     def progress(self, report: Any = None) -> None:
-        """The running connection's progress (display only; see the module docstring).
-
-        A report that does not parse, or that comes from a connection that is no longer
-        running (sent just before it ended), is ignored.
-        """
+        """The running connection's progress, as readers before the Redis view sent it
+        (display only; see the module docstring). A report that does not parse, or that
+        comes from a connection no longer running (sent just before it ended), is ignored."""
         try:
             parsed = value_to_type(ConnectionProgress, report)
         except Exception:  # noqa: BLE001 - a malformed report is dropped, never fatal
