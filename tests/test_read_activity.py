@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
@@ -535,6 +536,34 @@ async def test_keepalives_do_not_end_the_connection_and_cancel_returns_cancelled
     result = await task
     assert result.outcome is Outcome.CANCELLED
     assert result.counts == ReadCounts() and result.last_cursor == "0"
+
+
+async def test_keepalives_more_frequent_than_heartbeats_do_not_silence_them(
+    source: SSESource, reader: StreamReader, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: an idle stream's keep-alives (every 15 s) come more often than a heartbeat
+    is due (every 4 minutes): the connection must heartbeat between them, or Temporal
+    times the attempt out after the heartbeat timeout and starts it again."""
+    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.3)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.03, paused=True))
+    spec = make_spec(source.url(stream_name), stream_name)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
+    )
+    try:
+        await beats.wait_for(1)  # the start's heartbeat
+        began, first = time.monotonic(), len(beats)
+        await asyncio.sleep(2.0)
+        sent = len(beats) - first
+        elapsed = time.monotonic() - began
+    finally:
+        env.cancel()
+        result = await task
+    assert result.outcome is Outcome.CANCELLED
+    assert sent >= elapsed / 0.3 - 2, f"{sent} heartbeats in {elapsed:.1f} s"
 
 
 async def test_cancel_mid_batch_flushes_and_loses_nothing(

@@ -108,6 +108,10 @@ class BodyReader:
                         await asyncio.sleep(0)
                 intake.poll(now)
                 await self.committer.submit_ready()
+                # Here too, not only when the queue stays empty for an interval: bytes that
+                # commit nothing (keep-alive comments, events stored already) may come more
+                # often than a heartbeat is due, and Temporal would time the attempt out.
+                self.keepalive.beat()
                 if intake.outcome is not None:
                     return self._stop(pumping, queue, held, intake.outcome)
         except asyncio.CancelledError:
