@@ -90,6 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--streams", help="comma-separated stream counts, e.g. 100,500,1000")
     parser.add_argument("--many-seconds", type=float, help="measured window per stream count")
     parser.add_argument(
+        "--many-settle",
+        type=float,
+        default=2.0,
+        help="seconds from the last stream's first event to the measured window",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -154,7 +160,12 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
         if "many" in only:
             for count in sizes.streams:
                 rows += await many.many_rows(
-                    running, redis, count, sizes.many_seconds, workers=args.workers
+                    running,
+                    redis,
+                    count,
+                    sizes.many_seconds,
+                    workers=args.workers,
+                    settle=args.many_settle,
                 )
                 _progress(rows)
         if "reconnect" in only:
