@@ -119,7 +119,7 @@ def build_worker(
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
-        *CheckpointActivities(resources.stores).activities(),
+        *CheckpointActivities(resources.stores, worker_retention=retention).activities(),
         *RetentionActivities(resources.stores, worker_retention=retention).activities(),
         *ScheduleActivities(client, task_queue).activities(),
         *SearchAttributeActivities(client).activities(),

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from durable_sse.config.durations import effective_retention
 from durable_sse.contracts import (
     AdvanceInput,
     AdvanceResult,
@@ -30,8 +31,9 @@ logger = logging.getLogger(__name__)
 class CheckpointActivities:
     """Activities over the worker's :class:`~durable_sse.stores.Stores`."""
 
-    def __init__(self, stores: Stores) -> None:
+    def __init__(self, stores: Stores, *, worker_retention: float | None = None) -> None:
         self._stores = stores
+        self._worker_retention = worker_retention
 
     @activity.defn
     async def advance_checkpoint(self, input: AdvanceInput) -> AdvanceResult:
@@ -55,6 +57,10 @@ class CheckpointActivities:
             result.moved,
             result.held_by_gap,
         )
+        retention, _ = effective_retention(
+            input.retention, self._worker_retention, input.replay_window
+        )
+        result.retention_applies = retention is not None
         return result
 
     @activity.defn

@@ -265,6 +265,9 @@ class AdvanceResult:
     cap_id: str | None = None
     retention: RetentionStatus | None = None
     """What the run's retention step did (None: it did not run)."""
+    retention_applies: bool | None = None
+    """Whether the stream has a retention to apply, its own or the worker's (decided where
+    the worker's setting is known); None: a worker from before this field, run the step."""
 
 
 @dataclass

@@ -167,7 +167,9 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
             task_queue=queue,
             result_type=AdvanceResult,
         )
-        assert held == AdvanceResult(lagging_id="3", moved=False, held_by_gap=True, cap_id="3")
+        assert held == AdvanceResult(
+            lagging_id="3", moved=False, held_by_gap=True, cap_id="3", retention_applies=False
+        )
         scheduled = await run_scheduled(env, handle)
         assert (scheduled.lagging_id, scheduled.held_by_gap) == ("3", True)
         assert await lagging_id(event_log, name) == "3"
@@ -256,3 +258,45 @@ async def test_a_checkpoint_run_applies_retention_without_its_stream_running(
         )
         assert legacy.retention is None
         assert (await event_log.prune.retention_state(name)).deleted_rows == 10
+
+
+async def test_a_run_with_no_retention_anywhere_schedules_no_retention_step(
+    env: WorkflowEnvironment, event_log: Stores
+) -> None:
+    """Issue 25: every activity is an action. A stream with no retention of its own on a
+    worker with none has nothing to delete: its runs schedule ``advance_checkpoint`` alone;
+    the worker's retention (known only where the activity runs) brings the step back."""
+    name = f"ck-{uuid.uuid4().hex[:16]}"
+    ref = StreamRef(name=name, id_order="numeric")
+    await persist(event_log, name, range(1, 4), datetime.now(UTC) - timedelta(hours=1))
+    scheduled: dict[float | None, list[str]] = {}
+    for worker_retention in (None, 86400.0):
+        queue = f"tq-{uuid.uuid4().hex}"
+        async with Worker(
+            env.client,
+            task_queue=queue,
+            workflows=[CheckpointAdvanceWorkflow],
+            activities=[
+                *CheckpointActivities(event_log, worker_retention=worker_retention).activities(),
+                *RetentionActivities(event_log, worker_retention=worker_retention).activities(),
+            ],
+        ):
+            handle = await env.client.start_workflow(
+                CheckpointAdvanceWorkflow.run,
+                AdvanceInput(stream=ref, replay_window=600.0, retention_declared=True),
+                id=checkpoint_schedule_id(name),
+                task_queue=queue,
+                result_type=AdvanceResult,
+            )
+            result = await handle.result()
+            assert result.retention_applies is (worker_retention is not None)
+            history = await handle.fetch_history()
+            scheduled[worker_retention] = [
+                event.activity_task_scheduled_event_attributes.activity_type.name
+                for event in history.events
+                if event.HasField("activity_task_scheduled_event_attributes")
+            ]
+    assert scheduled == {
+        None: ["advance_checkpoint"],
+        86400.0: ["advance_checkpoint", "apply_retention"],
+    }

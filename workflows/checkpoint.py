@@ -43,6 +43,8 @@ RETENTION_PATCH = "sse-retention"
 RETENTION_TIMEOUT = timedelta(minutes=4)
 """Inside the run's own timeout (at least 5 minutes): a run is a few bounded batches."""
 RETENTION_HEARTBEAT = timedelta(seconds=30)
+RETENTION_SKIP_PATCH = "sse-retention-skip-when-none"
+"""Runs from before it schedule ``apply_retention`` even when no retention applies."""
 QUIET_REPORT_WINDOW = 60.0
 """Runs from before ``QUIET_REPORT_PATCH``: a run that deleted nothing still reported
 when runs were at least this many seconds apart (one signal and a workflow task each)."""
@@ -87,6 +89,8 @@ class CheckpointAdvanceWorkflow:
             result.held_by_gap,
         )
         if input.retention_declared and workflow.patched(RETENTION_PATCH):
+            if result.retention_applies is False and workflow.patched(RETENTION_SKIP_PATCH):
+                return result  # no retention anywhere: an activity (an action) less a run
             result.retention = await self._retention(input)
         return result
 
