@@ -115,6 +115,7 @@ def build_worker(
         allowed_hosts=allowed_hosts,
         progress_interval=progress_interval,
         nudges=resources.nudges,
+        retention=retention,
     )
     activities = [
         *reader.activities(),

@@ -14,7 +14,8 @@ to give, and what it raises is turned into what Temporal understands:
   (``progress:<stream>``, :meth:`RedisCursors.submit_progress`), where ``durable-sse
   status`` reads them: what moves with every batch stays out of the workflow's history,
   which learns it from the connection's result (docs/benchmarks.md, the cost of a
-  stream); every ``HOLD_INTERVAL`` the connection's retention hold moves forward;
+  stream); every ``HOLD_INTERVAL`` the connection's retention hold moves forward, when
+  a retention applies to the stream (else its start holds, and nothing is deleted);
 * what retrying cannot fix (a setting, a refusal) is a non-retryable
   ``ApplicationError`` named after the error's class: the stream parks.
 """
@@ -33,6 +34,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from durable_sse.config.durations import effective_retention
 from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.contracts import (
     ConnectionProgress,
@@ -107,8 +109,12 @@ class StreamReader:
         allowed_hosts: tuple[str, ...] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
         nudges: Nudges | None = None,
+        retention: float | None = None,
     ) -> None:
+        """``retention``: the worker's (``DURABLE_SSE_RETENTION``), for streams without
+        their own: a connection moves its retention hold only when one applies."""
         install_redaction()
+        self.retention = retention
         self.nudges = nudges
         """Without it (or while it is not subscribed) cancellations wait for heartbeats."""
         self.progress_interval = progress_interval
@@ -201,6 +207,12 @@ class _ActivityConnection:
         self.published: ConnectionProgress | None = None
         """The last live progress written (its ``at`` left out)."""
         self.next_hold = now + HOLD_INTERVAL
+        spec = input.spec
+        retention, _ = effective_retention(spec.retention, reader.retention, spec.replay_window)
+        self.moves_hold = retention is not None
+        """No retention, nothing deleted: the start's hold is enough, and a thousand
+        connections spare the database a write every ``HOLD_INTERVAL`` each. (A worker
+        configured otherwise keeps more, never less: the hold only ever moves forward.)"""
         self.holding: asyncio.Task[None] | None = None
         self.context = contextvars.copy_context()
         """The activity's context: a nudge heartbeats from the worker's listener task."""
@@ -252,7 +264,7 @@ class _ActivityConnection:
         if now >= self.next_progress:
             self.next_progress = now + self.reader.progress_interval
             self._publish(now)
-        if now >= self.next_hold and self.holding is None:
+        if self.moves_hold and now >= self.next_hold and self.holding is None:
             self.next_hold = now + HOLD_INTERVAL
             self.holding = asyncio.create_task(self._move_hold())
 

@@ -1308,6 +1308,37 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
     assert await pg_event_log.readers.readers(stream_name) == []
 
 
+@pytest.mark.parametrize("retention", [3600.0, None])
+async def test_a_connection_moves_its_retention_hold_only_when_a_retention_applies(
+    source: SSESource,
+    reader: StreamReader,
+    pg_event_log: Stores,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    retention: float | None,
+) -> None:
+    """Issue 25: a hold moved every 20 s is a database write per connection (50 a second
+    at a thousand streams); with no retention anywhere nothing is deleted, and the start's
+    hold is all the fence needs."""
+    monkeypatch.setattr(read_module, "HOLD_INTERVAL", 0.1)
+    source.add_stream(stream_name, SourceStreamConfig(rate=50, retry_ms=None))
+    spec = make_spec(source.url(stream_name), stream_name, replay_window=1.0, retention=retention)
+    env = ActivityEnvironment()
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
+    )
+    try:
+        await asyncio.sleep(3.0)  # reading for over a replay window: a hold could move
+        (running,) = await pg_event_log.readers.readers(stream_name)
+    finally:
+        env.cancel()
+        await task
+    if retention is None:
+        assert running.start_id == "0"
+    else:
+        assert int(running.start_id) > 0
+
+
 async def test_a_stream_under_another_id_order_parks_before_it_connects(
     reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
