@@ -36,6 +36,7 @@ from temporalio.exceptions import ApplicationError
 
 from durable_sse.config.durations import effective_retention
 from durable_sse.config.secrets import DeclaredSecrets
+from durable_sse.config.spec import MIN_HEARTBEAT_TIMEOUT
 from durable_sse.contracts import (
     ConnectionProgress,
     ReadInput,
@@ -171,7 +172,7 @@ def heartbeat_interval(
     wait for heartbeats), else short for prompt cancellations, stretched to stay within
     ``HEARTBEAT_BUDGET``, never past ``MAX_HEARTBEAT_INTERVAL``."""
     if nudged:
-        timeout = timeout or 10.0
+        timeout = timeout or MIN_HEARTBEAT_TIMEOUT
         return max(NUDGED_HEARTBEAT_INTERVAL, NUDGED_SHARE * timeout, timeout - HEARTBEAT_SLACK)
     stretched = max(HEARTBEAT_INTERVAL, open_connections / HEARTBEAT_BUDGET)
     return min(stretched, MAX_HEARTBEAT_INTERVAL)

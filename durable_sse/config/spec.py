@@ -51,8 +51,12 @@ from durable_sse.redact import show_value
 KiB = 1024
 MiB = 1024 * KiB
 DEFAULT_MAX_RETRY_DELAY = 300.0
-DEFAULT_HEARTBEAT_TIMEOUT = 300.0
 """``max_retry_delay``'s default: 5 minutes, the bound ``Retry-After`` has too."""
+DEFAULT_HEARTBEAT_TIMEOUT = 300.0
+"""``heartbeat_timeout``'s default: a dead worker noticed within 5 minutes, a running
+stream heartbeating every 4 (15 an hour)."""
+MIN_HEARTBEAT_TIMEOUT = 10.0
+"""``heartbeat_timeout``'s lower bound, and the read activity's timeout before it existed."""
 
 DEFAULT_MAX_LINE_BYTES = 1 * MiB
 DEFAULT_MAX_EVENT_BYTES = 8 * MiB
@@ -260,7 +264,9 @@ class StreamSpec:
     """Longest event id (UTF-8 bytes) the event log takes (see MAX_ID_BYTES_LIMIT)."""
     retention: RetentionSeconds | None = None
     """Seconds events are kept (None = forever); at least ``replay_window``."""
-    heartbeat_timeout: Annotated[float, seconds(10.0, HOUR)] = DEFAULT_HEARTBEAT_TIMEOUT
+    heartbeat_timeout: Annotated[float, seconds(MIN_HEARTBEAT_TIMEOUT, HOUR)] = (
+        DEFAULT_HEARTBEAT_TIMEOUT
+    )
     """How long a connection's worker may stay silent before Temporal takes it for dead
     and starts the connection again elsewhere: a worker that dies is noticed this late.
     While the worker hears nudges the connection heartbeats a minute before it runs out
