@@ -307,12 +307,7 @@ class RedisCursors:
         pending = self._pending.get(stream)
         if pending is None or is_newer(event_id, pending[0], order):
             self._pending[stream] = (event_id, order)
-        self._idle.clear()
-        self._wakeup.set()
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(
-                self._flush_forever(), name="redis-cursor-flusher"
-            )
+        self._wake_flusher()
 
     def submit_progress(self, stream: str, value: str) -> None:
         """Queue a running connection's live progress (JSON) without waiting: written by
@@ -320,12 +315,7 @@ class RedisCursors:
         if self._closed:
             return
         self._progress[stream] = value
-        self._idle.clear()
-        self._wakeup.set()
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(
-                self._flush_forever(), name="redis-cursor-flusher"
-            )
+        self._wake_flusher()
 
     async def get_progress(self, stream: str) -> str | None:
         """A running connection's live progress, or None (none, expired, or Redis failed)."""
@@ -345,9 +335,7 @@ class RedisCursors:
         """Wait until every cursor submitted so far has been attempted."""
         if self._flusher is None or self._flusher.done():
             if self._pending or self._progress:
-                batch, self._pending = self._pending, {}
-                progress, self._progress = self._progress, {}
-                await self._write_pending(batch, progress)
+                await self._write_pending()
             self._idle.set()
             return
         self._wakeup.set()
@@ -372,14 +360,22 @@ class RedisCursors:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._pending or self._progress:
-                batch, self._pending = self._pending, {}
-                progress, self._progress = self._progress, {}
-                await self._write_pending(batch, progress)
+                await self._write_pending()
             self._idle.set()
 
-    async def _write_pending(
-        self, batch: dict[str, tuple[str, str]], progress: dict[str, str] | None = None
-    ) -> None:
+    def _wake_flusher(self) -> None:
+        """Something is pending: the flusher writes it (started on first use)."""
+        self._idle.clear()
+        self._wakeup.set()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush_forever(), name="redis-cursor-flusher"
+            )
+
+    async def _write_pending(self) -> None:
+        """Take everything pending and write it: cursors in one call, progress in one."""
+        batch, self._pending = self._pending, {}
+        progress, self._progress = self._progress, {}
         try:
             if batch:
                 await self.advance_many(
