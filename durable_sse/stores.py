@@ -25,6 +25,7 @@ from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.cursor.readers import Readers
 from durable_sse.cursor.start import StartStore
+from durable_sse.gaps.model import GapSummary
 from durable_sse.gaps.store import GapStore
 from durable_sse.log.database import DEFAULT_CONNECT_TIMEOUT, Database
 from durable_sse.log.migrations import create_schema
@@ -81,6 +82,15 @@ class Stores:
             l1=l1 or LocalCursors(),
             l2=l2,
         )
+
+    async def gaps_and_lagging_id(
+        self, stream: str, id_order: str
+    ) -> tuple[GapSummary, str | None]:
+        """The stream's gaps and lagging id, read now: what the workflow asks for when a
+        result did not say, and what the live status shows."""
+        gaps = await self.gap_store.gap_summary(stream, id_order)
+        checkpoint = await self.checkpoints.get_checkpoint(stream)
+        return gaps, checkpoint.lagging_id if checkpoint else None
 
     async def create_schema(self) -> None:
         """Create the schema, or migrate an older one (:mod:`durable_sse.log.migrations`)."""

@@ -53,13 +53,12 @@ async def live_status(status: StreamStatus, live: LiveStores) -> StreamStatus:
             status.progress_at = progress.at
     if live.stores is not None:
         try:
-            gaps = await live.stores.gap_store.gap_summary(status.name, status.id_order)
-            checkpoint = await live.stores.checkpoints.get_checkpoint(status.name)
+            gaps, lagging_id = await live.stores.gaps_and_lagging_id(status.name, status.id_order)
         except StoreError:
             return status  # the workflow's view, as of its last result
         fold_gap_totals(status.counters, gaps.totals)
         status.open_gaps = gaps.open
-        if checkpoint is not None and checkpoint.lagging_id is not None:
-            status.lagging_id = checkpoint.lagging_id
+        if lagging_id is not None:
+            status.lagging_id = lagging_id
         status.gaps_at = datetime.now(UTC).isoformat()
     return status
