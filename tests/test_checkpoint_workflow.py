@@ -93,6 +93,22 @@ async def lagging_id(event_log: Stores, stream: str) -> str | None:
     return checkpoint.lagging_id if checkpoint else None
 
 
+def checkpoint_worker(
+    env: WorkflowEnvironment, log: Stores, queue: str, *, worker_retention: float | None = None
+) -> Worker:
+    """The checkpoint workflow and its activities, with one retention setting for both
+    (as ``worker.build_worker`` gives them)."""
+    return Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[CheckpointAdvanceWorkflow],
+        activities=[
+            *CheckpointActivities(log, worker_retention=worker_retention).activities(),
+            *RetentionActivities(log, worker_retention=worker_retention).activities(),
+        ],
+    )
+
+
 async def run_scheduled(env: WorkflowEnvironment, handle: ScheduleHandle) -> AdvanceResult:
     """Trigger the schedule and return the result of a run it started after the trigger."""
     before = (await handle.describe()).info.num_actions
@@ -124,15 +140,7 @@ async def test_schedule_advances_and_an_open_gap_holds_it(
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
     await persist(event_log, name, range(1, 4), long_ago)
 
-    async with Worker(
-        env.client,
-        task_queue=queue,
-        workflows=[CheckpointAdvanceWorkflow],
-        activities=[
-            *checkpoints.activities(),
-            *RetentionActivities(event_log).activities(),
-        ],
-    ):
+    async with checkpoint_worker(env, event_log, queue):
         # Created, then updated in place (idempotent; the interval follows the window).
         spec.replay_window = 3.0
         await schedules.ensure_checkpoint_schedule(ScheduleInput(spec=spec))
@@ -221,15 +229,7 @@ async def test_a_checkpoint_run_applies_retention_without_its_stream_running(
     await persist(event_log, name, range(1, 11), now - timedelta(hours=3))
     await persist(event_log, name, range(11, 16), now - timedelta(minutes=30))
     await persist(event_log, name, range(16, 21), now)
-    async with Worker(
-        env.client,
-        task_queue=queue,
-        workflows=[CheckpointAdvanceWorkflow],
-        activities=[
-            *CheckpointActivities(event_log).activities(),
-            *RetentionActivities(event_log, worker_retention=86400.0).activities(),
-        ],
-    ):
+    async with checkpoint_worker(env, event_log, queue, worker_retention=86400.0):
         result = await env.client.execute_workflow(
             CheckpointAdvanceWorkflow.run,
             AdvanceInput(
@@ -272,15 +272,7 @@ async def test_a_run_with_no_retention_anywhere_schedules_no_retention_step(
     scheduled: dict[float | None, list[str]] = {}
     for worker_retention in (None, 86400.0):
         queue = f"tq-{uuid.uuid4().hex}"
-        async with Worker(
-            env.client,
-            task_queue=queue,
-            workflows=[CheckpointAdvanceWorkflow],
-            activities=[
-                *CheckpointActivities(event_log, worker_retention=worker_retention).activities(),
-                *RetentionActivities(event_log, worker_retention=worker_retention).activities(),
-            ],
-        ):
+        async with checkpoint_worker(env, event_log, queue, worker_retention=worker_retention):
             handle = await env.client.start_workflow(
                 CheckpointAdvanceWorkflow.run,
                 AdvanceInput(stream=ref, replay_window=600.0, retention_declared=True),
