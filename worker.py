@@ -108,6 +108,7 @@ def build_worker(
 
     ``progress_interval``: seconds between a connection's progress reports (tests shorten
     it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own."""
+    schedules = ScheduleActivities(client, task_queue, resources.stores)
     reader = StreamReader(
         http=resources.http,
         stores=resources.stores,
@@ -116,13 +117,14 @@ def build_worker(
         progress_interval=progress_interval,
         nudges=resources.nudges,
         retention=retention,
+        wake_checkpoint=schedules.wake,
     )
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
         *CheckpointActivities(resources.stores, worker_retention=retention).activities(),
         *RetentionActivities(resources.stores, worker_retention=retention).activities(),
-        *ScheduleActivities(client, task_queue).activities(),
+        *schedules.activities(),
         *SearchAttributeActivities(client).activities(),
     ]
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)

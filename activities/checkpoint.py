@@ -66,8 +66,8 @@ class CheckpointActivities:
     @activity.defn
     async def stream_gaps(self, input: StreamRef) -> StreamGaps:
         """The stream's gaps and lagging id (when a connection's result did not say)."""
-        gaps, lagging_id = await self._stores.gaps_and_lagging_id(input.name, input.id_order)
-        return StreamGaps(gaps=gaps, lagging_id=lagging_id)
+        gaps, checkpoint = await self._stores.gaps_and_checkpoint(input.name, input.id_order)
+        return StreamGaps(gaps=gaps, lagging_id=checkpoint.lagging_id if checkpoint else None)
 
     @activity.defn
     async def resolve_since(self, input: SinceInput) -> str | None:

@@ -16,6 +16,8 @@ to give, and what it raises is turned into what Temporal understands:
   which learns it from the connection's result (docs/benchmarks.md, the cost of a
   stream); every ``HOLD_INTERVAL`` the connection's retention hold moves forward, when
   a retention applies to the stream (else its start holds, and nothing is deleted);
+* the first cursor move, and any after a pause, wakes the stream's checkpoint schedule if
+  it rests (:mod:`durable_sse.cursor.rest`), in the background;
 * what retrying cannot fix (a setting, a refusal) is a non-retryable
   ``ApplicationError`` named after the error's class: the stream parks.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from secrets import token_hex
@@ -45,6 +48,7 @@ from durable_sse.contracts import (
     progress_json,
 )
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
+from durable_sse.cursor.rest import WAKE_RETRY, wake_check_due
 from durable_sse.errors import ConfigError, StreamRefusedError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
@@ -91,6 +95,8 @@ PROGRESS_REFRESH = 60.0
 HOLD_INTERVAL = 20.0
 """Seconds between moves of the connection's retention hold (a database write)."""
 HOLD_TIMEOUT = 5.0
+WAKE_TIMEOUT = 10.0
+"""Bound on one wake of a resting schedule (a flag read, and at most two Temporal calls)."""
 """Seconds one move of the hold may take; a late one is dropped (retention keeps more)."""
 ATTEMPT_MARGIN = timedelta(seconds=60)
 """Added to ``max_connection_age + connect_timeout + idle_timeout`` for a connection's
@@ -111,10 +117,14 @@ class StreamReader:
         progress_interval: float = PROGRESS_INTERVAL,
         nudges: Nudges | None = None,
         retention: float | None = None,
+        wake_checkpoint: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         """``retention``: the worker's (``DURABLE_SSE_RETENTION``), for streams without
-        their own: a connection moves its retention hold only when one applies."""
+        their own: a connection moves its retention hold only when one applies.
+        ``wake_checkpoint``: wakes a stream's resting checkpoint schedule
+        (``ScheduleActivities.wake``; None: schedules are never woken from here)."""
         install_redaction()
+        self.wake_checkpoint = wake_checkpoint
         self.retention = retention
         self.nudges = nudges
         """Without it (or while it is not subscribed) cancellations wait for heartbeats."""
@@ -201,6 +211,7 @@ class _ActivityConnection:
             metrics=ReaderMetrics(activity.metric_meter(), input.spec.name),
             log=activity.logger,
             cancel_reason=_cancel_reason,
+            on_cursor_moved=self._cursor_moved,
         )
         now = time.monotonic()
         self.next_progress = now + reader.progress_interval
@@ -215,6 +226,10 @@ class _ActivityConnection:
         connections spare the database a write every ``HOLD_INTERVAL`` each. (A worker
         configured otherwise keeps more, never less: the hold only ever moves forward.)"""
         self.holding: asyncio.Task[None] | None = None
+        self.last_move: float | None = None
+        """When the cursor last moved (monotonic; None: not yet on this connection)."""
+        self.wake_retry_at: float | None = None
+        self.waking: asyncio.Task[None] | None = None
         self.context = contextvars.copy_context()
         """The activity's context: a nudge heartbeats from the worker's listener task."""
 
@@ -289,6 +304,40 @@ class _ActivityConnection:
         stamped = replace(progress, at=datetime.now(UTC).isoformat())
         l2.submit_progress(self.input.spec.name, progress_json(stamped))
 
+    # -- a resting checkpoint schedule (durable_sse.cursor.rest) -------------------------
+
+    def _cursor_moved(self) -> None:
+        """A commit moved the cursor: after a pause (or first), make sure the stream's
+        checkpoint schedule is not resting, in the background (commits never wait)."""
+        now = time.monotonic()
+        due = wake_check_due(
+            last_move=self.last_move,
+            retry_at=self.wake_retry_at,
+            now=now,
+            replay_window=self.input.spec.replay_window,
+        )
+        self.last_move = now
+        if due and self.reader.wake_checkpoint is not None and self.waking is None:
+            self.wake_retry_at = None
+            self.waking = asyncio.create_task(self._wake())
+
+    async def _wake(self) -> None:
+        wake, stream = self.reader.wake_checkpoint, self.input.spec.name
+        assert wake is not None
+        try:
+            async with asyncio.timeout(WAKE_TIMEOUT):
+                await wake(stream)
+        except Exception as error:  # noqa: BLE001 - tried again later, never the stream's end
+            self.wake_retry_at = time.monotonic() + WAKE_RETRY
+            activity.logger.warning(
+                "stream %s: could not check its checkpoint schedule's rest (again in %.0f s): %s",
+                stream,
+                WAKE_RETRY,
+                error,
+            )
+        finally:
+            self.waking = None
+
     async def _move_hold(self) -> None:
         try:
             async with asyncio.timeout(HOLD_TIMEOUT):
@@ -306,10 +355,10 @@ class _ActivityConnection:
         if self.connection.session.intake is not None:
             self.published = None
             self._publish(time.monotonic())
-        task = self.holding
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait([task])
+        for task in (self.holding, self.waking):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait([task])
 
 
 def _heartbeat(progress: ReadProgress) -> None:

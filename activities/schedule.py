@@ -4,6 +4,10 @@
 Creating it is idempotent (create, or update when it exists) so a restarted or
 continued-as-new ``StreamWorkflow`` may ensure it any number of times.
 
+A stream with nothing to advance lets its schedule rest (paused, with a note), and a
+connection that stores a newer event wakes it: see :mod:`durable_sse.cursor.rest` for
+the rules and why nothing is lost; here are the Temporal calls.
+
 Only the stream's own workflow (``sse-stream:<name>``, see :mod:`durable_sse.ownership`)
 may create, change or delete the schedule of ``<name>``, and a delete removes only a
 schedule whose action is this stream's checkpoint run: a workflow that names another
@@ -22,6 +26,7 @@ from temporalio.client import (
     ScheduleActionStartWorkflow,
     ScheduleAlreadyRunningError,
     ScheduleDescription,
+    ScheduleHandle,
     ScheduleIntervalSpec,
     ScheduleOverlapPolicy,
     SchedulePolicy,
@@ -34,7 +39,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import AdvanceInput, ScheduleInput, StreamRef, checkpoint_schedule_id
-from durable_sse.ownership import schedule_caller_error
+from durable_sse.cursor.rest import REST_NOTE, WAKE_NOTE, paused_by_rest
+from durable_sse.ownership import checkpoint_owner_error, schedule_caller_error
+from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 
 logger = logging.getLogger(__name__)
@@ -45,9 +52,11 @@ MIN_CATCHUP_WINDOW = timedelta(minutes=1)
 class ScheduleActivities:
     """Activities that manage checkpoint schedules through one shared client."""
 
-    def __init__(self, client: Client, task_queue: str) -> None:
+    def __init__(self, client: Client, task_queue: str, stores: Stores | None = None) -> None:
+        """``stores``: where a rest is recorded (None: schedules never rest)."""
         self._client = client
         self._task_queue = task_queue
+        self._stores = stores
 
     def build_schedule(self, spec: StreamSpec) -> Schedule:
         """The schedule for ``spec``: every replay window, one advance at a time."""
@@ -116,8 +125,77 @@ class ScheduleActivities:
             return
         logger.info("deleted checkpoint schedule %s", schedule_id)
 
+    # -- rest and wake (durable_sse.cursor.rest) ------------------------------------------
+
+    @activity.defn
+    async def rest_checkpoint_schedule(self, input: StreamRef) -> bool:
+        """Pause the stream's schedule while it is caught up; whether it rests."""
+        _require_checkpoint_run(input.name)
+        return await self.rest(input.name)
+
+    async def rest(self, stream: str) -> bool:
+        """Record the rest, pause, then look again: an event stored meanwhile wakes the
+        schedule here (a connection that read the flag before it was set would not)."""
+        if self._stores is None:
+            return False
+        checkpoints = self._stores.checkpoints
+        since = await checkpoints.rest(stream)
+        if since is None:
+            return False
+        handle = self._client.get_schedule_handle(checkpoint_schedule_id(stream))
+        try:
+            state = (await handle.describe()).schedule.state
+            if state.paused and not paused_by_rest(state.paused, state.note):
+                await checkpoints.woken(stream, since)  # an operator's pause: theirs
+                return False
+            if not state.paused:
+                await handle.pause(note=REST_NOTE)
+            if await checkpoints.still_resting(stream, since):
+                logger.info("checkpoint schedule of %s rests: nothing to advance", stream)
+                return True
+            await _unpause_rest(handle)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+        await checkpoints.woken(stream, since)
+        return False
+
+    async def wake(self, stream: str) -> bool:
+        """Wake the stream's schedule if it rests (a connection stored a newer event);
+        whether it did. The flag is cleared only once the schedule runs again."""
+        if self._stores is None:
+            return False
+        checkpoints = self._stores.checkpoints
+        since = await checkpoints.resting(stream)
+        if since is None:
+            return False
+        handle = self._client.get_schedule_handle(checkpoint_schedule_id(stream))
+        try:
+            woke = await _unpause_rest(handle)
+        except RPCError as error:
+            if error.status != RPCStatusCode.NOT_FOUND:
+                raise
+            woke = False  # no schedule (the stream was stopped): nothing rests
+        await checkpoints.woken(stream, since)
+        if woke:
+            logger.info("checkpoint schedule of %s woken: a newer event was stored", stream)
+        return woke
+
     def activities(self) -> list:
-        return [self.ensure_checkpoint_schedule, self.delete_checkpoint_schedule]
+        return [
+            self.ensure_checkpoint_schedule,
+            self.delete_checkpoint_schedule,
+            self.rest_checkpoint_schedule,
+        ]
+
+
+async def _unpause_rest(handle: ScheduleHandle) -> bool:
+    """Unpause a schedule paused by a rest (an operator's pause stays); whether it did."""
+    state = (await handle.describe()).schedule.state
+    if not paused_by_rest(state.paused, state.note):
+        return False
+    await handle.unpause(note=WAKE_NOTE)
+    return True
 
 
 def _require_owner(name: str) -> None:
@@ -130,6 +208,18 @@ def _require_owner(name: str) -> None:
         return
     info = activity.info()
     problem = schedule_caller_error(info.workflow_id, info.workflow_type, name)
+    if problem is not None:
+        raise ApplicationError(problem, type="ConfigError", non_retryable=True)
+
+
+def _require_checkpoint_run(name: str) -> None:
+    """Refuse a call from any workflow but a checkpoint run bound to stream ``name``."""
+    if not activity.in_activity():
+        return
+    info = activity.info()
+    problem = checkpoint_owner_error(info.workflow_id or "", name)
+    if problem is None and info.workflow_type != CheckpointAdvanceWorkflow.__name__:
+        problem = f"only a checkpoint run may rest stream {name!r}'s schedule"
     if problem is not None:
         raise ApplicationError(problem, type="ConfigError", non_retryable=True)
 

@@ -190,6 +190,8 @@ class CheckpointState:
     lagging_at: str | None = None
     """ISO time the lagging id was persisted (received)."""
     updated_at: str | None = None
+    resting_since: str | None = None
+    """ISO time the stream's checkpoint schedule began to rest (None: it runs)."""
 
 
 @dataclass
@@ -268,6 +270,11 @@ class AdvanceResult:
     retention_applies: bool | None = None
     """Whether the stream has a retention to apply, its own or the worker's (decided where
     the worker's setting is known); None: a worker from before this field, run the step."""
+    caught_up: bool = False
+    """The lagging id is the stream's newest id: no run can move it before a newer event is
+    stored (see :mod:`durable_sse.cursor.rest`)."""
+    rested: bool | None = None
+    """The run paused its schedule to rest (None: it did not try)."""
 
 
 @dataclass
@@ -368,6 +375,9 @@ class StreamStatus:
     workflow's view, as of the last connection's result)."""
     retention: RetentionStatus | None = None
     """The last checkpoint run's retention report (None: none yet, or none configured)."""
+    checkpoint_resting_since: str | None = None
+    """Since when the stream's checkpoint schedule rests, read by ``durable-sse status``
+    (None: it runs, or the store was not read)."""
     retry_capped_from_ms: int | None = None
     """The server's last ``retry:`` (ms) when it asked for more than the stream's
     ``max_retry_delay`` and the wait was cut to that bound (None: honoured, or none)."""

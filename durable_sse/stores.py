@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from durable_sse.contracts import CheckpointState
 from durable_sse.cursor.checkpoint import CheckpointStore
 from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.cursor.l2 import RedisCursors
@@ -83,14 +84,13 @@ class Stores:
             l2=l2,
         )
 
-    async def gaps_and_lagging_id(
+    async def gaps_and_checkpoint(
         self, stream: str, id_order: str
-    ) -> tuple[GapSummary, str | None]:
-        """The stream's gaps and lagging id, read now: what the workflow asks for when a
-        result did not say, and what the live status shows."""
+    ) -> tuple[GapSummary, CheckpointState | None]:
+        """The stream's gaps and checkpoint row (lagging id, rest), read now: what the
+        workflow asks for when a result did not say, and what the live status shows."""
         gaps = await self.gap_store.gap_summary(stream, id_order)
-        checkpoint = await self.checkpoints.get_checkpoint(stream)
-        return gaps, checkpoint.lagging_id if checkpoint else None
+        return gaps, await self.checkpoints.get_checkpoint(stream)
 
     async def create_schema(self) -> None:
         """Create the schema, or migrate an older one (:mod:`durable_sse.log.migrations`)."""

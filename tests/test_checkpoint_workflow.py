@@ -34,6 +34,7 @@ from durable_sse.contracts import (
     StreamRef,
     checkpoint_schedule_id,
 )
+from durable_sse.cursor.rest import REST_NOTE, WAKE_NOTE
 from durable_sse.gaps.model import Gap, GapChange
 from durable_sse.log.records import EventRecord
 from durable_sse.ops.binaries import temporal_dev_server
@@ -105,6 +106,7 @@ def checkpoint_worker(
         activities=[
             *CheckpointActivities(log, worker_retention=worker_retention).activities(),
             *RetentionActivities(log, worker_retention=worker_retention).activities(),
+            *ScheduleActivities(env.client, queue, log).activities(),
         ],
     )
 
@@ -288,7 +290,112 @@ async def test_a_run_with_no_retention_anywhere_schedules_no_retention_step(
                 for event in history.events
                 if event.HasField("activity_task_scheduled_event_attributes")
             ]
+    # Caught up (its newest id is an hour old), the first run also rests its schedule.
     assert scheduled == {
-        None: ["advance_checkpoint"],
+        None: ["advance_checkpoint", "rest_checkpoint_schedule"],
         86400.0: ["advance_checkpoint", "apply_retention"],
     }
+
+
+async def schedule_state(handle: ScheduleHandle) -> tuple[bool, str | None]:
+    state = (await handle.describe()).schedule.state
+    return state.paused, state.note
+
+
+async def test_a_caught_up_stream_rests_its_schedule_until_a_newer_event_wakes_it(
+    env: WorkflowEnvironment, event_log: Stores
+) -> None:
+    """Issue 25: an idle stream's runs are billed and move nothing. A run that leaves the
+    lagging id at the newest id pauses its schedule; storing a newer event wakes it; an
+    operator's pause is never lifted, nor taken over."""
+    name = f"ck-{uuid.uuid4().hex[:16]}"
+    spec = StreamSpec(name=name, url="http://127.0.0.1:9/events", id_order="numeric")
+    ref = StreamRef(name=name, id_order="numeric")
+    queue = f"tq-{uuid.uuid4().hex}"
+    schedules = ScheduleActivities(env.client, queue, event_log)
+    now = datetime.now(UTC)
+    await persist(event_log, name, range(1, 4), now - timedelta(hours=1))
+    await persist(event_log, name, range(4, 5), now)
+
+    async def advance_at(moment: datetime) -> AdvanceResult:
+        """A run as the schedule would start it at ``moment``."""
+        return await env.client.execute_workflow(
+            CheckpointAdvanceWorkflow.run,
+            AdvanceInput(
+                stream=ref, replay_window=600.0, retention_declared=True, now=moment.isoformat()
+            ),
+            id=checkpoint_schedule_id(name),
+            task_queue=queue,
+            result_type=AdvanceResult,
+        )
+
+    async with checkpoint_worker(env, event_log, queue):
+        await schedules.ensure_checkpoint_schedule(ScheduleInput(spec=spec))
+        handle = env.client.get_schedule_handle(checkpoint_schedule_id(name))
+
+        # 4 is newer than a window: the lagging id stops at 3, the schedule keeps running.
+        busy = await advance_at(now)
+        assert (busy.lagging_id, busy.caught_up, busy.rested) == ("3", False, None)
+        assert (await schedule_state(handle))[0] is False
+
+        # A window later 4 is the lagging id and the newest id: the run rests its schedule.
+        rested = await advance_at(now + timedelta(minutes=11))
+        assert (rested.lagging_id, rested.caught_up, rested.rested) == ("4", True, True)
+        assert await schedule_state(handle) == (True, REST_NOTE)
+        checkpoint = await event_log.checkpoints.get_checkpoint(name)
+        assert checkpoint is not None and checkpoint.resting_since is not None
+        # Kept by an update of the schedule (a restarted stream workflow ensures it).
+        await schedules.ensure_checkpoint_schedule(ScheduleInput(spec=spec))
+        assert await schedule_state(handle) == (True, REST_NOTE)
+
+        # A newer event: the connection that stores it wakes the schedule, once.
+        await persist(event_log, name, range(5, 6), datetime.now(UTC))
+        assert await schedules.wake(name) is True
+        assert await schedule_state(handle) == (False, WAKE_NOTE)
+        assert await event_log.checkpoints.resting(name) is None
+        assert await schedules.wake(name) is False
+
+        # An operator's pause: a caught-up run leaves it (and its note) alone, and a wake
+        # does not lift it.
+        await handle.pause(note="maintenance")
+        theirs = await advance_at(datetime.now(UTC) + timedelta(minutes=11))
+        assert (theirs.lagging_id, theirs.caught_up, theirs.rested) == ("5", True, False)
+        assert await schedule_state(handle) == (True, "maintenance")
+        assert await event_log.checkpoints.resting(name) is None
+        assert await event_log.checkpoints.rest(name) is not None
+        assert await schedules.wake(name) is False
+        assert await schedule_state(handle) == (True, "maintenance")
+        assert await event_log.checkpoints.resting(name) is None
+        await schedules.delete_checkpoint_schedule(ref)
+
+
+async def test_an_event_stored_while_the_schedule_pauses_wakes_it(
+    env: WorkflowEnvironment, event_log: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a connection cannot see: it stores a newer event and reads the flag before
+    the rest records it. The run looks again after pausing, and wakes its own schedule."""
+    name = f"ck-{uuid.uuid4().hex[:16]}"
+    spec = StreamSpec(name=name, url="http://127.0.0.1:9/events", id_order="numeric")
+    queue = f"tq-{uuid.uuid4().hex}"
+    schedules = ScheduleActivities(env.client, queue, event_log)
+    await persist(event_log, name, range(1, 4), datetime.now(UTC) - timedelta(hours=1))
+    advanced = await event_log.checkpoints.advance_lagging(
+        name, "numeric", window=600.0, now=datetime.now(UTC)
+    )
+    assert (advanced.lagging_id, advanced.caught_up) == ("3", True)
+    await schedules.ensure_checkpoint_schedule(ScheduleInput(spec=spec))
+    handle = env.client.get_schedule_handle(checkpoint_schedule_id(name))
+    look_again = event_log.checkpoints.still_resting
+
+    async def an_event_arrives_first(stream: str, since: datetime) -> bool:
+        await persist(event_log, name, range(4, 5), datetime.now(UTC))
+        return await look_again(stream, since)
+
+    monkeypatch.setattr(event_log.checkpoints, "still_resting", an_event_arrives_first)
+    assert await schedules.rest(name) is False
+    assert await schedule_state(handle) == (False, WAKE_NOTE)
+    assert await event_log.checkpoints.resting(name) is None
+    # Not caught up any more: a rest records nothing.
+    assert await event_log.checkpoints.rest(name) is None
+    assert await event_log.checkpoints.resting(name) is None
+    await schedules.delete_checkpoint_schedule(StreamRef(name=name, id_order="numeric"))

@@ -1175,7 +1175,7 @@ async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
         checkpoint = await old.checkpoints.get_checkpoint("old")
         assert checkpoint is not None and checkpoint.lagging_id == "1"
         columns = await query(old, "SELECT * FROM sse_checkpoints")
-        assert len(columns[0]) == 6  # fence_id and fence_key are gone
+        assert len(columns[0]) == 7  # fence_id and fence_key are gone, resting_since came
     finally:
         await old.close()
         if backend == "postgresql":
@@ -1251,6 +1251,9 @@ async def test_a_schema_2_database_with_rows_is_migrated(
         await old.create_schema()
         await old.create_schema()  # idempotent once migrated
         assert await query(old, "SELECT version FROM sse_schema") == [(SCHEMA_VERSION,)]
+        # Version 5 to 6: the checkpoint row gains its rest, and does not rest.
+        assert await old.checkpoints.resting("old") is None
+        assert await old.checkpoints.rest("old") is None  # "2" is newer than its "1"
         before = [
             ("1", 0, "one"),
             ("1", 1, "follower"),

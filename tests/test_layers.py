@@ -79,6 +79,7 @@ PURE = (
     "durable_sse.sse",
     "durable_sse.gaps",
     "durable_sse.cursor.fence",
+    "durable_sse.cursor.rest",
     "durable_sse.reader.intake",
 )
 

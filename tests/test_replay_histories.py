@@ -9,6 +9,8 @@ when a change is *meant* to be incompatible (and then version the workflow).
 older histories predate both and replay through the ``sse-stream-state-attribute`` patch.
 ``stream_heartbeat_timeout`` (also tests/test_live_views.py) is a run of today's reader:
 the ``sse-heartbeat-timeout`` patch, nudged pauses, no progress signal.
+``checkpoint_rest`` (tests/test_checkpoint_rest.py) is a checkpoint run that rests its
+schedule (the ``sse-checkpoint-rest`` patch).
 """
 
 from __future__ import annotations

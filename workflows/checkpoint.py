@@ -7,6 +7,11 @@ to move it past an open gap; this workflow only asks, and only for the stream it
 bound to (``sse-checkpoint:<name>``, see :mod:`durable_sse.ownership`): a run whose id
 names another stream fails at once without touching anything.
 
+A run that leaves the lagging id at the stream's newest id, with no retention to apply,
+pauses its own schedule (``rest_checkpoint_schedule``): nothing can move until a newer
+event is stored, and the connection that stores one wakes the schedule
+(:mod:`durable_sse.cursor.rest`). An idle stream costs no runs at all.
+
 Then retention (:mod:`activities.retention`): the stream's events older than its
 retention go, in bounded batches, never one at or after the lagging id just set, the
 oldest open gap or what a running connection may still need. Under another ``id_order``
@@ -33,8 +38,10 @@ with workflow.unsafe.imports_passed_through():
         AdvanceResult,
         RetentionInput,
         RetentionStatus,
+        StreamRef,
         stream_workflow_id,
     )
+    from durable_sse.cursor.rest import may_rest
     from durable_sse.ownership import checkpoint_owner_error
 
 ADVANCE_TIMEOUT = timedelta(seconds=60)
@@ -53,6 +60,15 @@ QUIET_REPORT_EVERY = 6 * 3600.0
 """A run that deleted nothing reports only when it is the first of a period this long: its
 report would repeat the last one but for its time (rows deleted 0, the same oldest row),
 and each report is a signal and a workflow task in the stream's history."""
+REST_PATCH = "sse-checkpoint-rest"
+"""Runs from before it never rest their schedule."""
+REST_TIMEOUT = timedelta(seconds=30)
+REST_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=3,
+    non_retryable_error_types=["ConfigError"],
+)
 RETENTION_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
@@ -90,9 +106,31 @@ class CheckpointAdvanceWorkflow:
         )
         if input.retention_declared and workflow.patched(RETENTION_PATCH):
             if result.retention_applies is False and workflow.patched(RETENTION_SKIP_PATCH):
-                return result  # no retention anywhere: an activity (an action) less a run
+                # No retention anywhere: an activity (an action) less a run, and when
+                # nothing is left to advance, no run at all until a newer event comes.
+                if may_rest(caught_up=result.caught_up, retention_applies=False):
+                    if workflow.patched(REST_PATCH):
+                        result.rested = await self._rest(input.stream)
+                return result
             result.retention = await self._retention(input)
         return result
+
+    async def _rest(self, stream: StreamRef) -> bool:
+        """Pause the schedule while the stream is caught up (see durable_sse.cursor.rest);
+        a failure is logged, never the run's: the schedule simply keeps running."""
+        try:
+            return await workflow.execute_activity(
+                "rest_checkpoint_schedule",
+                stream,
+                result_type=bool,
+                start_to_close_timeout=REST_TIMEOUT,
+                retry_policy=REST_RETRY,
+            )
+        except ActivityError as error:
+            workflow.logger.warning(
+                "checkpoint schedule of %s not rested: %s", stream.name, error.cause or error
+            )
+            return False
 
     async def _retention(self, input: AdvanceInput) -> RetentionStatus | None:
         """Apply the stream's retention and tell its workflow; a failure is logged, never

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from durable_sse.contracts import AdvanceResult, CheckpointState
 from durable_sse.cursor.fence import lagging_target, live_starts, retention_fence
 from durable_sse.cursor.readers import Readers
+from durable_sse.cursor.rest import caught_up
 from durable_sse.gaps.store import GapStore
 from durable_sse.ids import IdOrder, sort_key
 from durable_sse.log.database import Database
@@ -88,6 +89,7 @@ class CheckpointStore:
             lagging_id=row.lagging_id,
             lagging_at=_iso(row.lagging_at),
             updated_at=_iso(row.updated_at),
+            resting_since=_iso(row.resting_since),
         )
 
     def _advance_sync(self, stream: str, order: IdOrder, cutoff: datetime) -> AdvanceResult:
@@ -136,9 +138,102 @@ class CheckpointStore:
                 )
                 moved = result.rowcount == 1
             lagging = connection.execute(
-                sa.select(table.c.lagging_id).where(table.c.stream == stream)
-            ).scalar_one()
-        return AdvanceResult(lagging_id=lagging, moved=moved, held_by_gap=held, cap_id=cap)
+                sa.select(table.c.lagging_id, table.c.lagging_key).where(table.c.stream == stream)
+            ).one()
+            level = caught_up(lagging.lagging_key, _newest_key(connection, stream))
+        return AdvanceResult(
+            lagging_id=lagging.lagging_id,
+            moved=moved,
+            held_by_gap=held,
+            cap_id=cap,
+            caught_up=level,
+        )
+
+    # -- the schedule's rest (durable_sse.cursor.rest) -----------------------------------
+
+    async def rest(self, stream: str) -> datetime | None:
+        """Record that the stream's schedule rests, if it is caught up: since when it rests
+        (None: it is not caught up, nothing recorded). One transaction, so an event stored
+        before it commits is seen."""
+        return await self._database.run(
+            f"record the checkpoint rest of stream {stream!r}", self._rest_sync, stream
+        )
+
+    async def resting(self, stream: str) -> datetime | None:
+        """Since when the stream's schedule rests (None: it does not, or no row)."""
+        return await self._database.run(
+            f"read the checkpoint rest of stream {stream!r}", self._resting_sync, stream
+        )
+
+    async def still_resting(self, stream: str, since: datetime) -> bool:
+        """Whether the rest that began at ``since`` stands and the stream is still caught
+        up (read after the pause)."""
+        return await self._database.run(
+            f"check the checkpoint rest of stream {stream!r}",
+            self._still_resting_sync,
+            stream,
+            since,
+        )
+
+    async def woken(self, stream: str, since: datetime) -> None:
+        """Clear the rest that began at ``since``, once its schedule runs again (a later
+        rest is left alone: it is another pause, with its own checks)."""
+        await self._database.run(
+            f"clear the checkpoint rest of stream {stream!r}", self._woken_sync, stream, since
+        )
+
+    def _level(self, connection: Connection, stream: str) -> tuple[bool, datetime | None]:
+        table = checkpoints_table
+        row = connection.execute(
+            sa.select(table.c.lagging_key, table.c.resting_since).where(table.c.stream == stream)
+        ).first()
+        if row is None:
+            return caught_up(None, _newest_key(connection, stream)), None
+        return caught_up(row.lagging_key, _newest_key(connection, stream)), row.resting_since
+
+    def _rest_sync(self, stream: str) -> datetime | None:
+        table = checkpoints_table
+        with self._database.begin() as connection:
+            # A write first: on SQLite this takes the write lock before anything is read.
+            began = connection.execute(
+                sa.update(table)
+                .where(table.c.stream == stream, table.c.resting_since.is_(None))
+                .values(resting_since=datetime.now(UTC))
+            )
+            level, since = self._level(connection, stream)
+            if level:
+                return from_db_time(since)
+            if began.rowcount == 1:
+                # Not caught up: no pause follows this rest. (A rest recorded before stays
+                # until a wake clears it: its schedule may still be paused.)
+                connection.execute(
+                    sa.update(table).where(table.c.stream == stream).values(resting_since=None)
+                )
+            return None
+
+    def _resting_in(self, connection: Connection, stream: str) -> datetime | None:
+        table = checkpoints_table
+        return connection.execute(
+            sa.select(table.c.resting_since).where(table.c.stream == stream)
+        ).scalar()
+
+    def _resting_sync(self, stream: str) -> datetime | None:
+        with self._database.begin() as connection:
+            return from_db_time(self._resting_in(connection, stream))
+
+    def _still_resting_sync(self, stream: str, since: datetime) -> bool:
+        with self._database.begin() as connection:
+            level, current = self._level(connection, stream)
+        return level and from_db_time(current) == since
+
+    def _woken_sync(self, stream: str, since: datetime) -> None:
+        table = checkpoints_table
+        with self._database.begin() as connection:
+            current = from_db_time(self._resting_in(connection, stream))
+            if current is not None and current == since:
+                connection.execute(
+                    sa.update(table).where(table.c.stream == stream).values(resting_since=None)
+                )
 
     def fence_in(self, connection: Connection, stream: str, order: IdOrder) -> Fence:
         """Retention's fence, read in the caller's transaction (the prune job's hook):
@@ -152,6 +247,17 @@ class CheckpointStore:
             order,
             live_starts(readers, datetime.now(UTC)),
         )
+
+
+def _newest_key(connection: Connection, stream: str) -> bytes | None:
+    """The stream's highest id key (one step down ``ix_sse_events_stream_id_key``)."""
+    events = events_table
+    return connection.execute(
+        sa.select(events.c.id_key)
+        .where(events.c.stream == stream, events.c.id_key.is_not(None))
+        .order_by(events.c.id_key.desc())
+        .limit(1)
+    ).scalar()
 
 
 def _iso(moment: datetime | None) -> str | None:

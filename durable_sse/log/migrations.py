@@ -296,10 +296,22 @@ def _migrate_4_to_5(connection: Connection) -> None:
         )
 
 
+def _migrate_5_to_6(connection: Connection) -> None:
+    """Add ``resting_since`` to ``sse_checkpoints``: nullable, no default, no row
+    rewritten. NULL is "not resting", what every schedule was before."""
+    columns = {column["name"] for column in sa.inspect(connection).get_columns(CHECKPOINTS_TABLE)}
+    if "resting_since" not in columns:
+        moment = sa.DateTime(timezone=True).compile(dialect=connection.dialect)
+        connection.exec_driver_sql(
+            f"ALTER TABLE {CHECKPOINTS_TABLE} ADD COLUMN resting_since {moment}"
+        )
+
+
 MIGRATIONS = {
     1: _migrate_1_to_2,
     2: _migrate_2_to_3,
     3: _migrate_3_to_4,
     4: _migrate_4_to_5,
+    5: _migrate_5_to_6,
 }
 """``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction."""

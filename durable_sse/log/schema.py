@@ -24,7 +24,7 @@ GAPS_TABLE = "sse_gaps"
 RETENTION_TABLE = "sse_retention"
 READERS_TABLE = "sse_readers"
 SCHEMA_TABLE = "sse_schema"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
 replace the fence. 3: ``sse_events.data_bytes`` keeps data that ``data`` cannot hold;
 id-less followers are keyed by content (``follower_key``), not position; the event log
@@ -143,6 +143,11 @@ class SSECheckpoint(SQLModel, table=True):
     )
     id_order: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     updated_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    resting_since: datetime | None = Field(
+        default=None, sa_column=sa.Column(sa.DateTime(timezone=True), nullable=True)
+    )
+    """Set while the stream's checkpoint schedule rests (see
+    :mod:`durable_sse.cursor.rest`): a connection that stores a newer event wakes it."""
 
 
 class SSEGap(SQLModel, table=True):

@@ -185,6 +185,13 @@ def age_text(status: dict[str, Any], *, now: datetime | None = None) -> str:
     return format_duration(round(seconds)) if seconds >= 1 else "0s"
 
 
+def lagging_text(status: dict[str, Any]) -> str:
+    """The lagging id, and ``(resting)`` while its checkpoint schedule rests (caught up:
+    no run until a newer event wakes it)."""
+    lagging = status.get("lagging_id") or "-"
+    return f"{lagging} (resting)" if status.get("checkpoint_resting_since") else lagging
+
+
 def lag_text(status: dict[str, Any]) -> str:
     """The running connection's commit lag (its newest event's arrival to its commit)."""
     lag = status.get("commit_lag")

@@ -7,7 +7,8 @@ hour, and reporting every batch through history is what a stream would pay for a
 
 * the running connection's live progress from Redis (``progress:<stream>``, written every
   couple of seconds by the reader: cursor, counts, commit lag, and when);
-* the stream's gaps and lagging id from PostgreSQL (read now).
+* the stream's gaps, lagging id and whether its checkpoint schedule rests, from
+  PostgreSQL (read now).
 
 Each figure says its age (``progress_at``, ``gaps_at``); without the stores the status is
 the workflow's alone, as of ``counted_at``.
@@ -53,12 +54,13 @@ async def live_status(status: StreamStatus, live: LiveStores) -> StreamStatus:
             status.progress_at = progress.at
     if live.stores is not None:
         try:
-            gaps, lagging_id = await live.stores.gaps_and_lagging_id(status.name, status.id_order)
+            gaps, checkpoint = await live.stores.gaps_and_checkpoint(status.name, status.id_order)
         except StoreError:
             return status  # the workflow's view, as of its last result
         fold_gap_totals(status.counters, gaps.totals)
         status.open_gaps = gaps.open
-        if lagging_id is not None:
-            status.lagging_id = lagging_id
+        if checkpoint is not None:
+            status.lagging_id = checkpoint.lagging_id or status.lagging_id
+            status.checkpoint_resting_since = checkpoint.resting_since
         status.gaps_at = datetime.now(UTC).isoformat()
     return status

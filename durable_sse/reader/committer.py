@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,8 +35,10 @@ class Committer:
         *,
         metrics: ReaderMetrics | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
+        on_cursor_moved: Callable[[], None] | None = None,
     ) -> None:
         self.session = session
+        self.on_cursor_moved = on_cursor_moved
         self.keepalive = keepalive
         self.metrics = metrics
         self.log = log
@@ -127,6 +130,8 @@ class Committer:
                 metrics.cursor_lag.set(lag)
             self.commit_lag = round(lag, 2)
         self.keepalive.beat(force=settled.moved.first)
+        if settled.moved.cursor is not None and self.on_cursor_moved is not None:
+            self.on_cursor_moved()
 
     def _dropped_by_horizon(self, settled: Settled) -> None:
         """Logged once per connection (counted in the intake and the metric)."""

@@ -80,6 +80,8 @@ class Connection:
         metrics: what the connection records (None: nothing).
         log: the logger to use (the activity's carries its context).
         cancel_reason: why a cancellation came, in words (for the log line).
+        on_cursor_moved: called after each commit that moved the cursor (the activity
+            wakes a resting checkpoint schedule from it).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class Connection:
         metrics: ReaderMetrics | None = None,
         log: logging.Logger | logging.LoggerAdapter[Any] = logger,
         cancel_reason: Callable[[], str] = lambda: "no reason given",
+        on_cursor_moved: Callable[[], None] | None = None,
     ) -> None:
         self.spec = read_input.spec
         self.stream = read_input.spec.name
@@ -121,7 +124,14 @@ class Connection:
             progress=session.progress,
             started=lambda: session.intake is not None,
         )
-        self.committer = Committer(session, stores, self.keepalive, metrics=metrics, log=log)
+        self.committer = Committer(
+            session,
+            stores,
+            self.keepalive,
+            metrics=metrics,
+            log=log,
+            on_cursor_moved=on_cursor_moved,
+        )
         self.prefetch = StoredPrefetch(session, stores.reads, log=log)
         self.secret_params = frozenset(self.spec.query_from_env)
         self.hold: str | None = None

@@ -16,7 +16,7 @@ STATUS_COLUMNS = (
     ("state", lambda s: s["state"]),
     ("route", lambda s: s.get("route") or "-"),
     ("cursor", lambda s: control.current_counts(s)[0] or "-"),
-    ("lagging id", lambda s: s.get("lagging_id") or "-"),
+    ("lagging id", lambda s: control.lagging_text(s)),
     ("persisted", lambda s: control.current_counts(s)[1]),
     ("lag", lambda s: control.lag_text(s)),
     ("as of", lambda s: control.age_text(s)),
