@@ -17,7 +17,9 @@ stream changes nothing.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections.abc import Awaitable
+from datetime import datetime, timedelta
+from typing import TypeVar
 
 from temporalio import activity
 from temporalio.client import (
@@ -47,6 +49,7 @@ from workflows.checkpoint import CheckpointAdvanceWorkflow
 logger = logging.getLogger(__name__)
 
 MIN_CATCHUP_WINDOW = timedelta(minutes=1)
+T = TypeVar("T")
 
 
 class ScheduleActivities:
@@ -143,26 +146,28 @@ class ScheduleActivities:
         if since is None:
             return False
         handle = self._client.get_schedule_handle(checkpoint_schedule_id(stream))
-        try:
-            state = (await handle.describe()).schedule.state
-            if state.paused and not paused_by_rest(state.paused, state.note):
-                await checkpoints.woken(stream, since)  # an operator's pause: theirs
-                return False
-            if not state.paused:
-                await handle.pause(note=REST_NOTE)
-            if await checkpoints.still_resting(stream, since):
-                logger.info("checkpoint schedule of %s rests: nothing to advance", stream)
-                return True
-            await _unpause_rest(handle)
-        except RPCError as error:
-            if error.status != RPCStatusCode.NOT_FOUND:
-                raise
+        if await _unless_gone(self._pause(handle, stream, since)):
+            logger.info("checkpoint schedule of %s rests: nothing to advance", stream)
+            return True
         await checkpoints.woken(stream, since)
+        return False
+
+    async def _pause(self, handle: ScheduleHandle, stream: str, since: datetime) -> bool:
+        assert self._stores is not None
+        state = (await handle.describe()).schedule.state
+        if state.paused and not paused_by_rest(state.paused, state.note):
+            return False  # an operator's pause: theirs
+        if not state.paused:
+            await handle.pause(note=REST_NOTE)
+        if await self._stores.checkpoints.still_resting(stream, since):
+            return True
+        await _unpause_rest(handle)
         return False
 
     async def wake(self, stream: str) -> bool:
         """Wake the stream's schedule if it rests (a connection stored a newer event);
-        whether it did. The flag is cleared only once the schedule runs again."""
+        whether it did. The flag is cleared only once the schedule runs again (or is
+        gone: the stream was stopped)."""
         if self._stores is None:
             return False
         checkpoints = self._stores.checkpoints
@@ -170,12 +175,7 @@ class ScheduleActivities:
         if since is None:
             return False
         handle = self._client.get_schedule_handle(checkpoint_schedule_id(stream))
-        try:
-            woke = await _unpause_rest(handle)
-        except RPCError as error:
-            if error.status != RPCStatusCode.NOT_FOUND:
-                raise
-            woke = False  # no schedule (the stream was stopped): nothing rests
+        woke = bool(await _unless_gone(_unpause_rest(handle)))
         await checkpoints.woken(stream, since)
         if woke:
             logger.info("checkpoint schedule of %s woken: a newer event was stored", stream)
@@ -187,6 +187,16 @@ class ScheduleActivities:
             self.delete_checkpoint_schedule,
             self.rest_checkpoint_schedule,
         ]
+
+
+async def _unless_gone(call: Awaitable[T]) -> T | None:
+    """``call``'s result, or None when the schedule does not exist."""
+    try:
+        return await call
+    except RPCError as error:
+        if error.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return None
 
 
 async def _unpause_rest(handle: ScheduleHandle) -> bool:

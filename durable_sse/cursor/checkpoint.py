@@ -22,7 +22,7 @@ from durable_sse.cursor.rest import caught_up
 from durable_sse.gaps.store import GapStore
 from durable_sse.ids import IdOrder, sort_key
 from durable_sse.log.database import Database
-from durable_sse.log.reads import received_at
+from durable_sse.log.reads import newest_row, received_at
 from durable_sse.log.records import from_db_time, to_utc
 from durable_sse.log.retention import Fence, check_id_order
 from durable_sse.log.schema import checkpoints_table, events_table
@@ -250,14 +250,8 @@ class CheckpointStore:
 
 
 def _newest_key(connection: Connection, stream: str) -> bytes | None:
-    """The stream's highest id key (one step down ``ix_sse_events_stream_id_key``)."""
-    events = events_table
-    return connection.execute(
-        sa.select(events.c.id_key)
-        .where(events.c.stream == stream, events.c.id_key.is_not(None))
-        .order_by(events.c.id_key.desc())
-        .limit(1)
-    ).scalar()
+    """The stream's highest id key: the floor's."""
+    return connection.execute(newest_row(stream, events_table.c.id_key)).scalar()
 
 
 def _iso(moment: datetime | None) -> str | None:
