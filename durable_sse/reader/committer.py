@@ -114,13 +114,17 @@ class Committer:
         if metrics is not None:
             if settled.seconds is not None:
                 metrics.batch_persist.record(settled.seconds)
-            metrics.events_persisted.add(inserted.new_rows)
-            metrics.duplicates.add(inserted.duplicates + batch.skipped)
+            # Only what moved: at a thousand streams each metric call is a crossing into
+            # the SDK's core (nearly 5 % of the worker's loop when every batch made three).
+            if inserted.new_rows:
+                metrics.events_persisted.add(inserted.new_rows)
+            if inserted.duplicates + batch.skipped:
+                metrics.duplicates.add(inserted.duplicates + batch.skipped)
             if inserted.reused:
                 metrics.ids_reused.add(len(inserted.reused))
             if inserted.dropped_by_horizon:
                 metrics.dropped_by_horizon.add(inserted.dropped_by_horizon)
-            if batch.recovered:
+            if batch.recovered and inserted.new_rows:
                 metrics.events_recovered.add(inserted.new_rows)
             if settled.moved.blind:
                 metrics.reconnects_without_cursor.add(1)
