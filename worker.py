@@ -240,9 +240,16 @@ def tune_collector() -> None:
 
 
 async def run_worker(
-    settings: Settings, *, stop: asyncio.Event | None = None, handle_signals: bool = True
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool = True,
+    tune_gc: bool = True,
 ) -> None:
-    """Run until ``stop`` is set (or SIGINT/SIGTERM), then shut down gracefully."""
+    """Run until ``stop`` is set (or SIGINT/SIGTERM), then shut down gracefully.
+
+    ``tune_gc``: the process is the worker's (:func:`tune_collector`); a test that runs a
+    worker inside its own process passes False."""
     stop = stop or asyncio.Event()
     if handle_signals:
         loop = asyncio.get_running_loop()
@@ -262,7 +269,8 @@ async def run_worker(
         secrets=secrets,
         retention=settings.retention,
     )
-    tune_collector()
+    if tune_gc:
+        tune_collector()
     log.info(
         "worker polling task queue %s of %s", settings.task_queue, settings.temporal.describe()
     )

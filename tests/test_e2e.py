@@ -70,7 +70,9 @@ async def worker(
         }
     )
     stop = asyncio.Event()
-    task = asyncio.create_task(worker_module.run_worker(settings, stop=stop, handle_signals=False))
+    task = asyncio.create_task(
+        worker_module.run_worker(settings, stop=stop, handle_signals=False, tune_gc=False)
+    )
     yield
     stop.set()
     await task

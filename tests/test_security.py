@@ -156,7 +156,9 @@ async def worker(
     """One in-process worker on the default task queue that declares two secrets."""
     settings = worker_settings(address, pg_url, redis_url, SSE_SECRETS=DECLARED)
     stop = asyncio.Event()
-    task = asyncio.create_task(worker_module.run_worker(settings, stop=stop, handle_signals=False))
+    task = asyncio.create_task(
+        worker_module.run_worker(settings, stop=stop, handle_signals=False, tune_gc=False)
+    )
     yield
     stop.set()
     await task
