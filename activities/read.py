@@ -16,8 +16,8 @@ to give, and what it raises is turned into what Temporal understands:
   which learns it from the connection's result (docs/benchmarks.md, the cost of a
   stream); every ``HOLD_INTERVAL`` the connection's retention hold moves forward, when
   a retention applies to the stream (else its start holds, and nothing is deleted);
-* the first cursor move, and any after a pause, wakes the stream's checkpoint schedule if
-  it rests (:mod:`durable_sse.cursor.rest`), in the background;
+* the first commit that stores rows, and any after a pause, wakes the stream's checkpoint
+  schedule if it rests (:mod:`durable_sse.cursor.rest`), in the background;
 * what retrying cannot fix (a setting, a refusal) is a non-retryable
   ``ApplicationError`` named after the error's class: the stream parks.
 """
@@ -211,7 +211,7 @@ class _ActivityConnection:
             metrics=ReaderMetrics(activity.metric_meter(), input.spec.name),
             log=activity.logger,
             cancel_reason=_cancel_reason,
-            on_cursor_moved=self._cursor_moved,
+            on_stored=self._stored,
         )
         now = time.monotonic()
         self.next_progress = now + reader.progress_interval
@@ -227,7 +227,7 @@ class _ActivityConnection:
         configured otherwise keeps more, never less: the hold only ever moves forward.)"""
         self.holding: asyncio.Task[None] | None = None
         self.last_move: float | None = None
-        """When the cursor last moved (monotonic; None: not yet on this connection)."""
+        """When a commit last stored rows (monotonic; None: not yet on this connection)."""
         self.wake_retry_at: float | None = None
         self.waking: asyncio.Task[None] | None = None
         self.context = contextvars.copy_context()
@@ -306,9 +306,11 @@ class _ActivityConnection:
 
     # -- a resting checkpoint schedule (durable_sse.cursor.rest) -------------------------
 
-    def _cursor_moved(self) -> None:
-        """A commit moved the cursor: after a pause (or first), make sure the stream's
-        checkpoint schedule is not resting, in the background (commits never wait)."""
+    def _stored(self) -> None:
+        """A commit stored new rows: after a pause (or first), make sure the stream's
+        checkpoint schedule is not resting, in the background (commits never wait). Only
+        commits that store count: a replay of stored events moves the cursor all along,
+        and would hide the pause before a newer event."""
         now = time.monotonic()
         due = wake_check_due(
             last_move=self.last_move,

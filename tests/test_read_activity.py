@@ -283,6 +283,31 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
     assert await gap_rows(pg_event_log, stream_name) == []
 
 
+async def test_only_commits_that_store_rows_check_for_a_resting_checkpoint_schedule(
+    source: SSESource, reader: StreamReader, stream_name: str
+) -> None:
+    """A connection wakes a resting schedule from its first commit that stores rows, and
+    after a pause between such commits (durable_sse/cursor/rest.py). A replay of stored
+    events moves the cursor all along yet stores nothing: it must not check (nothing is
+    newer), nor count as activity that would hide the pause before a newer event."""
+    woken: list[str] = []
+
+    async def wake(stream: str) -> bool:
+        woken.append(stream)
+        return False
+
+    reader.wake_checkpoint = wake
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=30, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    first, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert first.counts.new_rows == 30 and woken == [stream_name]  # once: no pause
+    stored_only, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert stored_only.counts.new_rows == 0 and stored_only.last_cursor == "30"
+    assert woken == [stream_name]
+    newer, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="20")
+    assert newer.counts.new_rows == 20 and woken == [stream_name] * 2
+
+
 async def test_replayed_events_are_stored_once(
     source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:

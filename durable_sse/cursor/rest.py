@@ -13,10 +13,12 @@ every interleaving (see ``activities/schedule.py``):
 
 * the run re-reads the stream after pausing and wakes the schedule itself when an event
   with a higher key was stored meanwhile;
-* a connection reads the flag on its first cursor move and on any move that follows a
-  pause of ``wake_check_after`` or more: a run can rest only when the stream's newest key
-  was received a whole replay window ago, so the first move after a rest always follows
-  such a pause (with a margin of three quarters of the window for commit lag and clocks).
+* a connection reads the flag on its first commit that stores rows and moves its cursor,
+  and on any such commit that follows a pause of ``wake_check_after`` or more: a run can
+  rest only when the stream's newest key was received a whole replay window ago, so the
+  commit that stores a newer event always follows such a pause (with a margin of three
+  quarters of the window for commit lag and clocks). Commits that store nothing (a replay
+  of stored events) do not count: they would hide the pause.
 
 These are the plain rules; the stores and Temporal do the rest.
 """
@@ -60,9 +62,10 @@ def wake_check_after(replay_window: float) -> float:
 def wake_check_due(
     *, last_move: float | None, retry_at: float | None, now: float, replay_window: float
 ) -> bool:
-    """Whether the cursor move at ``now`` (monotonic seconds) must check for a rest.
+    """Whether the commit at ``now`` (monotonic seconds), which stored rows and moved the
+    cursor, must check for a rest.
 
-    ``last_move``: the connection's previous cursor move (None: this is its first).
+    ``last_move``: the connection's previous such commit (None: this is its first).
     ``retry_at``: when a failed wake may be tried again (None: none failed).
     """
     if retry_at is not None:

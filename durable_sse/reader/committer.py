@@ -35,10 +35,10 @@ class Committer:
         *,
         metrics: ReaderMetrics | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
-        on_cursor_moved: Callable[[], None] | None = None,
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
         self.session = session
-        self.on_cursor_moved = on_cursor_moved
+        self.on_stored = on_stored
         self.keepalive = keepalive
         self.metrics = metrics
         self.log = log
@@ -134,8 +134,8 @@ class Committer:
                 metrics.cursor_lag.set(lag)
             self.commit_lag = round(lag, 2)
         self.keepalive.beat(force=settled.moved.first)
-        if settled.moved.cursor is not None and self.on_cursor_moved is not None:
-            self.on_cursor_moved()
+        if settled.moved.cursor is not None and inserted.new_rows and self.on_stored:
+            self.on_stored()
 
     def _dropped_by_horizon(self, settled: Settled) -> None:
         """Logged once per connection (counted in the intake and the metric)."""

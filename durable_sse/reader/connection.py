@@ -80,8 +80,9 @@ class Connection:
         metrics: what the connection records (None: nothing).
         log: the logger to use (the activity's carries its context).
         cancel_reason: why a cancellation came, in words (for the log line).
-        on_cursor_moved: called after each commit that moved the cursor (the activity
-            wakes a resting checkpoint schedule from it).
+        on_stored: called after each commit that stored new rows and moved the cursor
+            (the activity wakes a resting checkpoint schedule from it; a replay of what is
+            stored already moves the cursor but stores nothing, and does not count).
     """
 
     def __init__(
@@ -99,7 +100,7 @@ class Connection:
         metrics: ReaderMetrics | None = None,
         log: logging.Logger | logging.LoggerAdapter[Any] = logger,
         cancel_reason: Callable[[], str] = lambda: "no reason given",
-        on_cursor_moved: Callable[[], None] | None = None,
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
         self.spec = read_input.spec
         self.stream = read_input.spec.name
@@ -130,7 +131,7 @@ class Connection:
             self.keepalive,
             metrics=metrics,
             log=log,
-            on_cursor_moved=on_cursor_moved,
+            on_stored=on_stored,
         )
         self.prefetch = StoredPrefetch(session, stores.reads, log=log)
         self.secret_params = frozenset(self.spec.query_from_env)
