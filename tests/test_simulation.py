@@ -29,7 +29,7 @@ import pytest
 from durable_sse.consume import reader
 from durable_sse.cursor import fence
 from durable_sse.gaps import tracker, transitions
-from durable_sse.gaps.model import Gap, GapState
+from durable_sse.gaps.model import Gap, GapState, numeric_span
 from durable_sse.reader import intake
 from tests.sim import stores
 from tests.sim.server import Profile, ScriptedDrop
@@ -181,6 +181,20 @@ async def test_retention_keeps_the_row_a_repair_starts_from(seed: int) -> None:
     await world.run()
     world.verdict()
     assert world.retention is not None and world.log.deleted_rows > 0
+
+
+async def test_a_gap_with_no_start_is_not_counted_again_by_a_later_gap() -> None:
+    """Seed 279561886 (found by CI's random seeds): a retry with no cursor and no lagging id
+    met a notice before its first event; its gap closed as it opened, counted as announced
+    (ids 4 and 5), and learnt its end (6) after. A later gap over 1..110 closed when the
+    history no longer reached it and counted 4 and 5 again: 59 counted for 57. A counted
+    gap with no start now lies right before its end, so later counts leave its ids out."""
+    world = World(279561886)
+    await world.run()
+    world.verdict()
+    placed = [g for g in world.log.gaps.values() if g.start_id is None and g.end_id == "6"]
+    assert placed and placed[0].missing == 2
+    assert numeric_span(placed[0]) == (3, 6)
 
 
 # -- the checker is trusted only after it has been seen failing ----------------------

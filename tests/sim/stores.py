@@ -177,7 +177,15 @@ class MemoryEventLog:
             if updated is not None:
                 before = self.gaps.get(change.gap_id)
                 self.gaps[change.gap_id] = updated
-                if updated.state == "unrecoverable" and (before is None or before.is_open):
+                placed = (
+                    before is not None
+                    and before.start_id is None
+                    and before.end_id is None
+                    and updated.end_id is not None
+                )  # a gap closed as it opened, placed when its end comes
+                if updated.state == "unrecoverable" and (
+                    before is None or before.is_open or placed
+                ):
                     self._note_counted(updated)
         self._place_markers(sorted({change.gap_id for change in changes}), found, was_open)
         self.commits += 1
