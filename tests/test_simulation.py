@@ -197,6 +197,18 @@ async def test_a_gap_with_no_start_is_not_counted_again_by_a_later_gap() -> None
     assert numeric_span(placed[0]) == (3, 6)
 
 
+async def test_a_gap_with_no_start_counts_its_announced_ids_before_its_end() -> None:
+    """Seed 285925379: the first version of the fix above let the simulation's store count
+    such a gap by what was stored in its place (15 of 32), where the store counts it as
+    announced (32): the ids right before its end, whatever came later."""
+    world = World(285925379)
+    await world.run()
+    world.verdict()
+    (gap,) = [g for g in world.log.gaps.values() if g.start_id is None]
+    assert (gap.end_id, gap.missing) == ("33", 32)
+    assert world.log.counted_missing[gap.gap_id] == set(range(1, 33))
+
+
 # -- the checker is trusted only after it has been seen failing ----------------------
 
 

@@ -287,14 +287,16 @@ class MemoryEventLog:
         )
 
     def _note_counted(self, gap: Gap) -> None:
-        span = numeric_span(gap)
         if gap.missing is None:
             return
-        if span is None:
+        if gap.start_id is None:
             end = contiguous_number(gap.end_id) if gap.end_id else None
-            if gap.start_id is None and end is not None:
+            if end is not None:
                 # Before anything was stored: the announced ids right before the end.
                 self.counted_missing[gap.gap_id] = set(range(end - gap.missing, end))
+            return
+        span = numeric_span(gap)
+        if span is None:
             return
         counted = set()
         for other in self.counted_missing.values():
