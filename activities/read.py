@@ -95,9 +95,9 @@ PROGRESS_REFRESH = 60.0
 HOLD_INTERVAL = 20.0
 """Seconds between moves of the connection's retention hold (a database write)."""
 HOLD_TIMEOUT = 5.0
+"""Seconds one move of the hold may take; a late one is dropped (retention keeps more)."""
 WAKE_TIMEOUT = 10.0
 """Bound on one wake of a resting schedule (a flag read, and at most two Temporal calls)."""
-"""Seconds one move of the hold may take; a late one is dropped (retention keeps more)."""
 ATTEMPT_MARGIN = timedelta(seconds=60)
 """Added to ``max_connection_age + connect_timeout + idle_timeout`` for a connection's
 registration when the attempt has no ``start_to_close`` timeout to go by (run outside a

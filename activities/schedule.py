@@ -41,6 +41,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import AdvanceInput, ScheduleInput, StreamRef, checkpoint_schedule_id
+from durable_sse.cursor.checkpoint import CheckpointStore
 from durable_sse.cursor.rest import REST_NOTE, WAKE_NOTE, paused_by_rest
 from durable_sse.ownership import checkpoint_owner_error, schedule_caller_error
 from durable_sse.stores import Stores
@@ -146,22 +147,10 @@ class ScheduleActivities:
         if since is None:
             return False
         handle = self._client.get_schedule_handle(checkpoint_schedule_id(stream))
-        if await _unless_gone(self._pause(handle, stream, since)):
+        if await _unless_gone(_pause(handle, checkpoints, stream, since)):
             logger.info("checkpoint schedule of %s rests: nothing to advance", stream)
             return True
         await checkpoints.woken(stream, since)
-        return False
-
-    async def _pause(self, handle: ScheduleHandle, stream: str, since: datetime) -> bool:
-        assert self._stores is not None
-        state = (await handle.describe()).schedule.state
-        if state.paused and not paused_by_rest(state.paused, state.note):
-            return False  # an operator's pause: theirs
-        if not state.paused:
-            await handle.pause(note=REST_NOTE)
-        if await self._stores.checkpoints.still_resting(stream, since):
-            return True
-        await _unpause_rest(handle)
         return False
 
     async def wake(self, stream: str) -> bool:
@@ -197,6 +186,21 @@ async def _unless_gone(call: Awaitable[T]) -> T | None:
         if error.status != RPCStatusCode.NOT_FOUND:
             raise
         return None
+
+
+async def _pause(
+    handle: ScheduleHandle, checkpoints: CheckpointStore, stream: str, since: datetime
+) -> bool:
+    """Pause for the rest recorded at ``since``, then look again; whether it rests."""
+    state = (await handle.describe()).schedule.state
+    if state.paused and not paused_by_rest(state.paused, state.note):
+        return False  # an operator's pause: theirs
+    if not state.paused:
+        await handle.pause(note=REST_NOTE)
+    if await checkpoints.still_resting(stream, since):
+        return True
+    await _unpause_rest(handle)
+    return False
 
 
 async def _unpause_rest(handle: ScheduleHandle) -> bool:

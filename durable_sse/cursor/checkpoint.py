@@ -187,9 +187,8 @@ class CheckpointStore:
         row = connection.execute(
             sa.select(table.c.lagging_key, table.c.resting_since).where(table.c.stream == stream)
         ).first()
-        if row is None:
-            return caught_up(None, _newest_key(connection, stream)), None
-        return caught_up(row.lagging_key, _newest_key(connection, stream)), row.resting_since
+        lagging_key, since = (None, None) if row is None else row
+        return caught_up(lagging_key, _newest_key(connection, stream)), since
 
     def _rest_sync(self, stream: str) -> datetime | None:
         table = checkpoints_table
