@@ -63,18 +63,14 @@ and each report is a signal and a workflow task in the stream's history."""
 REST_PATCH = "sse-checkpoint-rest"
 """Runs from before it never rest their schedule."""
 REST_TIMEOUT = timedelta(seconds=30)
-REST_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=3,
-    non_retryable_error_types=["ConfigError"],
-)
-RETENTION_RETRY = RetryPolicy(
+STEP_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=3,
     non_retryable_error_types=["ConfigError"],
 )
+"""The run's steps after the advance (retention, the rest): a few quick tries, then the
+failure is logged and the next run, one window later, tries again."""
 
 
 @workflow.defn
@@ -108,7 +104,7 @@ class CheckpointAdvanceWorkflow:
             if result.retention_applies is False and workflow.patched(RETENTION_SKIP_PATCH):
                 # No retention anywhere: an activity (an action) less a run, and when
                 # nothing is left to advance, no run at all until a newer event comes.
-                if may_rest(caught_up=result.caught_up, retention_applies=False):
+                if may_rest(caught_up=result.caught_up, retention_applies=result.retention_applies):
                     if workflow.patched(REST_PATCH):
                         result.rested = await self._rest(input.stream)
                 return result
@@ -124,7 +120,7 @@ class CheckpointAdvanceWorkflow:
                 stream,
                 result_type=bool,
                 start_to_close_timeout=REST_TIMEOUT,
-                retry_policy=REST_RETRY,
+                retry_policy=STEP_RETRY,
             )
         except ActivityError as error:
             workflow.logger.warning(
@@ -147,7 +143,7 @@ class CheckpointAdvanceWorkflow:
                 result_type=RetentionStatus,
                 start_to_close_timeout=RETENTION_TIMEOUT,
                 heartbeat_timeout=RETENTION_HEARTBEAT,
-                retry_policy=RETENTION_RETRY,
+                retry_policy=STEP_RETRY,
             )
         except ActivityError as error:
             workflow.logger.warning(
