@@ -14,6 +14,7 @@ from durable_sse.sse.drops import (
     _NOUN,
     _VERB,
     _VERB_PAST,
+    COUNT_PATTERNS,
     DEFAULT_DROP_PATTERNS,
     MAX_COUNT_DIGITS,
     MAX_NOTICE_BYTES,
@@ -269,6 +270,134 @@ def test_dropped_count_never_raises_on_odd_digits(text: str, count: int | None) 
     assert MAX_COUNT_DIGITS == 18
 
 
+# -- counts without a noun (issue #33, item 4) -----------------------------------------
+
+ISSUE_33_NOTICE = ": dropping events (slow consumer), 30 discarded"
+
+NEW_COUNT_WORDINGS = [
+    (ISSUE_33_NOTICE, 30),
+    ("dropping events (slow consumer), 30 discarded", 30),
+    ("30 discarded", 30),
+    ("30 dropped", 30),
+    ("30 skipped", 30),
+    ("30 were dropped", 30),
+    ("30 dropped events", 30),
+    ("slow consumer: 30 dropped", 30),
+    ("slow consumer; 30 skipped!", 30),
+    ("(30 dropped)", 30),
+    ("30 discarded (slow consumer)", 30),
+    ("dropped 30", 30),
+    ("Dropped 30.", 30),
+    ("discarded 30", 30),
+    ("skipped 30", 30),
+    ("lost 30", 30),
+    ("dropped 30, resuming", 30),
+    ("dropped 30 (slow consumer)", 30),
+    ("dropped 30 - slow consumer", 30),
+    ("dropped 30 due to backpressure", 30),
+    ("discarded 5 since id 42", 5),
+    ("dropped 1,024", 1024),
+    ("1,024 discarded", 1024),
+    ("dropped 12,345,678", 12345678),
+    ("dropped 1_000", 1000),
+    ("2_500 skipped", 2500),
+    ("dropped 00030", 30),
+    ("dropped 0", 0),
+    ("0 discarded", 0),
+]
+
+
+@pytest.mark.parametrize(("text", "count"), NEW_COUNT_WORDINGS)
+def test_counts_without_a_noun(text: str, count: int) -> None:
+    assert dropped_count(text) == count
+    assert _old_count(text) is None  # the original patterns read no count here
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("30 events dropped", 30),
+        ("dropped 30 events", 30),
+        ("30 events were dropped", 30),
+        ("30 messages discarded", 30),
+        ("lost 30 events", 30),
+        ("skipped 30 events", 30),
+        ("dropped 1,024 events", 1024),
+        ("1_000 events dropped", 1000),
+        ("0 events dropped", 0),
+        ("dropped 0,0 events", 0),
+        ("dropped 100,101,102 events", 100101102),  # as the original patterns read it
+    ],
+)
+def test_counts_with_a_noun_read_as_before(text: str, count: int) -> None:
+    assert dropped_count(text) == count == _old_count(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "dropped 100,101,102",  # an id list (issue #13)
+        ISSUE_NOTICE,
+        "skipped ids 7, 8, 9",
+        "dropped 123,456",  # cannot be told from two ids: unknown, not a guess
+        "100,101 dropped",
+        "retry in 30 s",
+        "since id 42",
+        "dropped events since id 42",
+        "event 42 dropped",
+        "id 42 dropped",
+        "#42 dropped",
+        "ids 5-30 dropped",
+        "12:30 dropped",
+        "1.5 dropped",
+        "dropped 1.5",
+        "skipped 2024-05-01",
+        "dropped 30 s",
+        "dropped 30 seconds ago",
+        "dropped 30 clients",
+        "lost 2 connections",
+        "missed 5 heartbeats",
+        "dropped 1,0245",
+        "dropped " + "9" * 19,  # more than MAX_COUNT_DIGITS
+        "9" * 19 + " dropped",
+    ],
+)
+def test_numbers_that_are_not_the_count(text: str) -> None:
+    assert dropped_count(text) is None
+
+
+def test_the_issue_33_notice_announces_its_count() -> None:
+    assert DropNoticeMatcher().matches(ISSUE_33_NOTICE) is True
+    assert dropped_count(ISSUE_33_NOTICE) == 30
+
+
+@pytest.mark.parametrize("text", ["slow consumer, 0 dropped", "dropped 0 (backpressure)"])
+def test_a_zero_count_without_a_noun_is_not_a_drop(text: str) -> None:
+    """As for "0 events dropped": a notice that counts nothing lost opens no gap."""
+    assert DropNoticeMatcher().matches(text) is False
+
+
+def test_count_patterns_are_one_re2_list() -> None:
+    for pattern in COUNT_PATTERNS:
+        compile_drop_pattern(pattern)  # RE2 accepts each (no lookaround)
+        assert re.compile(pattern).groups >= 1
+    assert len(set(COUNT_PATTERNS)) == len(COUNT_PATTERNS)
+
+
+_ID_VERBS = ["dropped", "discarded", "skipped", "lost", "Dropped", "dropping"]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.sampled_from(_ID_VERBS),
+    st.lists(st.integers(100, 10**9), min_size=2, max_size=6),
+    st.sampled_from(["", " (backpressure)", ", resuming", ".", " since id 7"]),
+)
+def test_id_lists_of_wide_ids_give_no_count(verb: str, ids: list[int], tail: str) -> None:
+    """Ids of three digits or more, comma-separated after a verb with no noun, are a list."""
+    assert dropped_count(verb + " " + ",".join(map(str, ids)) + tail) is None
+
+
 # -- same decisions as the Python-re implementation (ASCII text) -------------------------
 
 _OLD_NOUN_VERB = (
@@ -318,12 +447,17 @@ def _old_count(text: str) -> int | None:
 @given(ascii_comments())
 def test_defaults_decide_as_the_python_re_originals(text: str) -> None:
     """Each of the original four patterns (with their lookbehinds, on Python's re) and
-    its RE2 form agree, as do the counts, on ASCII comments built from their words."""
+    its RE2 form agree, as do the counts the originals read, on ASCII comments built from
+    their words."""
     scanned = notice_bytes(text)
     for old, new in zip(_OLD_PATTERNS, DEFAULT_DROP_PATTERNS[:4], strict=True):
         expected = re.search(old, text, re.IGNORECASE) is not None
         assert (compile_drop_pattern(new).search(scanned) is not None) is expected, (old, text)
-    assert dropped_count(text) == _old_count(text)
+    # The original count patterns come first and decide as they did; where they read no
+    # count, the noun-less forms of issue #33 may.
+    old_count = _old_count(text)
+    if old_count is not None:
+        assert dropped_count(text) == old_count
 
 
 _KEEPALIVE_CHARS = "0189٠٣۵०੪０ \t\x0b\x0c\x1c\x1f\x85\xa0\u2003\u2028\u3000:.,-+/TZtz_*~xé²"

@@ -163,16 +163,48 @@ _KEEPALIVE_WORDS = frozenset(
     }
 )
 
-_COUNT_PATTERNS = tuple(
-    re2.compile(pattern, _IGNORE_CASE)
-    for pattern in (
-        rf"\b{_VERB}\s+(\d[\d,_]*)\s+(?:\w+\s+){{0,2}}?{_NOUN}\b",
-        rf"\b(\d[\d,_]*)\s+(?:\w+\s+){{0,2}}?{_NOUN}\s+"
-        rf"(?:(?:were|was|have\s+been|has\s+been|are\s+being|being)\s+)?{_VERB_PAST}\b",
-        rf"\b(?:{_NOUN}\s+)?{_VERB_PAST}\s*[:=]\s*(\d[\d,_]*)",
-        rf"\b(?:{_VERB_PAST}|lagged)\s*\(\s*(\d[\d,_]*)\s*\)",
-    )
+# The count without a noun ("30 discarded", "dropped 30"). Its number is a plain one or one
+# grouped in thousands ("1,024", "1_000_000"), whose first group has at most two digits
+# when the groups are commas: "dropped 100,101,102" is the id list of issue #13 (a default
+# pattern above), and "123,456" cannot be told from a list of two ids, so it stays unknown.
+# Its length is bounded (a little over MAX_COUNT_DIGITS, for leading zeros), so a match
+# never spans the whole comment: RE2 then finds the groups of a short match only.
+_COUNT_NUMBER = r"(\d{1,2}(?:,\d{3}){1,6}|\d{1,3}(?:_\d{3}){1,6}|\d{1,24})"
+# What may come before such a number: the start, an opening bracket, or punctuation and a
+# space, so that "event 42 dropped", "#42 dropped", "ids 5-30 dropped", "12:30 dropped",
+# "1.5 dropped" and "100,101 dropped" give no count.
+_COUNT_BEFORE = r"(?:^\s*|[(\[]\s*|[,;:]\s+|\s-+\s+)"
+# What may come after the count and its verb: the end, punctuation that ends the number (not
+# "1.5", "2024-05-01" or "100,101"), or a word from a closed list, so that "dropped 30 s",
+# "dropped 30 seconds ago" and "dropped 30 clients" give no count.
+_COUNT_AFTER = (
+    rf"(?:\s*(?:$|[;!?()\[\]]|[,.:](?:\s|$))|\s+-+(?:\s|$)|\s+(?:{_NOUN}|due|for|because|"
+    r"since|while|after|during|from|by|on|in|at|to|so|as|and)\b)"
 )
+_COUNT_AUXILIARY = r"(?:(?:were|was|have\s+been|has\s+been|are\s+being|being)\s+)"
+
+COUNT_PATTERNS: tuple[str, ...] = (
+    # "dropped 12 events", "lost 3 old messages"
+    rf"\b{_VERB}\s+(\d[\d,_]*)\s+(?:\w+\s+){{0,2}}?{_NOUN}\b",
+    # "12 events were dropped", "30 messages discarded"
+    rf"\b(\d[\d,_]*)\s+(?:\w+\s+){{0,2}}?{_NOUN}\s+{_COUNT_AUXILIARY}?{_VERB_PAST}\b",
+    # "events dropped: 4", "dropped=9"
+    rf"\b(?:{_NOUN}\s+)?{_VERB_PAST}\s*[:=]\s*(\d[\d,_]*)",
+    # "lagged(3)", "dropped (7)"
+    rf"\b(?:{_VERB_PAST}|lagged)\s*\(\s*(\d[\d,_]*)\s*\)",
+    # "slow consumer, 30 discarded", "30 were dropped", "1,024 skipped (backpressure)"
+    rf"{_COUNT_BEFORE}{_COUNT_NUMBER}\s+{_COUNT_AUXILIARY}?{_VERB_PAST}{_COUNT_AFTER}",
+    # "dropped 30", "skipped 1_000 (slow consumer)", "discarded 5 since id 42"
+    rf"\b{_VERB_PAST}\s+{_COUNT_NUMBER}{_COUNT_AFTER}",
+)
+"""Regexes (searched case-insensitively, with RE2) whose group 1 is how many events a drop
+notice says were skipped, tried in this order, the first match deciding. The first four are
+the original forms (a noun, or ``:``/``=``/``(…)`` after the verb), and decide first as they
+always did; the last two read a count with no noun next to it.
+
+Like :data:`DEFAULT_DROP_PATTERNS`, they are valid for Python's ``re`` too, but are only
+ever run on RE2."""
+_COUNT_COMPILED = tuple(re2.compile(pattern, _IGNORE_CASE) for pattern in COUNT_PATTERNS)
 
 
 def notice_bytes(comment_text: str) -> bytes:
@@ -197,16 +229,17 @@ def is_keepalive(comment_text: str) -> bool:
 
 
 def dropped_count(text: str) -> int | None:
-    """How many events a drop notice says were skipped (``discarded 37 events`` -> 37).
+    """How many events a drop notice says were skipped (``discarded 37 events`` -> 37,
+    ``slow consumer, 30 discarded`` -> 30), read with :data:`COUNT_PATTERNS`.
 
-    None when the notice gives no count, or one of more than :data:`MAX_COUNT_DIGITS`
-    significant digits.
+    None when the notice gives no count (an id list such as ``dropped 100,101,102`` is
+    none), or one of more than :data:`MAX_COUNT_DIGITS` significant digits.
     """
     return _count(notice_bytes(text))
 
 
 def _count(scanned: bytes) -> int | None:
-    for pattern in _COUNT_PATTERNS:
+    for pattern in _COUNT_COMPILED:
         match = pattern.search(scanned)
         if match is not None:
             digits = match.group(1).replace(b",", b"").replace(b"_", b"").lstrip(b"0")
