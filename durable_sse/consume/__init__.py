@@ -10,6 +10,8 @@ The simple case, exactly once (the handler writes to the same database)::
 
     await Consumer(DATABASE_URL, Group("orders", streams=["shop"])).run(handle)
 
+``async def handle(tx, batch)`` works the same way (awaited inside the transaction).
+
 At least once (the effect goes elsewhere: make it idempotent on ``(stream, seq)``)::
 
     async with Consumer(DATABASE_URL, Group("mailer", streams=["shop"])) as consumer:
@@ -24,6 +26,7 @@ See :mod:`durable_sse.consume.consumer` for how, :mod:`.model` for what a batch 
 from __future__ import annotations
 
 from durable_sse.consume.consumer import Consumer
+from durable_sse.consume.handlers import Handler
 from durable_sse.consume.metrics import ConsumerMetrics, serve_metrics
 from durable_sse.consume.model import (
     Batch,
@@ -39,7 +42,6 @@ from durable_sse.consume.model import (
     Truncated,
 )
 from durable_sse.consume.retention import retention_holds
-from durable_sse.consume.transactions import Handler
 from durable_sse.errors import ConsumerError, LeaseLostError
 
 __all__ = [

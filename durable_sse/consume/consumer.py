@@ -3,8 +3,9 @@
 Two ways, by where the handler's effect goes:
 
 * **Exactly once** (``await consumer.run(handler)``), for a handler that writes to the
-  same database: ``handler(tx, batch)`` runs inside the transaction that reads the batch
-  with the group's position row locked and moves that row past it. The handler's writes
+  same database: ``handler(tx, batch)`` (a plain function or an ``async def``) runs
+  inside the transaction that reads the batch with the group's position row locked and
+  moves that row past it. The handler's writes
   and the move commit together or not at all, so a crash anywhere re-delivers only what
   did not commit (pyeventsourcing's tracking record, in the consumer's own transaction).
 * **At least once** (``async for batch in consumer.batches(): …; await batch.ack()``),
@@ -18,9 +19,14 @@ A stream is the unit of order: one process at a time consumes it (a lease, taken
 process's streams go to the others once its lease expires. Within a process up to
 ``concurrency`` streams are consumed at once (PostgreSQL; SQLite has one writer).
 
-Why a sync handler for exactly once: the transaction is a SQLAlchemy ``Connection`` on a
-database thread; a plain function runs right there, with nothing to await. Keep it short:
-it holds the stream's position row (and on SQLite the database's write lock).
+How the handler runs: the transaction is a sync SQLAlchemy ``Connection`` on a database
+thread. A plain function runs right there. An ``async def`` handler (also an object with
+an ``async def __call__``, or a ``functools.partial`` of one) is awaited on the event loop
+while the thread waits with the transaction open; it gets the same sync ``tx``.
+Any other callable that returns an awaitable is refused: its batch rolls back and
+``run()`` raises ``TypeError`` (see :mod:`.handlers`). Keep the handler short: it holds
+the stream's position row (and on SQLite the database's write lock), and ``tx.execute``
+blocks the loop while it runs.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ from durable_sse.consume.at_least_once import AtLeastOnce
 from durable_sse.consume.database import ConsumerDatabase, consumer_engine, normalize_url
 from durable_sse.consume.delivery import StreamDelivery
 from durable_sse.consume.exactly_once import ExactlyOnce
+from durable_sse.consume.handlers import Handler
 from durable_sse.consume.metrics import ConsumerMetrics
 from durable_sse.consume.model import Batch, Group
 from durable_sse.consume.positions import default_owner
 from durable_sse.consume.scheduler import StreamScheduler
-from durable_sse.consume.transactions import Handler, StreamTransactions
+from durable_sse.consume.transactions import StreamTransactions
 from durable_sse.consume.wakeup import Wakeups, wakeups_for
 from durable_sse.errors import StoreError
 from durable_sse.log.migrations import create_schema
@@ -172,7 +179,13 @@ class Consumer:
 
     async def run(self, handler: Handler, *, stop: asyncio.Event | None = None) -> None:
         """Deliver every batch to ``handler(tx, batch)`` exactly once, until ``stop`` is
-        set or the task is cancelled (then the batch in hand finishes or rolls back)."""
+        set (the batch in hand finishes) or the task is cancelled (an ``async def``
+        handler's batch in hand rolls back, a plain function's finishes).
+
+        Raises:
+            TypeError: the handler returned an awaitable without being an ``async def``
+                (that batch rolled back).
+        """
         await self.start()
         await self._exactly_once.run(handler, stop or asyncio.Event(), lanes=self.concurrency)
 

@@ -1,10 +1,11 @@
 """A consumer's database: its engine, the threads its transactions run on, their errors.
 
 Every transaction of a consumer is synchronous SQLAlchemy on a thread of its own pool, so
-that an exactly-once handler (a plain function given the open transaction) runs right
-there with nothing to await. A driver error leaves this module as
-:class:`~durable_sse.errors.StoreError`, which the consumer retries; anything else (the
-handler's own exceptions, wrapped by the caller) passes through unchanged.
+that an exactly-once handler given the open transaction runs right there (a plain
+function) or is awaited on the event loop while the thread waits (``async def``). A
+driver error leaves this module as :class:`~durable_sse.errors.StoreError`, which the
+consumer retries; anything else (the handler's own exceptions, wrapped by the caller)
+passes through unchanged.
 """
 
 from __future__ import annotations

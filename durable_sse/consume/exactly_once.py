@@ -3,7 +3,9 @@
 Up to ``concurrency`` lanes each take a stream with news and drain it: every batch is
 read with the stream's position row locked, handed to the handler in that transaction,
 and the position moved past it there too (:meth:`.StreamTransactions.deliver`). The
-handler's writes and the move commit together or not at all.
+handler's writes and the move commit together or not at all. An ``async def`` handler is
+awaited on the event loop while its transaction waits open (:mod:`.handlers`);
+cancelling ``run()`` cancels it and rolls its batch back.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import contextlib
 import logging
 
 from durable_sse.consume.delivery import StreamDelivery
+from durable_sse.consume.handlers import Handler, HandlerCall, HandlerCancelled, HandlerRefused
 from durable_sse.consume.positions import Claim
-from durable_sse.consume.transactions import Handler, HandlerError, LeaseMoved
+from durable_sse.consume.transactions import HandlerError, LeaseMoved
 from durable_sse.errors import StoreError
 
 logger = logging.getLogger(__name__)
@@ -27,8 +30,10 @@ class ExactlyOnce:
         self._delivery = delivery
 
     async def run(self, handler: Handler, stop: asyncio.Event, *, lanes: int) -> None:
-        """Deliver until ``stop`` is set or a lane fails (its error is raised)."""
-        tasks = [asyncio.create_task(self._lane(handler, stop)) for _ in range(lanes)]
+        """Deliver until ``stop`` is set or a lane fails (its error is raised). Cancelled,
+        an ``async def`` handler's batch rolls back (a plain function's finishes)."""
+        call = HandlerCall(handler, asyncio.get_running_loop())
+        tasks = [asyncio.create_task(self._lane(call, stop)) for _ in range(lanes)]
         try:
             done, _ = await asyncio.wait(
                 [*tasks, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
@@ -36,6 +41,9 @@ class ExactlyOnce:
             for task in done:
                 if task in tasks and (error := task.exception()) is not None:
                     raise error
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
         finally:
             stop.set()
             self._delivery.scheduler.news.set()
@@ -43,7 +51,7 @@ class ExactlyOnce:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _lane(self, handler: Handler, stop: asyncio.Event) -> None:
+    async def _lane(self, handler: HandlerCall, stop: asyncio.Event) -> None:
         scheduler = self._delivery.scheduler
         while not stop.is_set():
             stream = await scheduler.take(stop)
@@ -62,7 +70,7 @@ class ExactlyOnce:
             finally:
                 scheduler.done(stream)
 
-    async def _drain(self, stream: str, handler: Handler, stop: asyncio.Event) -> None:
+    async def _drain(self, stream: str, handler: HandlerCall, stop: asyncio.Event) -> None:
         delivery = self._delivery
         claim: Claim | None = delivery.kept.pop(stream, None)
         while True:
@@ -88,6 +96,12 @@ class ExactlyOnce:
             except HandlerError as error:
                 await delivery.failed(stream, claim, error.__cause__ or error)
                 return
+            except (HandlerCancelled, HandlerRefused):
+                # Rolled back: give the stream up (and forget the attempt) for whoever
+                # consumes it next.
+                with contextlib.suppress(StoreError):
+                    await delivery.release(stream, claim)
+                raise
             except LeaseMoved:
                 delivery.scheduler.retry_later(stream, 1)
                 return

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_sse.consume import positions
+from durable_sse.consume.handlers import HandlerCancelled, HandlerRefused
 from durable_sse.consume.metrics import ConsumerMetrics
 from durable_sse.consume.model import (
     Batch,
@@ -35,9 +36,9 @@ from durable_sse.consume.status import lag_events
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[Connection, Batch], None]
-"""``handler(tx, batch)``: exactly once; raise to roll the batch back (it is delivered
-again, see ``Group.max_attempts``)."""
+InTransaction = Callable[[Connection, Batch], None]
+"""What :meth:`StreamTransactions.deliver` runs in the batch's transaction (the user's
+handler, wrapped by :class:`~durable_sse.consume.handlers.HandlerCall`)."""
 
 
 class HandlerError(Exception):
@@ -142,12 +143,13 @@ class StreamTransactions:
 
     # -- exactly once -----------------------------------------------------------------
 
-    def deliver(self, stream: str, claim: Claim, handler: Handler) -> Delivered:
+    def deliver(self, stream: str, claim: Claim, handler: InTransaction) -> Delivered:
         """Read the next batch with the position row locked, run ``handler(tx, batch)``
         in that transaction, and move the position past the batch in it too.
 
         Raises:
             HandlerError: the handler raised (the transaction rolled back).
+            HandlerRefused, HandlerCancelled: see :mod:`.handlers` (rolled back).
             LeaseMoved: another process holds the stream now (rolled back).
         """
         group, now = self.group, _now()
@@ -172,6 +174,8 @@ class StreamTransactions:
             self.metrics.record_handler_latency(batch)
             try:
                 handler(connection, batch)
+            except (HandlerRefused, HandlerCancelled):
+                raise
             except Exception as error:
                 raise HandlerError(str(error)) from error
             keep = read.full or keeps(group, claim)
