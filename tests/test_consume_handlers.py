@@ -1,6 +1,7 @@
 """What a consumer is told must be true (issue #33): an ``async def`` handler is awaited
 in its batch's transaction, a callable that returns an awaitable is refused (never
-called and dropped). On real PostgreSQL and real SQLite.
+called and dropped), and an at-least-once stream kept past its lease is claimed again
+before its next batch. On real PostgreSQL and real SQLite.
 """
 
 from __future__ import annotations
@@ -169,3 +170,57 @@ def test_async_handlers_are_recognised_up_front() -> None:
         assert is_async_handler(handler), handler
     for handler in (function, functools.partial(function), SyncCallable(), lambda tx, b: None):
         assert not is_async_handler(handler), handler
+
+
+# -- at least once: a kept stream and its lease ------------------------------------------
+
+
+async def test_a_kept_stream_whose_lease_lapsed_is_not_handed_out_beside_its_new_owner(
+    log: Stores, db_url: str, stream_name: str
+) -> None:
+    """The first member acks (and keeps the stream), stalls past its lease; the second
+    takes the stream over. The first must not be handed the stream's next batch."""
+    await log.writer.insert_batch(stream_name, "numeric", records(1, 4))
+    stored = await stored_seqs(log, stream_name)
+    group = Group(group_name(), streams=[stream_name], batch_size=2, lease=0.6)
+    first, second = Consumer(db_url, group), Consumer(db_url, group)
+    stop = asyncio.Event()
+    try:
+        a = first.batches(stop=stop)
+        batch = await asyncio.wait_for(anext(a), 10)
+        await batch.ack()  # a full batch: the first member keeps the stream
+        await asyncio.sleep(0.8)
+        b = second.batches(stop=stop)
+        taken = await asyncio.wait_for(anext(b), 10)
+        assert [e.seq for e in taken.events] == stored[2:]
+        await taken.ack()
+        with pytest.raises(TimeoutError):
+            duplicate = await asyncio.wait_for(anext(a), 1.5)
+            pytest.fail(f"handed out beside its new owner: {[e.seq for e in duplicate.events]}")
+    finally:
+        stop.set()
+        await first.close()
+        await second.close()
+
+
+async def test_a_kept_stream_nobody_took_over_goes_on_after_a_stall(
+    log: Stores, db_url: str, stream_name: str
+) -> None:
+    """Past its lease with nobody else there, the kept stream's lease is renewed: the
+    next batch is a first attempt, and its ack moves the position."""
+    await log.writer.insert_batch(stream_name, "numeric", records(1, 4))
+    stored = await stored_seqs(log, stream_name)
+    group = Group(group_name(), streams=[stream_name], batch_size=2, lease=0.6)
+    consumer = Consumer(db_url, group)
+    stop = asyncio.Event()
+    try:
+        a = consumer.batches(stop=stop)
+        await (await asyncio.wait_for(anext(a), 10)).ack()
+        await asyncio.sleep(0.8)
+        batch = await asyncio.wait_for(anext(a), 10)
+        assert [e.seq for e in batch.events] == stored[2:] and batch.attempt == 1
+        await batch.ack()
+        assert position(log, group.name, stream_name)["position_seq"] == stored[-1]
+    finally:
+        stop.set()
+        await consumer.close()

@@ -4,6 +4,11 @@ A batch handed out holds its stream (no other batch of it is handed out) until i
 acknowledged, nacked, or its lease runs out; then the stream is free again and the
 batch is delivered again (an acknowledgement after that is refused: the position moves
 under the lease only, :meth:`.StreamTransactions.ack`).
+
+An acknowledgement that keeps the stream renews its lease, and the next batch needs no
+claim. Unless that batch is handed out within half a lease, the kept lease is renewed
+in the database first: after a long stall it may have lapsed and another process may
+own the stream, and this one must not hand out a batch beside it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from durable_sse.consume.delivery import StreamDelivery
 from durable_sse.consume.model import Batch, Truncated
 from durable_sse.consume.positions import Claim
 from durable_sse.consume.reader import Read
-from durable_sse.consume.transactions import keeps, make_batch, next_claim
+from durable_sse.consume.transactions import keeps, lease_deadline, make_batch, next_claim
 from durable_sse.errors import LeaseLostError, StoreError
 
 logger = logging.getLogger(__name__)
@@ -69,7 +74,7 @@ class AtLeastOnce:
         delivery = self._delivery
         group, call, transactions = delivery.group, delivery.database.call, delivery.transactions
         while True:
-            claim = delivery.kept.pop(stream, None)
+            claim = await self._kept(stream)
             if claim is None:
                 claim = await delivery.claim(stream)
                 if claim is None:
@@ -95,6 +100,16 @@ class AtLeastOnce:
             self._pending[id(batch)] = _Pending(claim, read, time.monotonic() + group.lease)
             return batch
 
+    async def _kept(self, stream: str) -> Claim | None:
+        """The claim kept for ``stream`` when this process still owns it: as kept while
+        at least half its lease is left (no transaction), else renewed in the database;
+        None when nothing is kept or another process owns the stream now."""
+        delivery = self._delivery
+        claim = delivery.kept.pop(stream, None)
+        if claim is None or time.monotonic() < claim.lease_deadline - delivery.group.lease / 2:
+            return claim
+        return await delivery.database.call(delivery.transactions.renew, stream, claim)
+
     async def _settle(self, batch: Batch, error: BaseException | None) -> None:
         """``batch.ack()`` (``error`` None) and ``batch.nack(error)``."""
         pending = self._pending.pop(id(batch), None)
@@ -109,6 +124,7 @@ class AtLeastOnce:
                 return
             keep = read.full or keeps(delivery.group, claim)
             transactions = delivery.transactions
+            deadline = lease_deadline(delivery.group)
             moved = await delivery.database.call(transactions.ack, stream, claim, read, keep)
             if not moved:
                 delivery.scheduler.mark(stream)  # delivered again (here, if nobody took it over)
@@ -120,7 +136,7 @@ class AtLeastOnce:
             batch.settled = "acked"
             delivery.count(batch)
             if keep:
-                delivery.kept[stream] = next_claim(claim, read, claim.narrow_items)
+                delivery.kept[stream] = next_claim(claim, read, claim.narrow_items, deadline)
             if read.full:
                 delivery.scheduler.mark(stream)
         finally:

@@ -91,6 +91,10 @@ class Claim:
     last_error: str | None = None
     since: float = field(default_factory=time.monotonic)
     """When this process took the stream (monotonic): it gives it back now and then."""
+    lease_deadline: float = 0.0
+    """Monotonic time until which the lease surely holds (taken before the transaction
+    that set it; 0: not known). Past it another process may own the stream, so a kept
+    stream's lease is checked in the database before it is delivered again."""
 
     def poison(self, max_attempts: int) -> bool:
         """One item alone failed ``max_attempts`` times: park it or move it aside."""
@@ -364,6 +368,22 @@ def move(
         connection, f"UPDATE {CONSUMERS_TABLE} SET {', '.join(sets)} WHERE {where}", tuple(params)
     )
     return count == 1
+
+
+def renew(
+    connection: Connection, group: Group, stream: str, *, owner: str, epoch: int, now: datetime
+) -> bool:
+    """Renew ``owner``'s lease of ``epoch``, expired or not; False when the stream is not
+    theirs any more. (An expired lease nobody took over is renewed safely: a take-over
+    locks the row and raises the epoch, so it either comes after this, and finds the
+    lease live, or before, and this matches nothing.)"""
+    table = consumers_table
+    result = connection.execute(
+        sa.update(table)
+        .where(*_key(group.name, stream), table.c.owner == owner, table.c.epoch == epoch)
+        .values(lease_until=now + timedelta(seconds=group.lease), updated_at=now)
+    )
+    return result.rowcount == 1
 
 
 def release(connection: Connection, group: str, stream: str, *, owner: str, epoch: int) -> None:

@@ -8,6 +8,7 @@ which of them one step of a delivery needs, and in which transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -67,12 +68,27 @@ def keeps(group: Group, claim: Claim) -> bool:
     return time.monotonic() - claim.since < group.lease / 2
 
 
-def next_claim(claim: Claim, read: Read, narrow_items: int) -> Claim:
+def next_claim(claim: Claim, read: Read, narrow_items: int, lease_deadline: float) -> Claim:
     """The claim of the delivery after ``read``, counted by the transaction that moved
     past it (this process keeps the stream). ``narrow_items``: the items that were still
-    to deliver one at a time before ``read``."""
+    to deliver one at a time before ``read``; ``lease_deadline``: the lease that
+    transaction renewed (see ``Claim.lease_deadline``)."""
     narrow = max(narrow_items - len(read.items), 0) if narrow_items else 0
-    return Claim(claim.stream, claim.epoch, read.end, 1, narrow, since=claim.since)
+    return Claim(
+        claim.stream,
+        claim.epoch,
+        read.end,
+        1,
+        narrow,
+        since=claim.since,
+        lease_deadline=lease_deadline,
+    )
+
+
+def lease_deadline(group: Group) -> float:
+    """The local end of a lease set by a transaction that starts after this call: the
+    row's ``lease_until`` is taken later, so the lease lasts at least until then."""
+    return time.monotonic() + group.lease
 
 
 def make_batch(group: Group, stream: str, start: Position, read: Read, attempt: int) -> Batch:
@@ -117,6 +133,7 @@ class StreamTransactions:
         """Claim the stream and count the delivery about to start (committed first: the
         count must survive a crash). ``new_streams``: the group discovers its streams, so
         a stream without a position row gets one."""
+        deadline = lease_deadline(self.group)
         with self._engine.connect() as connection:
             with connection.begin():
                 if connection.dialect.name == "postgresql":
@@ -126,7 +143,20 @@ class StreamTransactions:
                     connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
                 if new_streams and positions.read_row(connection, self.group.name, stream) is None:
                     positions.ensure_positions(connection, self.group, [stream], _now())
-                return positions.claim(connection, self.group, stream, self.owner, _now())
+                claimed = positions.claim(connection, self.group, stream, self.owner, _now())
+        if isinstance(claimed, Claim):
+            return dataclasses.replace(claimed, lease_deadline=deadline)
+        return claimed
+
+    def renew(self, stream: str, claim: Claim) -> Claim | None:
+        """Renew the lease of a stream kept since its last delivery; None when it is not
+        this process's any more (another process took it over, or it was reset)."""
+        deadline = lease_deadline(self.group)
+        with self._engine.begin() as connection:
+            renewed = positions.renew(
+                connection, self.group, stream, owner=self.owner, epoch=claim.epoch, now=_now()
+            )
+        return dataclasses.replace(claim, lease_deadline=deadline) if renewed else None
 
     def release(self, stream: str, claim: Claim) -> None:
         with self._engine.begin() as connection:
@@ -152,7 +182,7 @@ class StreamTransactions:
             HandlerRefused, HandlerCancelled: see :mod:`.handlers` (rolled back).
             LeaseMoved: another process holds the stream now (rolled back).
         """
-        group, now = self.group, _now()
+        group, deadline, now = self.group, lease_deadline(self.group), _now()
         with self._engine.connect() as connection, connection.begin():
             row = positions.lock_row(connection, group.name, stream)
             if row is None:
@@ -193,7 +223,7 @@ class StreamTransactions:
                 newest_received_at=read.newest_received_at,
             ):
                 raise LeaseMoved
-        following = next_claim(claim, read, row.narrow_items) if keep else None
+        following = next_claim(claim, read, row.narrow_items, deadline) if keep else None
         return Delivered(batch=batch, next_claim=following, full=read.full)
 
     # -- at least once ----------------------------------------------------------------
