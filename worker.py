@@ -36,6 +36,8 @@ from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.errors import ConfigError
 from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
+from durable_sse.ops.failover import Failover
+from durable_sse.ops.liveness import WorkerLiveness
 from durable_sse.ops.logs import configure_logging
 from durable_sse.ops.metrics import prometheus_runtime, redis_failures_counter
 from durable_sse.ops.nudge import Nudges, nudge_channel
@@ -106,12 +108,14 @@ def build_worker(
     secrets: DeclaredSecrets | None = None,
     progress_interval: float = PROGRESS_INTERVAL,
     retention: float | None = None,
+    liveness: WorkerLiveness | None = None,
     **options: Any,
 ) -> Worker:
     """The worker; without ``secrets`` no stream may name any secret.
 
     ``progress_interval``: seconds between a connection's progress reports (tests shorten
-    it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own."""
+    it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own.
+    ``liveness``: the worker's lease (connections run and commit under it; None: none)."""
     schedules = ScheduleActivities(client, task_queue, resources.stores)
     reader = StreamReader(
         http=resources.http,
@@ -122,7 +126,10 @@ def build_worker(
         nudges=resources.nudges,
         retention=retention,
         wake_checkpoint=schedules.wake,
+        worker_lease=(lambda: liveness.worker_id) if liveness is not None else None,
     )
+    if liveness is not None:
+        liveness.on_revoked = reader.lease_revoked
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
@@ -261,6 +268,8 @@ async def run_worker(
     client = await connect_client(settings, runtime=runtime)
     resources = WorkerResources.from_settings(settings)
     await wait_for("the database", resources.stores.create_schema, timeout=DEPENDENCY_WAIT)
+    liveness = WorkerLiveness(resources.stores.workers, move=Failover(client).move)
+    await wait_for("the worker lease", liveness.start, timeout=DEPENDENCY_WAIT)
     worker = build_worker(
         client,
         resources,
@@ -268,6 +277,7 @@ async def run_worker(
         allowed_hosts=settings.allowed_hosts,
         secrets=secrets,
         retention=settings.retention,
+        liveness=liveness,
     )
     if tune_gc:
         tune_collector()
@@ -277,11 +287,16 @@ async def run_worker(
     reporter = asyncio.create_task(report_redis_failures(resources, runtime)) if runtime else None
     if settings.metrics_port:
         log.info("Prometheus metrics on http://0.0.0.0:%d/metrics", settings.metrics_port)
+    watching = asyncio.Event()
+    watchdog = asyncio.create_task(liveness.run(watching))
     try:
         async with worker:
             await stop.wait()
             log.info("shutting down: running connections flush and return")
     finally:
+        watching.set()
+        await watchdog
+        await liveness.leave()
         if reporter is not None:
             reporter.cancel()
         await resources.close()

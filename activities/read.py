@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
@@ -57,6 +58,8 @@ from durable_sse.reader.keepalive import Heartbeats
 from durable_sse.reader.metrics import ReaderMetrics
 from durable_sse.reader.session import progress_from_details
 from durable_sse.stores import Stores
+
+logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 0.8
 """Seconds between heartbeats, busy or quiet: cancellation arrives on heartbeats, so a
@@ -118,12 +121,18 @@ class StreamReader:
         nudges: Nudges | None = None,
         retention: float | None = None,
         wake_checkpoint: Callable[[str], Awaitable[bool]] | None = None,
+        worker_lease: Callable[[], str | None] | None = None,
     ) -> None:
         """``retention``: the worker's (``DURABLE_SSE_RETENTION``), for streams without
         their own: a connection moves its retention hold only when one applies.
         ``wake_checkpoint``: wakes a stream's resting checkpoint schedule
-        (``ScheduleActivities.wake``; None: schedules are never woken from here)."""
+        (``ScheduleActivities.wake``; None: schedules are never woken from here).
+        ``worker_lease``: the worker's liveness lease now (``WorkerLiveness.worker_id``;
+        None: connections run under no lease, and no watchdog can move them)."""
         install_redaction()
+        self.worker_lease = worker_lease
+        self.under_lease: dict[str, set[asyncio.Task[Any]]] = {}
+        """The tasks of the connections running under each worker lease."""
         self.wake_checkpoint = wake_checkpoint
         self.retention = retention
         self.nudges = nudges
@@ -143,14 +152,31 @@ class StreamReader:
         if nudges is not None:
             nudges.start()
             nudges.register(input.spec.name, connection.nudged)
+        task, worker_id = asyncio.current_task(), connection.worker_id
+        if task is not None and worker_id is not None:
+            self.under_lease.setdefault(worker_id, set()).add(task)
         try:
             return await connection.run()
         finally:
+            if task is not None and worker_id is not None:
+                self.under_lease.get(worker_id, set()).discard(task)
             self.open_connections -= 1
             if nudges is not None:
                 nudges.unregister(input.spec.name, connection.nudged)
             await connection.stop_reports()
             await connection.connection.close()
+
+    def lease_revoked(self, worker_id: str) -> None:
+        """This worker's lease was revoked (it was taken for dead): its streams read
+        elsewhere and the fence refuses every commit under that lease, so the
+        connections still running under it end now rather than at their next batch."""
+        tasks = self.under_lease.pop(worker_id, set())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            logger.warning(
+                "ended %d connection(s) of revoked worker lease %s", len(tasks), worker_id
+            )
 
     def heartbeat_interval(self, *, streaming: bool = True, timeout: float | None = None) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget.
@@ -197,6 +223,8 @@ class _ActivityConnection:
         info = activity.info()
         self.timeout = info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None
         """The attempt's heartbeat timeout (None: none, outside a workflow)."""
+        self.worker_id = reader.worker_lease() if reader.worker_lease is not None else None
+        """The worker lease this connection runs and commits under."""
         details = info.heartbeat_details
         self.connection = Connection(
             input,
@@ -261,6 +289,11 @@ class _ActivityConnection:
                 heartbeat_timeout=info.heartbeat_timeout,
                 retry_interval=retry,
             ),
+            worker_id=self.worker_id,
+            workflow_id=info.workflow_id or None,
+            run_id=info.workflow_run_id or None,
+            activity_id=info.activity_id,
+            attempt=info.attempt,
         )
 
     def _interval(self, streaming: bool) -> float:

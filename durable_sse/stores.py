@@ -32,6 +32,7 @@ from durable_sse.log.database import DEFAULT_CONNECT_TIMEOUT, Database
 from durable_sse.log.migrations import create_schema
 from durable_sse.log.prune import ConsumerHolds, Prune
 from durable_sse.log.reads import Reads
+from durable_sse.log.workers import WorkerLeases
 from durable_sse.log.writer import Writer
 
 
@@ -47,6 +48,7 @@ class Stores:
     checkpoints: CheckpointStore
     readers: Readers
     starts: StartStore
+    workers: WorkerLeases
     l1: LocalCursors
     l2: RedisCursors | None = None
 
@@ -80,6 +82,7 @@ class Stores:
             checkpoints=checkpoints,
             readers=readers,
             starts=StartStore(database, checkpoints=checkpoints, gaps=gap_store, readers=readers),
+            workers=WorkerLeases(database),
             l1=l1 or LocalCursors(),
             l2=l2,
         )

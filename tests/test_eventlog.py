@@ -1456,6 +1456,7 @@ async def test_concurrent_schema_creation_on_a_fresh_postgresql_schema(pg_url: s
             ("sse_readers",),
             ("sse_retention",),
             ("sse_schema",),
+            ("sse_workers",),
         ]
         result = await logs[0].writer.insert_batch("s", "numeric", [record("1")])
         assert result == InsertResult(1, 0)

@@ -19,6 +19,7 @@ from durable_sse.cursor.fence import RunningReader
 from durable_sse.log.database import Database
 from durable_sse.log.records import from_db_time, to_utc
 from durable_sse.log.schema import readers_table
+from durable_sse.log.workers import WorkerLeaseLostError, revoked_among
 
 READER_MARGIN = timedelta(minutes=2)
 """Added to a running connection's expiry: a timed-out attempt still flushes what it read
@@ -32,6 +33,15 @@ class ReaderLease:
 
     reader_id: str
     expires_at: datetime
+    worker_id: str | None = None
+    """The worker lease it runs under: the start refuses a revoked one, and every commit
+    checks it (:mod:`durable_sse.log.workers`). None: no lease (tests, tools)."""
+    workflow_id: str | None = None
+    run_id: str | None = None
+    activity_id: str | None = None
+    attempt: int | None = None
+    """The Temporal activity attempt that runs the connection, for a watchdog that fails
+    it by id when its worker's lease expires (None: not run by an activity)."""
 
 
 class Readers:
@@ -62,12 +72,31 @@ class Readers:
     def register(
         self, connection: Connection, stream: str, reader: ReaderLease, start: str | None
     ) -> None:
-        """Upsert the reader's row (and forget the stream's expired ones)."""
+        """Upsert the reader's row (and forget the stream's expired ones).
+
+        Raises:
+            WorkerLeaseLostError: the reader's worker lease was revoked: its worker was
+                taken for dead, and what it starts now would read beside its replacement.
+        """
+        if reader.worker_id is not None and revoked_among(connection, [reader.worker_id]):
+            raise WorkerLeaseLostError(
+                f"stream {stream!r}: worker lease {reader.worker_id} was revoked (the worker "
+                "was taken for dead); the connection does not start under it"
+            )
         table, now = readers_table, datetime.now(UTC)
         connection.execute(
             sa.delete(table).where(table.c.stream == stream, table.c.expires_at <= now)
         )
-        values = {"start_id": start, "started_at": now, "expires_at": to_utc(reader.expires_at)}
+        values = {
+            "start_id": start,
+            "started_at": now,
+            "expires_at": to_utc(reader.expires_at),
+            "worker_id": reader.worker_id,
+            "workflow_id": reader.workflow_id,
+            "run_id": reader.run_id,
+            "activity_id": reader.activity_id,
+            "attempt": reader.attempt,
+        }
         connection.execute(
             self._database.insert(table)
             .values(stream=stream, reader_id=reader.reader_id, **values)

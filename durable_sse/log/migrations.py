@@ -26,6 +26,8 @@ from durable_sse.log.schema import (
     EVENTS_TABLE,
     GAPS_TABLE,
     LEAN_PRIMARY_KEY,
+    READER_ACTIVITY_COLUMNS,
+    READERS_TABLE,
     RETENTION_TABLE,
     SCHEMA_TABLE,
     SCHEMA_VERSION,
@@ -35,6 +37,7 @@ from durable_sse.log.schema import (
     readers_table,
     retention_table,
     schema_table,
+    workers_table,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,6 +106,11 @@ def _create_side_tables(connection: Connection) -> None:
     """Tables created when missing, whatever the version: older versions ignore them."""
     retention_table.create(connection, checkfirst=True)
     readers_table.create(connection, checkfirst=True)
+    workers_table.create(connection, checkfirst=True)
+    present = {column["name"] for column in sa.inspect(connection).get_columns(READERS_TABLE)}
+    for name, kind in READER_ACTIVITY_COLUMNS.items():
+        if name not in present:
+            connection.exec_driver_sql(f"ALTER TABLE {READERS_TABLE} ADD COLUMN {name} {kind}")
 
 
 def _set_version(connection: Connection, version: int) -> None:

@@ -55,6 +55,9 @@ class BatchPayload:
     order: IdOrder
     events: Sequence[EventRecord]
     gap_changes: Sequence[object] = ()
+    worker_id: str | None = None
+    """The worker lease the batch is written under: it commits only while that lease is
+    not revoked (the fence, :mod:`durable_sse.log.workers`). None: no lease to check."""
 
 
 @dataclass(frozen=True)

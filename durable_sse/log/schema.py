@@ -23,6 +23,7 @@ CHECKPOINTS_TABLE = "sse_checkpoints"
 GAPS_TABLE = "sse_gaps"
 RETENTION_TABLE = "sse_retention"
 READERS_TABLE = "sse_readers"
+WORKERS_TABLE = "sse_workers"
 SCHEMA_TABLE = "sse_schema"
 SCHEMA_VERSION = 6
 """1: events and checkpoints with a gap fence column. 2: gap records (``sse_gaps``)
@@ -240,6 +241,43 @@ class SSEReader(SQLModel, table=True):
     start_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
     started_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
     expires_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False))
+    worker_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    """The worker lease the connection runs under (``sse_workers``): a watchdog that finds
+    that lease expired moves the connection (NULL: a build before worker leases)."""
+    workflow_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    run_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    activity_id: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
+    attempt: int | None = Field(default=None, sa_column=sa.Column(sa.Integer, nullable=True))
+
+
+READER_ACTIVITY_COLUMNS = {
+    "worker_id": "VARCHAR",
+    "workflow_id": "VARCHAR",
+    "run_id": "VARCHAR",
+    "activity_id": "VARCHAR",
+    "attempt": "INTEGER",
+}
+"""Columns added to ``sse_readers`` after it first shipped (nullable: added in place,
+on every start when missing; older builds ignore them)."""
+
+
+class SSEWorker(SQLModel, table=True):
+    """One worker process's liveness lease (:mod:`durable_sse.log.workers`). Times are
+    the database's clock, in seconds since the epoch. A side table like ``sse_readers``:
+    created when missing, no schema version step, ignored by older builds."""
+
+    __tablename__ = WORKERS_TABLE
+
+    worker_id: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
+    host: str = Field(sa_column=sa.Column(sa.String, nullable=False))
+    pid: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
+    boot_id: str = Field(sa_column=sa.Column(sa.String, nullable=False))
+    state: str = Field(sa_column=sa.Column(sa.String, nullable=False))
+    started_at: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
+    renewed_at: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
+    expires_at: float = Field(sa_column=sa.Column(sa.Float, nullable=False))
+    ended_at: float | None = Field(default=None, sa_column=sa.Column(sa.Float, nullable=True))
+    revoked_by: str | None = Field(default=None, sa_column=sa.Column(sa.String, nullable=True))
 
 
 class SSESchema(SQLModel, table=True):
@@ -268,6 +306,7 @@ checkpoints_table: sa.Table = SSECheckpoint.__table__  # type: ignore[attr-defin
 gaps_table: sa.Table = SSEGap.__table__  # type: ignore[attr-defined]
 retention_table: sa.Table = SSERetention.__table__  # type: ignore[attr-defined]
 readers_table: sa.Table = SSEReader.__table__  # type: ignore[attr-defined]
+workers_table: sa.Table = SSEWorker.__table__  # type: ignore[attr-defined]
 schema_table: sa.Table = SSESchema.__table__  # type: ignore[attr-defined]
 
 STAGING_COLUMNS = (

@@ -34,6 +34,7 @@ from durable_sse.log.database import Database, driver, error_summary, outlast_ca
 from durable_sse.log.records import BatchPayload, EventRecord, HorizonDrop, InsertResult
 from durable_sse.log.schema import EVENTS_CHANNEL, STREAM_LOCK_CLASS, stream_lock_key
 from durable_sse.log.staging import RowInserter
+from durable_sse.log.workers import WorkerLeaseLostError, revoked_among
 
 logger = logging.getLogger(__name__)
 
@@ -109,15 +110,18 @@ class Writer:
         *,
         after: CommitJob | None = None,
         gap_changes: Sequence[object] = (),
+        worker_id: str | None = None,
     ) -> CommitJob:
         """Queue a batch (and the gap changes it carries) for the next group commit.
 
         Batches commit in the order they are submitted; one submitted ``after`` another
         is left out (its future fails) if that one was not committed. Await the result
-        with :meth:`committed`. A batch may hold gap changes and no events.
+        with :meth:`committed`. A batch may hold gap changes and no events. ``worker_id``:
+        the worker lease the batch is written under; a revoked one fails the batch with
+        :class:`~durable_sse.log.workers.WorkerLeaseLostError`.
         """
         self._database.refuse_if_closed("insert events")
-        payload = BatchPayload(IdOrder(id_order), events, tuple(gap_changes))
+        payload = BatchPayload(IdOrder(id_order), events, tuple(gap_changes), worker_id)
         return self._commits.submit(stream, payload, len(events), after=after)
 
     async def committed(self, job: CommitJob) -> InsertResult:
@@ -234,6 +238,8 @@ class Writer:
         newest: dict[str, bytes] = {}
         dropped: list[HorizonDrop | None] = []
         with self._database.begin() as connection:
+            if self._fenced(connection, jobs):
+                raise _Rewrite  # roll back: batches of a revoked worker must not commit
             insert = self._inserter.stage(
                 connection,
                 jobs,
@@ -266,6 +272,21 @@ class Writer:
             known = hints.get(stream, _UNKNOWN)  # lanes share it: no check-then-get
             if known is not _UNKNOWN and (known is None or key > known):
                 hints[stream] = key
+
+    def _fenced(self, connection: Connection, jobs: list[CommitJob]) -> bool:
+        """Fail the jobs whose worker lease was revoked (the fence); True if any."""
+        revoked = revoked_among(connection, {j.payload.worker_id for j in jobs} - {None})
+        if not revoked:
+            return False
+        for job in jobs:
+            if job.payload.worker_id in revoked:
+                job.failed = True
+                job.error = WorkerLeaseLostError(
+                    f"stream {job.stream!r}: a batch was not committed because worker lease "
+                    f"{job.payload.worker_id} was revoked (the worker was taken for dead and "
+                    "its streams moved to others)"
+                )
+        return True
 
     def _order_and_notify(self, connection: Connection, jobs: list[CommitJob]) -> None:
         """PostgreSQL: lock the group's streams, and queue one ``NOTIFY`` per stream.

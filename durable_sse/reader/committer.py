@@ -36,6 +36,7 @@ class Committer:
         metrics: ReaderMetrics | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
         on_stored: Callable[[], None] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self.session = session
         self.on_stored = on_stored
@@ -47,6 +48,7 @@ class Committer:
             stores.writer,
             cursors=[stores.l1.advance, *([stores.l2.submit] if stores.l2 is not None else [])],
             on_settled=self._settled,
+            worker_id=worker_id,
         )
         self.commit_lag: float | None = None
         """Seconds from the newest committed event's arrival to its commit."""

@@ -132,6 +132,7 @@ class Connection:
             metrics=metrics,
             log=log,
             on_stored=on_stored,
+            worker_id=lease.worker_id if lease is not None else None,
         )
         self.prefetch = StoredPrefetch(session, stores.reads, log=log)
         self.secret_params = frozenset(self.spec.query_from_env)

@@ -44,6 +44,7 @@ class BatchWriter(Protocol):
         *,
         after: Any = None,
         gap_changes: Sequence[object] = (),
+        worker_id: str | None = None,
     ) -> Any: ...
 
     def finished(self, job: Any) -> bool:
@@ -98,9 +99,12 @@ class CommitPipeline:
         cursors: Sequence[CursorSink] = (),
         on_settled: Callable[[Settled], None] | None = None,
         max_in_flight: int = MAX_BATCHES_IN_FLIGHT,
+        worker_id: str | None = None,
     ) -> None:
         self.session = session
         self.writer = writer
+        self.worker_id = worker_id
+        """The worker lease every batch is written under (the fence; None: none)."""
         self.cursors = tuple(cursors)
         self.on_settled = on_settled
         self.max_in_flight = max_in_flight
@@ -133,6 +137,7 @@ class CommitPipeline:
                 batch.records,
                 after=self._last_job,
                 gap_changes=batch.gap_changes,
+                worker_id=self.worker_id,
             )
             self._last_job = job
         self.in_flight.append(_InFlight(batch, job))

@@ -104,8 +104,8 @@ def chaos_spec(name: str, url: str, **overrides: object) -> StreamSpec:
         "batch_max_delay": 0.02,
         "idle_timeout": 2.0,
         "connect_timeout": 2.0,
-        # A SIGKILLed worker is noticed after the heartbeat timeout: seconds, not minutes.
-        "heartbeat_timeout": 10.0,
+        # The default heartbeat timeout (minutes): a killed or paused worker's streams
+        # move when its liveness lease expires (durable_sse/ops/liveness.py), in seconds.
     }
     values.update(overrides)
     return StreamSpec(name=name, url=url, **values)  # type: ignore[arg-type]

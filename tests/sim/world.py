@@ -718,6 +718,7 @@ class SimWriter:
         *,
         after: object = None,
         gap_changes: Sequence[object] = (),
+        worker_id: str | None = None,
     ) -> SimJob:
         job = SimJob(list(events), [c for c in gap_changes if isinstance(c, GapChange)])
         self.pending.append(job)

@@ -1,0 +1,279 @@
+"""Workers' liveness leases (``sse_workers``): who is alive, who is fenced off.
+
+Temporal notices a dead worker only when each of its read attempts misses a heartbeat,
+and every heartbeat is a billed action: at the default five-minute heartbeat timeout a
+SIGKILLed worker's streams would stall for minutes. So each worker process holds one
+short lease here instead, renewed every :data:`RENEW_INTERVAL` by a plain ``UPDATE``
+(no Temporal action), and any live worker that finds a lease expired revokes it and moves
+that worker's connections (:mod:`durable_sse.ops.liveness`).
+
+Why the database and not Redis: the lease is also the *fence*. Every commit of a
+connection checks, in its own transaction, that the lease it started under is not
+revoked (:func:`revoked_among`; on PostgreSQL with ``FOR SHARE``, so a revocation and a
+commit are ordered: once the revocation commits, no batch of that worker commits after
+it). A worker that was only paused (SIGSTOP, a long GC pause, a partition) and comes
+back cannot write beside its replacement, even when it cannot reach Redis.
+
+Time is the database's clock (seconds since the epoch, :func:`db_now`), so two workers'
+clocks never have to agree. Rows are kept for a day after a worker leaves or is revoked
+(``durable-sse status`` and tests read them), then deleted by the next revocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from durable_sse.errors import StoreError
+from durable_sse.log.database import Database
+from durable_sse.log.schema import readers_table, workers_table
+
+LEASE_TTL = 6.0
+"""Seconds a lease lasts past its last renewal: three renewals may be lost (a slow
+database, a starved event loop) before a live worker is taken for dead."""
+RENEW_INTERVAL = 2.0
+"""Seconds between renewals of a worker's lease (and its watchdog's look at the others)."""
+KEEP_ENDED = 86_400.0
+"""Seconds an ended lease's row is kept (then deleted by the next revocation)."""
+
+
+class WorkerState(StrEnum):
+    LIVE = "live"
+    REVOKED = "revoked"
+    """Expired and taken over (or a predecessor on the same host): fenced off for good."""
+    LEFT = "left"
+    """Shut down cleanly: nothing to move."""
+
+
+class WorkerLeaseLostError(StoreError):
+    """A connection's worker lease was revoked: the worker was taken for dead and its
+    streams moved to others, so nothing it still reads may commit. The attempt ends;
+    its stream already reads elsewhere."""
+
+
+@dataclass(frozen=True)
+class WorkerLease:
+    """One worker process's lease row."""
+
+    worker_id: str
+    host: str
+    pid: int
+    boot_id: str
+    state: str
+    renewed_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class HeldConnection:
+    """A connection a worker registered in ``sse_readers``, with the Temporal activity
+    attempt that runs it (None: registered by a build that did not record it)."""
+
+    stream: str
+    reader_id: str
+    workflow_id: str | None
+    run_id: str | None
+    activity_id: str | None
+    attempt: int | None
+
+
+def db_now(connection: Connection) -> sa.ColumnElement[Any]:
+    """The database's clock in seconds since the epoch, as a SQL expression."""
+    if connection.dialect.name == "postgresql":
+        return sa.func.extract("epoch", sa.func.clock_timestamp())
+    return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+
+
+def revoked_among(connection: Connection, worker_ids: Iterable[str]) -> set[str]:
+    """The fence, inside a commit's transaction: which of ``worker_ids`` may not commit
+    (revoked, or no lease at all). On PostgreSQL the rows are read ``FOR SHARE``: a
+    revocation waits for this transaction, or this transaction sees it."""
+    wanted = sorted(set(worker_ids))
+    if not wanted:
+        return set()
+    table = workers_table
+    query = sa.select(table.c.worker_id, table.c.state).where(table.c.worker_id.in_(wanted))
+    if connection.dialect.name == "postgresql":
+        query = query.with_for_update(read=True)
+    states = {row.worker_id: row.state for row in connection.execute(query)}
+    return {w for w in wanted if states.get(w) not in (WorkerState.LIVE, WorkerState.LEFT)}
+
+
+class WorkerLeases:
+    """The ``sse_workers`` rows, over the shared database."""
+
+    def __init__(self, database: Database, *, ttl: float = LEASE_TTL) -> None:
+        self._database = database
+        self.ttl = ttl
+
+    async def acquire(self, worker_id: str, *, host: str, pid: int, boot_id: str) -> None:
+        """Take a new lease (a worker's identity changes with every lease it takes)."""
+        await self._database.run(
+            "take a worker lease", self._acquire, worker_id, host, pid, boot_id
+        )
+
+    async def renew(self, worker_id: str) -> bool:
+        """Extend the lease; False when it is not live any more (revoked: the worker was
+        taken for dead and its streams moved)."""
+        return await self._database.run("renew a worker lease", self._renew, worker_id)
+
+    async def leave(self, worker_id: str) -> None:
+        """A clean shutdown: the lease ends, and nobody moves anything."""
+        await self._database.run("end a worker lease", self._leave, worker_id)
+
+    async def expired(self) -> list[WorkerLease]:
+        """Live leases past their expiry."""
+        return await self._database.run("read expired worker leases", self._expired)
+
+    async def on_host(self, host: str, boot_id: str) -> list[WorkerLease]:
+        """Live leases of workers on this host (since its last boot)."""
+        return await self._database.run("read worker leases", self._on_host, host, boot_id)
+
+    async def revoke(self, worker_id: str, *, by: str, expired_only: bool = True) -> bool:
+        """Revoke a live lease; True for exactly one caller. ``expired_only``: only once it
+        has expired (a watchdog); False: whatever its expiry (a successor on its host)."""
+        return await self._database.run(
+            "revoke a worker lease", self._revoke, worker_id, by, expired_only
+        )
+
+    async def lease(self, worker_id: str) -> WorkerLease | None:
+        return await self._database.run("read a worker lease", self._lease, worker_id)
+
+    async def connections(self, worker_id: str) -> list[HeldConnection]:
+        """The connections a worker registered and has not released."""
+        return await self._database.run("read a worker's connections", self._connections, worker_id)
+
+    # -- in a database thread ----------------------------------------------------------
+
+    def _acquire(self, worker_id: str, host: str, pid: int, boot_id: str) -> None:
+        table = workers_table
+        with self._database.begin() as connection:
+            now = db_now(connection)
+            connection.execute(
+                sa.insert(table).values(
+                    worker_id=worker_id,
+                    host=host,
+                    pid=pid,
+                    boot_id=boot_id,
+                    state=WorkerState.LIVE.value,
+                    started_at=now,
+                    renewed_at=now,
+                    expires_at=now + self.ttl,
+                )
+            )
+
+    def _renew(self, worker_id: str) -> bool:
+        table = workers_table
+        with self._database.begin() as connection:
+            now = db_now(connection)
+            result = connection.execute(
+                sa.update(table)
+                .where(table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value)
+                .values(renewed_at=now, expires_at=now + self.ttl)
+            )
+            return result.rowcount == 1
+
+    def _leave(self, worker_id: str) -> None:
+        table = workers_table
+        with self._database.begin() as connection:
+            connection.execute(
+                sa.update(table)
+                .where(table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value)
+                .values(state=WorkerState.LEFT.value, ended_at=db_now(connection))
+            )
+
+    def _expired(self) -> list[WorkerLease]:
+        table = workers_table
+        with self._database.begin() as connection:
+            rows = connection.execute(
+                sa.select(table).where(
+                    table.c.state == WorkerState.LIVE.value,
+                    table.c.expires_at < db_now(connection),
+                )
+            )
+            return [_lease(row) for row in rows]
+
+    def _on_host(self, host: str, boot_id: str) -> list[WorkerLease]:
+        table = workers_table
+        with self._database.begin() as connection:
+            rows = connection.execute(
+                sa.select(table).where(
+                    table.c.state == WorkerState.LIVE.value,
+                    table.c.host == host,
+                    table.c.boot_id == boot_id,
+                )
+            )
+            return [_lease(row) for row in rows]
+
+    def _revoke(self, worker_id: str, by: str, expired_only: bool) -> bool:
+        table = workers_table
+        with self._database.begin() as connection:
+            now = db_now(connection)
+            conditions = [table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value]
+            if expired_only:
+                conditions.append(table.c.expires_at < now)
+            result = connection.execute(
+                sa.update(table)
+                .where(*conditions)
+                .values(state=WorkerState.REVOKED.value, ended_at=now, revoked_by=by)
+            )
+            connection.execute(
+                sa.delete(table).where(
+                    table.c.state != WorkerState.LIVE.value,
+                    table.c.ended_at < now - KEEP_ENDED,
+                )
+            )
+            return result.rowcount == 1
+
+    def _lease(self, worker_id: str) -> WorkerLease | None:
+        table = workers_table
+        with self._database.begin() as connection:
+            row = connection.execute(
+                sa.select(table).where(table.c.worker_id == worker_id)
+            ).one_or_none()
+            return None if row is None else _lease(row)
+
+    def _connections(self, worker_id: str) -> list[HeldConnection]:
+        table = readers_table
+        with self._database.begin() as connection:
+            rows = connection.execute(
+                sa.select(
+                    table.c.stream,
+                    table.c.reader_id,
+                    table.c.workflow_id,
+                    table.c.run_id,
+                    table.c.activity_id,
+                    table.c.attempt,
+                )
+                .where(table.c.worker_id == worker_id)
+                .order_by(table.c.stream, table.c.reader_id)
+            )
+            return [
+                HeldConnection(
+                    stream=row.stream,
+                    reader_id=row.reader_id,
+                    workflow_id=row.workflow_id,
+                    run_id=row.run_id,
+                    activity_id=row.activity_id,
+                    attempt=row.attempt,
+                )
+                for row in rows
+            ]
+
+
+def _lease(row: sa.Row[object]) -> WorkerLease:
+    values = row._mapping
+    return WorkerLease(
+        worker_id=values["worker_id"],
+        host=values["host"],
+        pid=values["pid"],
+        boot_id=values["boot_id"],
+        state=values["state"],
+        renewed_at=float(values["renewed_at"]),
+        expires_at=float(values["expires_at"]),
+    )

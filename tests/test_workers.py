@@ -1,0 +1,238 @@
+"""Worker liveness leases and the fence (``sse_workers``), on PostgreSQL and SQLite.
+
+What a watchdog relies on: a lease expires by the database's clock, exactly one of two
+watchdogs revokes it, a revoked worker can neither start a connection nor commit a batch
+(the fence), its registered connections name their Temporal attempts, and a worker
+restarted on the same host takes over from its dead predecessor at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from durable_sse.cursor.readers import ReaderLease
+from durable_sse.errors import StoreError
+from durable_sse.log.records import EventRecord
+from durable_sse.log.workers import (
+    HeldConnection,
+    WorkerLease,
+    WorkerLeaseLostError,
+    WorkerLeases,
+    WorkerState,
+)
+from durable_sse.ops.liveness import WorkerLiveness, predecessors
+from durable_sse.stores import Stores
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def record(event_id: str) -> EventRecord:
+    return EventRecord(
+        event_id=event_id, event_ord=0, event_type="message", data="x", received_at=T0
+    )
+
+
+def worker_name() -> str:
+    return f"test-worker-{uuid.uuid4().hex[:8]}"
+
+
+def reader(worker_id: str | None, *, stream: str, activity_id: str = "7") -> ReaderLease:
+    return ReaderLease(
+        reader_id=f"{activity_id}.1.{uuid.uuid4().hex[:6]}",
+        expires_at=datetime.now(UTC) + timedelta(minutes=5),
+        worker_id=worker_id,
+        workflow_id=f"sse-stream:{stream}",
+        run_id="run-1",
+        activity_id=activity_id,
+        attempt=1,
+    )
+
+
+async def stored_ids(stores: Stores, stream: str) -> list[str]:
+    return [row.event_id for row in await stores.reads.events(stream)]
+
+
+async def test_a_lease_expires_by_the_database_clock_and_one_watchdog_revokes_it(
+    stores: Stores,
+) -> None:
+    leases = WorkerLeases(stores.database, ttl=0.3)
+    dead = worker_name()
+    await leases.acquire(dead, host="h", pid=1, boot_id="b")
+    assert await leases.renew(dead)
+    assert dead not in {lease.worker_id for lease in await leases.expired()}
+    await asyncio.sleep(0.5)
+    assert dead in {lease.worker_id for lease in await leases.expired()}
+    won = await asyncio.gather(*(leases.revoke(dead, by=f"w{i}") for i in range(4)))
+    assert sorted(won) == [False, False, False, True]
+    assert not await leases.renew(dead)  # the dead worker, back, learns it was taken over
+    lease = await leases.lease(dead)
+    assert lease is not None and lease.state == WorkerState.REVOKED
+
+
+async def test_a_live_lease_is_not_revoked_by_a_watchdog(stores: Stores) -> None:
+    leases = stores.workers
+    alive = worker_name()
+    await leases.acquire(alive, host="h", pid=1, boot_id="b")
+    assert not await leases.revoke(alive, by="other")
+    assert await leases.revoke(alive, by="successor", expired_only=False)
+
+
+async def test_the_fence_fails_a_revoked_workers_batch_and_commits_the_others(
+    stores: Stores, stream_name: str
+) -> None:
+    leases = stores.workers
+    old, new = worker_name(), worker_name()
+    for worker in (old, new):
+        await leases.acquire(worker, host="h", pid=1, boot_id="b")
+    await leases.revoke(old, by=new, expired_only=False)
+    writer = stores.writer
+    other = f"{stream_name}-other"
+    stale = writer.submit_batch(stream_name, "numeric", [record("1")], worker_id=old)
+    later = writer.submit_batch(stream_name, "numeric", [record("2")], after=stale, worker_id=old)
+    fresh = writer.submit_batch(other, "numeric", [record("1")], worker_id=new)
+    with pytest.raises(WorkerLeaseLostError, match="revoked"):
+        await writer.committed(stale)
+    with pytest.raises(StoreError):
+        await writer.committed(later)  # after a batch that did not commit: left out
+    assert (await writer.committed(fresh)).new_rows == 1
+    assert await stored_ids(stores, stream_name) == []
+    assert await stored_ids(stores, other) == ["1"]
+
+
+async def test_a_batch_of_an_unknown_lease_is_fenced_too(stores: Stores, stream_name: str) -> None:
+    job = stores.writer.submit_batch(stream_name, "numeric", [record("1")], worker_id="nobody")
+    with pytest.raises(WorkerLeaseLostError):
+        await stores.writer.committed(job)
+
+
+async def test_a_revoked_worker_cannot_start_a_connection(stores: Stores, stream_name: str) -> None:
+    leases = stores.workers
+    worker = worker_name()
+    await leases.acquire(worker, host="h", pid=1, boot_id="b")
+    start = await stores.starts.connection_context(
+        stream_name,
+        "numeric",
+        cursor=None,
+        source="none",
+        reader=reader(worker, stream=stream_name),
+    )
+    assert start.cursor is None
+    assert [c.stream for c in await leases.connections(worker)] == [stream_name]
+    await leases.revoke(worker, by="successor", expired_only=False)
+    with pytest.raises(WorkerLeaseLostError, match="revoked"):
+        await stores.starts.connection_context(
+            stream_name,
+            "numeric",
+            cursor=None,
+            source="none",
+            reader=reader(worker, stream=stream_name, activity_id="8"),
+        )
+
+
+async def test_registered_connections_name_their_temporal_attempts(
+    stores: Stores, stream_name: str
+) -> None:
+    leases = stores.workers
+    worker = worker_name()
+    await leases.acquire(worker, host="h", pid=1, boot_id="b")
+    lease = reader(worker, stream=stream_name, activity_id="12")
+    await stores.starts.connection_context(
+        stream_name, "numeric", cursor=None, source="none", reader=lease
+    )
+    (held,) = await leases.connections(worker)
+    assert held == HeldConnection(
+        stream=stream_name,
+        reader_id=lease.reader_id,
+        workflow_id=f"sse-stream:{stream_name}",
+        run_id="run-1",
+        activity_id="12",
+        attempt=1,
+    )
+    await stores.readers.release_reader(stream_name, lease.reader_id)
+    assert await leases.connections(worker) == []
+
+
+def test_predecessors_are_leases_of_this_host_whose_process_is_gone() -> None:
+    def lease(worker_id: str, pid: int) -> WorkerLease:
+        return WorkerLease(worker_id, "h", pid, "b", "live", 0.0, 0.0)
+
+    me, alive = os.getpid(), os.getppid()
+    leases = [lease("mine", me), lease("same-pid", me), lease("alive", alive), lease("gone", 0)]
+    assert [p.worker_id for p in predecessors(leases, me="mine", pid=me)] == ["same-pid", "gone"]
+
+
+async def test_watchdogs_move_a_dead_workers_connections_exactly_once(
+    stores: Stores, stream_name: str
+) -> None:
+    leases = WorkerLeases(stores.database, ttl=0.3)
+    dead = worker_name()
+    await leases.acquire(dead, host="dead-host", pid=1, boot_id="b")
+    for index in range(3):
+        await stores.starts.connection_context(
+            f"{stream_name}-{index}",
+            "numeric",
+            cursor=None,
+            source="none",
+            reader=reader(dead, stream=f"{stream_name}-{index}"),
+        )
+    moved: list[tuple[str, str]] = []
+
+    async def move(connection: HeldConnection, lease: WorkerLease) -> None:
+        moved.append((connection.stream, lease.worker_id))
+
+    watchers = [
+        WorkerLiveness(leases, move=move, host=f"watcher-{i}", pid=1000 + i) for i in range(2)
+    ]
+    for watcher in watchers:
+        await watcher.start()
+    await asyncio.sleep(0.5)
+    await asyncio.gather(*(watcher.tick() for watcher in watchers))
+    assert sorted(moved) == [(f"{stream_name}-{i}", dead) for i in range(3)]
+    assert sum(watcher.moved for watcher in watchers) == 3
+
+
+async def test_a_worker_that_finds_its_lease_revoked_ends_its_connections_and_takes_a_new_one(
+    stores: Stores,
+) -> None:
+    revoked: list[str] = []
+
+    async def move(connection: HeldConnection, lease: WorkerLease) -> None:
+        raise AssertionError("nothing to move")
+
+    paused = WorkerLiveness(stores.workers, move=move, on_revoked=revoked.append, host="p")
+    await paused.start()
+    first = paused.worker_id
+    assert first is not None
+    await stores.workers.revoke(first, by="watchdog", expired_only=False)
+    await paused.renew()
+    assert revoked == [first]
+    assert paused.worker_id not in (None, first)
+    assert paused.revocations == 1
+    assert await stores.workers.renew(paused.worker_id or "")
+
+
+async def test_a_restarted_worker_takes_its_dead_predecessors_streams_at_once(
+    stores: Stores, stream_name: str
+) -> None:
+    host = worker_name()
+    gone = f"{host}:0:old"
+    await stores.workers.acquire(gone, host=host, pid=0, boot_id="b")
+    await stores.starts.connection_context(
+        stream_name, "numeric", cursor=None, source="none", reader=reader(gone, stream=stream_name)
+    )
+    moved: list[str] = []
+
+    async def move(connection: HeldConnection, lease: WorkerLease) -> None:
+        moved.append(connection.stream)
+
+    successor = WorkerLiveness(stores.workers, move=move, host=host)
+    successor.boot_id = "b"
+    await successor.start()  # the old lease has not expired: taken over all the same
+    assert moved == [stream_name]
+    lease = await stores.workers.lease(gone)
+    assert lease is not None and lease.state == WorkerState.REVOKED
