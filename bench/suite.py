@@ -3,7 +3,10 @@
 Sections: 1 parse ceiling, 2 hot stream end to end, 3 many streams, 4 reconnect
 overhead, 5 replay, 6 cost per event, 7 naive consumer, 8 consumers of the log
 (``--only consume``: bench/consume.py), 9 what a stream costs in Temporal per stream-hour
-(``--only cost``: bench/cost.py; not in the default run, it measures for minutes).
+(``--only cost``: bench/cost.py; not in the default run, it measures for minutes), 10
+failover: a worker of two SIGKILLed, then one SIGTERMed, under N streams (``--only
+failover``: bench/failover.py; not in the default run, a SIGKILL waits out the heartbeat
+timeout).
 Each figure is the median of several runs with min-max; each ratio is against a baseline
 measured in this run.
 Children's logs and the probe counters go to a work directory (``--workdir``).
@@ -26,15 +29,15 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import consume, cost, hot, many, parse, reconnect  # noqa: E402
+from bench import consume, cost, failover, hot, many, parse, reconnect  # noqa: E402
 from bench.common import Figures, Row, print_table, stack, verdict  # noqa: E402
 from bench.temporal_stack import temporal  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-SECTIONS = ("parse", "hot", "many", "reconnect", "replay", "naive", "consume", "cost")
-DEFAULT_SECTIONS = SECTIONS[:-1]
-"""``cost`` runs only when asked for: its window is minutes long."""
+SECTIONS = ("parse", "hot", "many", "reconnect", "replay", "naive", "consume", "cost", "failover")
+DEFAULT_SECTIONS = SECTIONS[:-2]
+"""``cost`` and ``failover`` run only when asked for: each takes minutes."""
 
 
 @dataclass
@@ -83,6 +86,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cost-minutes", type=float, default=12.0, help=cost.MINUTES_HELP)
     parser.add_argument(
         "--cost-replay-window", type=float, default=120.0, help="seconds, for the cost section"
+    )
+    parser.add_argument(
+        "--failover-streams", type=int, default=200, help="streams of the failover section"
+    )
+    parser.add_argument(
+        "--failover-timeout",
+        type=float,
+        default=400.0,
+        help="seconds each failover mode waits for the streams to come back",
     )
     parser.add_argument("--runs", type=int, help="runs per figure")
     parser.add_argument("--parse-events", type=int)
@@ -193,6 +205,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                     minutes=args.cost_minutes,
                     replay_window=args.cost_replay_window,
                 )
+            _progress(rows)
+        if "failover" in only:
+            rows += await failover.failover_rows(
+                running, streams=args.failover_streams, timeout=args.failover_timeout
+            )
             _progress(rows)
         await redis.aclose()
     return rows

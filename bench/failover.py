@@ -1,0 +1,406 @@
+"""(10) failover: a worker dies (SIGKILL) or is told to stop (SIGTERM) under N streams.
+
+Two real worker processes (``worker.py``) poll one task queue of a throwaway dev server;
+N streams of the SSE source (in this driver process, loopback) each send a steady
+``RATE`` events/s with default stream settings. Once every stream persists, for each mode:
+
+* ``kill``: SIGKILL the worker holding more connections; a new worker is started after
+  the streams came back (or ``timeout`` passed), so two run again;
+* ``term``: SIGTERM the worker holding more connections (its exit time is measured).
+
+Per stream that worker held: seconds from the signal to its next stored event, i.e. the
+first event of the first connection the source saw open after the signal, seen stored
+in ``sse_events`` by a poll every ``POLL_EVERY`` s (one clock: this process's). A stream
+that has none within ``timeout`` counts as not recovered. After both modes the source
+stops generating and the run settles: lost = ids from the first the source sent to the
+last it generated that are not stored (its ids are contiguous integers: holes),
+duplicates = rows per (stream, id) beyond one.
+
+Which worker holds a stream: the pending ``read_stream`` activity's last worker identity
+(``pid@host``, the SDK's default), as tests/chaos/harness.py ``reader_pid`` reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from bench.common import (
+    PYTHON,
+    Row,
+    Stack,
+    percentile,
+    pg_query,
+    spawn,
+    stop_process,
+    verdict,
+    wait_until,
+)
+from bench.reconnect import CONNECTIONS, _instrument
+from durable_sse.config.spec import StreamSpec
+from durable_sse.contracts import StreamStatus, stream_workflow_id
+from durable_sse.ops.binaries import temporal_dev_server
+from durable_sse.source import SourceStreamConfig, SSESource
+
+logger = logging.getLogger(__name__)
+
+RATE = 3.0
+"""Events per second per stream."""
+POLL_EVERY = 0.1
+"""Seconds between polls of the event log while streams come back."""
+START_CONCURRENCY = 50
+START_TIMEOUT = 180.0
+"""Seconds for every stream's first stored event (and for steady state after a restart)."""
+WORKER_START_TIMEOUT = 60.0
+SETTLE_TIMEOUT = 120.0
+"""Seconds for every generated id to be stored once the source stops generating."""
+STOP_TIMEOUT = 120.0
+"""Seconds a SIGTERMed worker may take to exit before it is killed (reported)."""
+DESCRIBE_CONCURRENCY = 50
+TERM_GOAL = 2.0
+"""p99 seconds from SIGTERM to each stream's next stored event."""
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    held: int
+    recovered: list[float] = field(default_factory=list)
+    """Seconds from the signal to the next stored event, per stream that came back."""
+    stop_seconds: float | None = None
+    """SIGTERM to exit (term only)."""
+
+    @property
+    def not_recovered(self) -> int:
+        return self.held - len(self.recovered)
+
+
+@dataclass
+class Workers:
+    """The worker processes of the run, started and stopped by pid."""
+
+    running: Stack
+    address: str
+    task_queue: str
+    processes: dict[int, subprocess.Popen] = field(default_factory=dict)
+    started: int = 0
+
+    async def start(self) -> int:
+        self.started += 1
+        log = self.running.workdir / f"worker-failover-{self.started}.log"
+        process = spawn(
+            [PYTHON, "worker.py"],
+            env={**self.running.worker_env(self.address, self.task_queue)},
+            log=log,
+        )
+        self.processes[process.pid] = process
+
+        async def polling() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"worker exited with {process.returncode}; see {log}")
+            return log.exists() and b"worker polling task queue" in log.read_bytes()
+
+        await wait_until(polling, timeout=WORKER_START_TIMEOUT, what="a worker to poll")
+        return process.pid
+
+    def kill(self, pid: int) -> None:
+        process = self.processes.pop(pid)
+        os.kill(pid, signal.SIGKILL)
+        process.wait()
+
+    async def term(self, pid: int) -> float:
+        """SIGTERM, then seconds until the process exited (killed after STOP_TIMEOUT)."""
+        process = self.processes.pop(pid)
+        began = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        deadline = began + STOP_TIMEOUT
+        while process.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        seconds = time.monotonic() - began
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        return seconds
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            stop_process(process, timeout=STOP_TIMEOUT)
+        self.processes.clear()
+
+
+async def failover_rows(running: Stack, *, streams: int, timeout: float) -> list[Row]:
+    """The failover section: ``streams`` streams, each mode bounded by ``timeout`` s."""
+    _instrument()
+    tag = uuid.uuid4().hex[:6]
+    names = [f"fo-{tag}-{i}" for i in range(streams)]
+    config = SourceStreamConfig(rate=RATE, retry_ms=None)
+    results: list[ModeResult] = []
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_dev_server(),
+        ui=False,
+        dev_server_log_level="error",
+    )
+    address = env.client.service_client.config.target_host
+    workers = Workers(running, address, f"bench-failover-{tag}")
+    try:
+        async with SSESource({name: config for name in names}) as source:
+            await workers.start()
+            await workers.start()
+            await _start_streams(env.client, source, names, workers.task_queue)
+            await _wait_persisting(running, names)
+            await _wait_steady(env.client, names, set(workers.processes))
+
+            kill = await _failover(env.client, running, workers, names, "kill", timeout)
+            results.append(kill)
+            await workers.start()
+            await _wait_steady(env.client, names, set(workers.processes))
+            await asyncio.sleep(2.0)
+            results.append(await _failover(env.client, running, workers, names, "term", timeout))
+
+            for name in names:
+                source.inject(name, paused=True)
+            ranges = {name: _sent(name, source.truth(name).ids) for name in names}
+            settled = await _settle(running, {n: last for n, (_, last) in ranges.items()})
+            lost, duplicates = await _count_lost_and_duplicates(running, ranges)
+    finally:
+        workers.stop_all()
+        await env.shutdown()
+        for name in names:
+            CONNECTIONS.pop(name, None)
+    return _rows(results, streams=streams, lost=lost, duplicates=duplicates, settled=settled)
+
+
+def _sent(name: str, ids: list[int]) -> tuple[int, int]:
+    """First id the source sent on the stream's first connection, and the last it
+    generated (its ids are contiguous; the first connection takes the live route, so
+    what was generated before it is no stream's loss)."""
+    first = min((c.start_id for c in CONNECTIONS[name] if c.first_event is not None), default=0)
+    return (first, ids[-1]) if ids and first else (1, 0)
+
+
+async def _start_streams(
+    client: Client, source: SSESource, names: list[str], task_queue: str
+) -> None:
+    semaphore = asyncio.Semaphore(START_CONCURRENCY)
+
+    async def start(name: str) -> None:
+        spec = StreamSpec(name=name, url=source.url(name), id_order="numeric")
+        async with semaphore:
+            await client.start_workflow(
+                "StreamWorkflow",
+                spec,
+                id=stream_workflow_id(spec.name),
+                task_queue=task_queue,
+                result_type=StreamStatus,
+            )
+
+    await asyncio.gather(*(start(name) for name in names))
+
+
+async def _stored_counts(running: Stack, names: list[str]) -> dict[str, int]:
+    """Rows per stream (an index lookup each: the poll stays cheap as the log grows)."""
+    rows = await pg_query(
+        running.psycopg_url,
+        "SELECT s, (SELECT max(seq) FROM sse_events e WHERE e.stream = s) "
+        "FROM unnest(%s::text[]) AS s",
+        (names,),
+    )
+    return {name: seq for name, seq in rows if seq is not None}
+
+
+async def _wait_persisting(running: Stack, names: list[str]) -> None:
+    async def all_persisting() -> bool:
+        return len(await _stored_counts(running, names)) == len(names)
+
+    await wait_until(
+        all_persisting, timeout=START_TIMEOUT, what=f"{len(names)} streams to persist", every=1
+    )
+
+
+async def _holders(client: Client, names: list[str]) -> dict[str, int | None]:
+    """The pid of the worker running each stream's read attempt (None: none running)."""
+    semaphore = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
+
+    async def one(name: str) -> tuple[str, int | None]:
+        async with semaphore:
+            description = await client.get_workflow_handle(stream_workflow_id(name)).describe()
+        for pending in description.raw_description.pending_activities:
+            if pending.activity_type.name == "read_stream" and pending.last_worker_identity:
+                head = pending.last_worker_identity.split("@", 1)[0]
+                if head.isdigit() and pending.state == 2:  # PENDING_ACTIVITY_STATE_STARTED
+                    return name, int(head)
+        return name, None
+
+    return dict(await asyncio.gather(*(one(name) for name in names)))
+
+
+async def _wait_steady(client: Client, names: list[str], pids: set[int]) -> None:
+    """Every stream has a running read attempt on a live worker, or ``START_TIMEOUT``
+    passed (streams a mode did not bring back are reported by it, not waited for)."""
+    running = 0
+
+    async def steady() -> bool:
+        nonlocal running
+        holders = await _holders(client, names)
+        running = sum(pid in pids for pid in holders.values())
+        return running == len(names)
+
+    try:
+        await wait_until(steady, timeout=START_TIMEOUT, what="every stream to run", every=1)
+    except TimeoutError:
+        logger.warning("%d of %d streams run on a live worker; going on", running, len(names))
+
+
+async def _failover(
+    client: Client,
+    running: Stack,
+    workers: Workers,
+    names: list[str],
+    mode: str,
+    timeout: float,
+) -> ModeResult:
+    holders = await _holders(client, names)
+    counts = Counter(pid for pid in holders.values() if pid in workers.processes)
+    victim, _ = counts.most_common(1)[0]
+    held = [name for name, pid in holders.items() if pid == victim]
+    result = ModeResult(mode=mode, held=len(held))
+    began = time.time()
+    if mode == "kill":
+        workers.kill(victim)
+        stopping = None
+    else:
+        stopping = asyncio.create_task(workers.term(victim))
+    pending = set(held)
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_EVERY)
+        targets = {name: first for name in pending if (first := _next_first_id(name, began))}
+        if not targets:
+            continue
+        stored = await _stored_ids(running, targets)
+        now = time.time()
+        for name in stored:
+            result.recovered.append(now - began)
+            pending.discard(name)
+    if stopping is not None:
+        result.stop_seconds = await stopping
+    logger.info(
+        "failover %s: %d of %d streams back, p99 %.2f s",
+        mode,
+        len(result.recovered),
+        len(held),
+        percentile(result.recovered, 99),
+    )
+    return result
+
+
+def _next_first_id(name: str, after: float) -> int | None:
+    """The first id of the first connection opened after ``after`` that sent one."""
+    for connection in CONNECTIONS[name]:
+        if connection.opened > after and connection.first_event is not None:
+            return connection.start_id
+    return None
+
+
+async def _stored_ids(running: Stack, targets: dict[str, int]) -> list[str]:
+    """Streams whose given id is stored."""
+    names = list(targets)
+    rows = await pg_query(
+        running.psycopg_url,
+        "SELECT t.s FROM unnest(%s::text[], %s::text[]) AS t(s, id) "
+        "WHERE EXISTS (SELECT 1 FROM sse_events e WHERE e.stream = t.s AND e.event_id = t.id)",
+        (names, [str(targets[name]) for name in names]),
+    )
+    return [row[0] for row in rows]
+
+
+async def _settle(running: Stack, newest: dict[str, int]) -> bool:
+    """Wait until every stream's newest generated id is stored (False: not in time)."""
+
+    async def done() -> bool:
+        return len(await _stored_ids(running, newest)) == len(newest)
+
+    try:
+        await wait_until(done, timeout=SETTLE_TIMEOUT, what="the run to settle", every=1)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _count_lost_and_duplicates(
+    running: Stack, ranges: dict[str, tuple[int, int]]
+) -> tuple[int, int]:
+    names = list(ranges)
+    lost_rows = await pg_query(
+        running.psycopg_url,
+        "SELECT coalesce(sum(t.last - t.first + 1 - (SELECT count(DISTINCT e.event_id) "
+        "FROM sse_events e WHERE e.stream = t.s AND e.event_id ~ '^[0-9]+$' "
+        "AND e.event_id::bigint BETWEEN t.first AND t.last)), 0) "
+        "FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS t(s, first, last)",
+        (names, [ranges[n][0] for n in names], [ranges[n][1] for n in names]),
+    )
+    duplicate_rows = await pg_query(
+        running.psycopg_url,
+        "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM sse_events "
+        "WHERE stream = ANY(%s) GROUP BY stream, event_id HAVING count(*) > 1) AS d",
+        (names,),
+    )
+    return int(lost_rows[0][0]), int(duplicate_rows[0][0])
+
+
+def _rows(
+    results: list[ModeResult], *, streams: int, lost: int, duplicates: int, settled: bool
+) -> list[Row]:
+    rows: list[Row] = []
+    label = f"{streams} streams @ {RATE:g} ev/s, 2 workers"
+    for result in results:
+        values = result.recovered
+        p50, p99 = percentile(values, 50), percentile(values, 99)
+        worst = max(values) if values else float("nan")
+        goal, met = "", None
+        if result.mode == "term":
+            goal, met = f"p99 <= {TERM_GOAL:g} s", result.not_recovered == 0 and p99 <= TERM_GOAL
+        rows.append(
+            Row(
+                "10",
+                f"{label}: {result.mode} -> next stored event, p50 / p99 / max (s)",
+                f"{p50:.2f} / {p99:.2f} / {worst:.2f}",
+                goal,
+                verdict(met),
+            )
+        )
+        rows.append(
+            Row(
+                "10",
+                f"{label}: {result.mode}: streams moved / held / not recovered",
+                f"{len(values)} / {result.held} / {result.not_recovered}",
+            )
+        )
+        if result.stop_seconds is not None:
+            rows.append(
+                Row(
+                    "10",
+                    f"{label}: SIGTERM -> worker exit, {result.held} connections (s)",
+                    f"{result.stop_seconds:.2f}",
+                )
+            )
+    rows.append(
+        Row(
+            "10",
+            f"{label}: events lost / duplicates after the run settled",
+            f"{lost} / {duplicates}" + ("" if settled else " (not settled in time)"),
+            "0 / 0",
+            verdict(lost == 0 and duplicates == 0 and settled),
+        )
+    )
+    return rows
