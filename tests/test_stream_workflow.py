@@ -1077,6 +1077,40 @@ async def test_refusal_parks_until_resumed(env: WorkflowEnvironment, event_log: 
     assert run.status.state == "stopped"
 
 
+async def test_an_attempt_failed_by_an_operator_reconnects_instead_of_parking(
+    env: WorkflowEnvironment, event_log: Stores
+) -> None:
+    """``temporal activity fail`` on a read attempt (an operator unsticking a stream)
+    fails it non-retryable with no type of ours: the stream reconnects, it does not park."""
+    attempt: list[tuple[str, str]] = []
+
+    async def note_attempt(_: ReadInput) -> None:
+        info = activity.info()
+        attempt.append((info.workflow_run_id, info.activity_id))
+
+    async def fail_it_by_id(handle: WorkflowHandle) -> None:
+        await wait_for(handle, lambda s: s.state == "reading" and bool(attempt))
+        run_id, activity_id = attempt[0]
+        by_id = env.client.get_async_activity_handle(
+            workflow_id=handle.id, run_id=run_id, activity_id=activity_id
+        )
+        # What the CLI sends: its reason, non-retryable, no error type.
+        await by_id.fail(ApplicationError("unstuck by an operator", non_retryable=True))
+        status = await wait_for(
+            handle, lambda s: s.counters.connections >= 2 or s.state == "parked"
+        )
+        assert status.state != "parked", status.last_error
+
+    run = await run_stream(
+        env, event_log, [Step(hold=True, probe=note_attempt)], during=fail_it_by_id
+    )
+    assert len(run.script.inputs) == 2  # the second connection is the script's STOP
+    assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LIVE]
+    assert run.status.counters.failures == 1
+    assert "unstuck by an operator" in (run.status.last_error or "")
+    assert run.status.state == "stopped"
+
+
 async def test_invalid_spec_parks_and_stop_completes(
     env: WorkflowEnvironment, event_log: Stores
 ) -> None:

@@ -534,9 +534,7 @@ class StreamWorkflow:
                 return await handle, None
             except ActivityError as error:
                 cause = error.cause
-                if isinstance(cause, ApplicationError) and (
-                    cause.non_retryable or cause.type in NON_RETRYABLE_ERRORS
-                ):
+                if isinstance(cause, ApplicationError) and cause.type in NON_RETRYABLE_ERRORS:
                     return None, f"{cause.type}: {cause.message}"
                 if isinstance(cause, CancelledError):
                     return None, None
