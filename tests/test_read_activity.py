@@ -58,6 +58,7 @@ from durable_sse.gaps.model import GapTotals
 from durable_sse.ids import sort_key
 from durable_sse.log.records import EventRecord
 from durable_sse.ops.nudge import Nudges
+from durable_sse.reader.committer import Committer
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from workflows.stream import READ_HEARTBEAT_TIMEOUT, READ_MARGIN, READ_RETRY
@@ -611,6 +612,43 @@ async def test_cancel_mid_batch_flushes_and_loses_nothing(
     assert result.counts.events_read > 0
     assert len(rows) == result.counts.events_read == result.counts.new_rows
     assert rows == numbers(int(rows[0]), int(rows[-1])) and rows[-1] == result.last_cursor
+
+
+async def test_a_cancel_while_a_connection_that_ended_flushes_ends_it_as_cancelled(
+    source: SSESource,
+    reader: StreamReader,
+    pg_event_log: Stores,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server ended the connection and its last batch is committing when the
+    cancellation comes (a signal, the worker stopping): the flush finishes and the
+    connection returns as cancelled, never a failed activity."""
+    flushing = asyncio.Event()
+    original = Committer.flush
+
+    async def slow_flush(self: Committer) -> None:
+        flushing.set()
+        await asyncio.sleep(0.3)  # the cancellation lands here
+        await original(self)
+
+    monkeypatch.setattr(Committer, "flush", slow_flush)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0))
+    spec = make_spec(
+        source.url(stream_name), stream_name, batch_max_events=100_000, batch_max_delay=60.0
+    )
+    env = ActivityEnvironment()
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
+    )
+    async with asyncio.timeout(GUARD):
+        await flushing.wait()
+    env.cancel()
+    result = await task
+    assert result.outcome is Outcome.CANCELLED
+    assert result.counts.events_read == result.counts.new_rows == 5
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 5)
+    assert result.last_cursor == "5" and result.gaps is not None
 
 
 # -- what the server answers ---------------------------------------------------------------

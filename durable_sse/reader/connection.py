@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from secrets import token_hex
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -63,6 +63,7 @@ from durable_sse.stores import Stores
 logger = logging.getLogger(__name__)
 
 Headers = dict[str, str | bytes]
+T = TypeVar("T")
 
 
 class Connection:
@@ -220,23 +221,34 @@ class Connection:
         return url, headers
 
     async def _read_and_commit(self, url: str, headers: Headers) -> ReadResult:
-        """Connect, read until an outcome, and commit what was read, whatever ends it."""
+        """Connect, read until an outcome, and commit what was read, whatever ends it.
+
+        A cancellation ends the connection as cancelled, whenever it arrives: while it
+        reads, or while a connection that ended on its own flushes (the flush is never
+        cut short: what was read is committed before the result)."""
         try:
             outcome = await self._connect(url, headers)
         except asyncio.CancelledError:
-            await self.committer.flush()
+            outcome = Outcome.CANCELLED
+        except StreamRefusedError:
+            await self._flush()
+            self._count_ids_out_of_order()
+            raise
+        if await self._flush():
+            outcome = Outcome.CANCELLED
+        if outcome is Outcome.CANCELLED:
             self.log.info(
                 "stream %s: connection cancelled (%s) after flushing",
                 self.stream,
                 self.cancel_reason(),
             )
-            return await self._finish(Outcome.CANCELLED)
-        except StreamRefusedError:
-            await self.committer.flush()
-            self._count_ids_out_of_order()
-            raise
-        await self.committer.flush()
         return await self._finish(outcome)
+
+    async def _flush(self) -> bool:
+        """Commit everything read so far, through any cancellation; True when one arrived
+        meanwhile."""
+        _, cancelled = await _uncancelled(self.committer.flush())
+        return cancelled
 
     async def _finish(self, outcome: Outcome) -> ReadResult:
         """The result, with the stream's gaps as they are now (read after the flush)."""
@@ -244,15 +256,19 @@ class Connection:
         if result.drop is not None and self.metrics is not None:
             self.metrics.drop_signal(result.drop.kind)
         self._count_ids_out_of_order()
-        waiting = self.keepalive.waiting
         try:
-            result.gaps = await waiting(self.stores.gap_store.gap_summary(self.stream, self.order))
-            checkpoint = await waiting(self.stores.checkpoints.get_checkpoint(self.stream))
-            result.lagging_id = checkpoint.lagging_id if checkpoint else None
+            # A cancellation meanwhile changes nothing: the connection has ended.
+            await _uncancelled(self._read_gaps(result))
         except StoreError as error:
             # The gaps are durable; the workflow reads them itself when a result has none.
             self.log.warning("stream %s: cannot read its gaps: %s", self.stream, error)
         return result
+
+    async def _read_gaps(self, result: ReadResult) -> None:
+        waiting = self.keepalive.waiting
+        result.gaps = await waiting(self.stores.gap_store.gap_summary(self.stream, self.order))
+        checkpoint = await waiting(self.stores.checkpoints.get_checkpoint(self.stream))
+        result.lagging_id = checkpoint.lagging_id if checkpoint else None
 
     def _count_ids_out_of_order(self) -> None:
         intake = self.session.intake
@@ -337,6 +353,24 @@ class Connection:
             self.log.debug("stream %s: retention hold not moved: %s", self.stream, error)
             return
         self.hold = hold
+
+
+async def _uncancelled(work: Awaitable[T]) -> tuple[T, bool]:
+    """Await ``work`` to its end even when this task is cancelled meanwhile, and say
+    whether it was: the cancellation is taken (``Task.uncancel``) so it strikes no later
+    await; the caller ends as cancelled. ``work`` cancelled by itself still raises."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
 
 
 def _gap_id() -> str:
