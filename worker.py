@@ -33,13 +33,17 @@ from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.config.settings import Settings
 from durable_sse.consume.retention import retention_holds
 from durable_sse.cursor.l2 import RedisCursors
-from durable_sse.errors import ConfigError
+from durable_sse.errors import ConfigError, StoreError
 from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
 from durable_sse.ops.failover import Failover
 from durable_sse.ops.liveness import WorkerLiveness
 from durable_sse.ops.logs import configure_logging
-from durable_sse.ops.metrics import prometheus_runtime, redis_failures_counter
+from durable_sse.ops.metrics import (
+    LivenessMetrics,
+    prometheus_runtime,
+    redis_failures_counter,
+)
 from durable_sse.ops.nudge import Nudges, nudge_channel
 from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
@@ -109,13 +113,16 @@ def build_worker(
     progress_interval: float = PROGRESS_INTERVAL,
     retention: float | None = None,
     liveness: WorkerLiveness | None = None,
+    hand_over: Callable[[str, str], Awaitable[None]] | None = None,
     **options: Any,
 ) -> Worker:
     """The worker; without ``secrets`` no stream may name any secret.
 
     ``progress_interval``: seconds between a connection's progress reports (tests shorten
     it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own.
-    ``liveness``: the worker's lease (connections run and commit under it; None: none)."""
+    ``liveness``: the worker's lease (connections run and commit under it; None: none).
+    ``hand_over``: prepares a workflow whose connection this worker hands over to spread
+    the pool's load (``Failover.reset_sticky``; None: connections are never handed over)."""
     schedules = ScheduleActivities(client, task_queue, resources.stores)
     reader = StreamReader(
         http=resources.http,
@@ -130,6 +137,13 @@ def build_worker(
     )
     if liveness is not None:
         liveness.on_revoked = reader.lease_revoked
+        if hand_over is not None:
+            before = hand_over
+
+            async def shed(count: int, seconds: float) -> int:
+                return await reader.hand_over(count, seconds, before=before)
+
+            liveness.shed = shed
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
@@ -268,8 +282,19 @@ async def run_worker(
     client = await connect_client(settings, runtime=runtime)
     resources = WorkerResources.from_settings(settings)
     await wait_for("the database", resources.stores.create_schema, timeout=DEPENDENCY_WAIT)
-    liveness = WorkerLiveness(resources.stores.workers, move=Failover(client).move)
-    await wait_for("the worker lease", liveness.start, timeout=DEPENDENCY_WAIT)
+    failover = Failover(client)
+    liveness = WorkerLiveness(
+        resources.stores.workers,
+        pool=f"{settings.temporal_namespace}:{settings.task_queue}",
+        move=failover.move,
+        metrics=LivenessMetrics(runtime.metric_meter) if runtime is not None else None,
+    )
+    await wait_for(
+        "the worker lease",
+        liveness.start,
+        timeout=DEPENDENCY_WAIT,
+        fatal=lambda error: not isinstance(error, StoreError),
+    )
     worker = build_worker(
         client,
         resources,
@@ -278,6 +303,7 @@ async def run_worker(
         secrets=secrets,
         retention=settings.retention,
         liveness=liveness,
+        hand_over=failover.reset_sticky,
     )
     if tune_gc:
         tune_collector()

@@ -46,6 +46,7 @@ from durable_sse.contracts import (
     ReadInput,
     ReadProgress,
     ReadResult,
+    Route,
     progress_json,
 )
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
@@ -133,6 +134,7 @@ class StreamReader:
         self.worker_lease = worker_lease
         self.under_lease: dict[str, set[asyncio.Task[Any]]] = {}
         """The tasks of the connections running under each worker lease."""
+        self.running: dict[asyncio.Task[Any], _ActivityConnection] = {}
         self.wake_checkpoint = wake_checkpoint
         self.retention = retention
         self.nudges = nudges
@@ -153,13 +155,17 @@ class StreamReader:
             nudges.start()
             nudges.register(input.spec.name, connection.nudged)
         task, worker_id = asyncio.current_task(), connection.worker_id
-        if task is not None and worker_id is not None:
-            self.under_lease.setdefault(worker_id, set()).add(task)
+        if task is not None:
+            self.running[task] = connection
+            if worker_id is not None:
+                self.under_lease.setdefault(worker_id, set()).add(task)
         try:
             return await connection.run()
         finally:
-            if task is not None and worker_id is not None:
-                self.under_lease.get(worker_id, set()).discard(task)
+            if task is not None:
+                self.running.pop(task, None)
+                if worker_id is not None:
+                    self.under_lease.get(worker_id, set()).discard(task)
             self.open_connections -= 1
             if nudges is not None:
                 nudges.unregister(input.spec.name, connection.nudged)
@@ -177,6 +183,32 @@ class StreamReader:
             logger.warning(
                 "ended %d connection(s) of revoked worker lease %s", len(tasks), worker_id
             )
+
+    async def hand_over(
+        self, count: int, seconds: float, *, before: Callable[[str, str], Awaitable[None]]
+    ) -> int:
+        """End ``count`` connections cleanly (flush, commit, a cancelled result: the
+        workflow reconnects at once on the live route), one every ``seconds / count``, so
+        that the next ones start wherever the pool has room. Connections on the live route
+        go first (a repair or replay handed over starts again). ``before(workflow_id,
+        run_id)`` runs first for each (the worker resets the workflow's sticky queue, so
+        its next task, and the eagerly started connection, may go to any worker)."""
+        chosen = sorted(
+            (c for c in self.running.items() if c[1].streaming),
+            key=lambda item: item[1].input.route != Route.LIVE,
+        )[:count]
+        pause = seconds / max(len(chosen), 1)
+        done = 0
+        for task, connection in chosen:
+            if task.done():
+                continue
+            info = connection.info
+            if info.workflow_id and info.workflow_run_id:
+                await before(info.workflow_id, info.workflow_run_id)
+            task.cancel()
+            done += 1
+            await asyncio.sleep(pause)
+        return done
 
     def heartbeat_interval(self, *, streaming: bool = True, timeout: float | None = None) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget.
@@ -220,7 +252,7 @@ class _ActivityConnection:
     def __init__(self, reader: StreamReader, input: ReadInput) -> None:
         self.reader = reader
         self.input = input
-        info = activity.info()
+        self.info = info = activity.info()
         self.timeout = info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None
         """The attempt's heartbeat timeout (None: none, outside a workflow)."""
         self.worker_id = reader.worker_lease() if reader.worker_lease is not None else None
@@ -270,6 +302,11 @@ class _ActivityConnection:
             raise ApplicationError(
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the connection reads the stream's body (not starting, not ending)."""
+        return self.connection.keepalive.streaming
 
     def lease(self) -> ReaderLease:
         """This attempt's registration: its own id (a retry registers anew) and an expiry

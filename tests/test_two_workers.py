@@ -164,3 +164,60 @@ async def capture_history(handle: WorkflowHandle, name: str) -> None:
 
 async def _nudged(handle: WorkflowHandle) -> bool:
     return bool(await nudge_results(handle))
+
+
+async def test_a_worker_that_joins_takes_its_share_of_the_connections(
+    temporal: WorkflowEnvironment,
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    source: SSESource,
+    event_log: Stores,
+    tmp_path: Path,
+) -> None:
+    """Issue 34, item 6: every stream starts on the one worker there is; a second one
+    joins, and within a few looks of the balancer (10 s each) the first holds at most
+    1.25 times its fair share, handing streams over cleanly (nothing lost or doubled)."""
+    task_queue = "join-" + uuid.uuid4().hex[:8]
+    names = [f"join-{uuid.uuid4().hex[:8]}-{i}" for i in range(STREAMS)]
+    for name in names:
+        source.add_stream(name, SourceStreamConfig(rate=5, keepalive=1, retry_ms=None))
+    first = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "first.log")
+    workers = [first]
+    handles: list[WorkflowHandle] = []
+    try:
+        for name in names:
+            spec = StreamSpec(name=name, url=source.url(name), id_order="numeric")
+            handles.append(await start_stream(temporal.client, spec, task_queue))
+
+        async def readers() -> Counter[int]:
+            pids = [await reader_pid(handle) for handle in handles]
+            return Counter(pid for pid in pids if pid is not None)
+
+        async def all_on_first() -> bool:
+            return (await readers())[first.pid] == STREAMS
+
+        await wait_until(all_on_first, timeout=GUARD, what="every stream to read on one worker")
+        workers.append(
+            worker_process(address, pg_url, redis_url, task_queue, tmp_path / "second.log")
+        )
+        fair = STREAMS / 2
+        seen: list[Counter[int]] = []
+
+        async def spread() -> bool:
+            counts = await readers()
+            seen.append(counts)
+            return sum(counts.values()) == STREAMS and max(counts.values()) <= 1.25 * fair
+
+        await wait_until(spread, timeout=120, what=f"the connections to spread ({seen[-1:]})")
+        for handle in handles:
+            await handle.signal("stop")
+        for handle in handles:
+            await asyncio.wait_for(handle.result(), GUARD)
+        for name in names:
+            ids = [int(row.event_id) for row in await event_log.reads.events(name, limit=100_000)]
+            assert ids and sorted(ids) == list(range(min(ids), max(ids) + 1)), f"{name}: holes"
+            assert len(ids) == len(set(ids)), f"{name}: duplicates"
+    finally:
+        for process in workers:
+            end_process(process)

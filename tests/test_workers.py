@@ -25,10 +25,11 @@ from durable_sse.log.workers import (
     WorkerLeases,
     WorkerState,
 )
-from durable_sse.ops.liveness import WorkerLiveness, predecessors
+from durable_sse.ops.liveness import WorkerLiveness, predecessors, to_shed
 from durable_sse.stores import Stores
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+POOL = f"default:test-workers-{uuid.uuid4().hex[:8]}"
 
 
 def record(event_id: str) -> EventRecord:
@@ -62,11 +63,11 @@ async def test_a_lease_expires_by_the_database_clock_and_one_watchdog_revokes_it
 ) -> None:
     leases = WorkerLeases(stores.database, ttl=0.3)
     dead = worker_name()
-    await leases.acquire(dead, host="h", pid=1, boot_id="b")
+    await leases.acquire(dead, pool=POOL, host="h", pid=1, boot_id="b")
     assert await leases.renew(dead)
-    assert dead not in {lease.worker_id for lease in await leases.expired()}
+    assert dead not in {lease.worker_id for lease in await leases.expired(POOL)}
     await asyncio.sleep(0.5)
-    assert dead in {lease.worker_id for lease in await leases.expired()}
+    assert dead in {lease.worker_id for lease in await leases.expired(POOL)}
     won = await asyncio.gather(*(leases.revoke(dead, by=f"w{i}") for i in range(4)))
     assert sorted(won) == [False, False, False, True]
     assert not await leases.renew(dead)  # the dead worker, back, learns it was taken over
@@ -77,7 +78,7 @@ async def test_a_lease_expires_by_the_database_clock_and_one_watchdog_revokes_it
 async def test_a_live_lease_is_not_revoked_by_a_watchdog(stores: Stores) -> None:
     leases = stores.workers
     alive = worker_name()
-    await leases.acquire(alive, host="h", pid=1, boot_id="b")
+    await leases.acquire(alive, pool=POOL, host="h", pid=1, boot_id="b")
     assert not await leases.revoke(alive, by="other")
     assert await leases.revoke(alive, by="successor", expired_only=False)
 
@@ -88,7 +89,7 @@ async def test_the_fence_fails_a_revoked_workers_batch_and_commits_the_others(
     leases = stores.workers
     old, new = worker_name(), worker_name()
     for worker in (old, new):
-        await leases.acquire(worker, host="h", pid=1, boot_id="b")
+        await leases.acquire(worker, pool=POOL, host="h", pid=1, boot_id="b")
     await leases.revoke(old, by=new, expired_only=False)
     writer = stores.writer
     other = f"{stream_name}-other"
@@ -113,7 +114,7 @@ async def test_a_batch_of_an_unknown_lease_is_fenced_too(stores: Stores, stream_
 async def test_a_revoked_worker_cannot_start_a_connection(stores: Stores, stream_name: str) -> None:
     leases = stores.workers
     worker = worker_name()
-    await leases.acquire(worker, host="h", pid=1, boot_id="b")
+    await leases.acquire(worker, pool=POOL, host="h", pid=1, boot_id="b")
     start = await stores.starts.connection_context(
         stream_name,
         "numeric",
@@ -139,7 +140,7 @@ async def test_registered_connections_name_their_temporal_attempts(
 ) -> None:
     leases = stores.workers
     worker = worker_name()
-    await leases.acquire(worker, host="h", pid=1, boot_id="b")
+    await leases.acquire(worker, pool=POOL, host="h", pid=1, boot_id="b")
     lease = reader(worker, stream=stream_name, activity_id="12")
     await stores.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", reader=lease
@@ -159,7 +160,7 @@ async def test_registered_connections_name_their_temporal_attempts(
 
 def test_predecessors_are_leases_of_this_host_whose_process_is_gone() -> None:
     def lease(worker_id: str, pid: int) -> WorkerLease:
-        return WorkerLease(worker_id, "h", pid, "b", "live", 0.0, 0.0)
+        return WorkerLease(worker_id, POOL, "h", pid, "b", "live", 0.0, 0.0)
 
     me, alive = os.getpid(), os.getppid()
     leases = [lease("mine", me), lease("same-pid", me), lease("alive", alive), lease("gone", 0)]
@@ -171,7 +172,7 @@ async def test_watchdogs_move_a_dead_workers_connections_exactly_once(
 ) -> None:
     leases = WorkerLeases(stores.database, ttl=0.3)
     dead = worker_name()
-    await leases.acquire(dead, host="dead-host", pid=1, boot_id="b")
+    await leases.acquire(dead, pool=POOL, host="dead-host", pid=1, boot_id="b")
     for index in range(3):
         await stores.starts.connection_context(
             f"{stream_name}-{index}",
@@ -186,7 +187,8 @@ async def test_watchdogs_move_a_dead_workers_connections_exactly_once(
         moved.append((connection.stream, lease.worker_id))
 
     watchers = [
-        WorkerLiveness(leases, move=move, host=f"watcher-{i}", pid=1000 + i) for i in range(2)
+        WorkerLiveness(leases, pool=POOL, move=move, host=f"watcher-{i}", pid=1000 + i)
+        for i in range(2)
     ]
     for watcher in watchers:
         await watcher.start()
@@ -204,7 +206,9 @@ async def test_a_worker_that_finds_its_lease_revoked_ends_its_connections_and_ta
     async def move(connection: HeldConnection, lease: WorkerLease) -> None:
         raise AssertionError("nothing to move")
 
-    paused = WorkerLiveness(stores.workers, move=move, on_revoked=revoked.append, host="p")
+    paused = WorkerLiveness(
+        stores.workers, pool=POOL, move=move, on_revoked=revoked.append, host="p"
+    )
     await paused.start()
     first = paused.worker_id
     assert first is not None
@@ -221,7 +225,7 @@ async def test_a_restarted_worker_takes_its_dead_predecessors_streams_at_once(
 ) -> None:
     host = worker_name()
     gone = f"{host}:0:old"
-    await stores.workers.acquire(gone, host=host, pid=0, boot_id="b")
+    await stores.workers.acquire(gone, pool=POOL, host=host, pid=0, boot_id="b")
     await stores.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", reader=reader(gone, stream=stream_name)
     )
@@ -230,9 +234,45 @@ async def test_a_restarted_worker_takes_its_dead_predecessors_streams_at_once(
     async def move(connection: HeldConnection, lease: WorkerLease) -> None:
         moved.append(connection.stream)
 
-    successor = WorkerLiveness(stores.workers, move=move, host=host)
+    successor = WorkerLiveness(stores.workers, pool=POOL, move=move, host=host)
     successor.boot_id = "b"
     await successor.start()  # the old lease has not expired: taken over all the same
     assert moved == [stream_name]
     lease = await stores.workers.lease(gone)
     assert lease is not None and lease.state == WorkerState.REVOKED
+
+
+@pytest.mark.parametrize(
+    ("counts", "shed"),
+    [
+        ({"a": 40, "b": 0}, 20),  # a worker joined: the excess over the fair share moves
+        ({"a": 30, "b": 10}, 10),
+        ({"a": 25, "b": 15}, 0),  # within 1.25 times the fair share: left alone
+        ({"a": 2, "b": 0}, 0),  # one over the fair share: never worth a reconnect
+        ({"a": 3, "b": 0, "c": 0}, 2),
+        ({"a": 5000, "b": 0}, 100),  # at most MAX_SHED per look
+        ({"b": 10}, 0),  # not a live worker of the pool (yet)
+    ],
+)
+def test_a_worker_hands_over_only_what_it_holds_beyond_its_share(
+    counts: dict[str, int], shed: int
+) -> None:
+    assert to_shed(counts, "a") == shed
+
+
+async def test_connection_counts_are_per_live_worker_of_the_pool(
+    stores: Stores, stream_name: str
+) -> None:
+    pool = f"default:counts-{uuid.uuid4().hex[:8]}"
+    busy, idle, elsewhere = worker_name(), worker_name(), worker_name()
+    for worker, its_pool in ((busy, pool), (idle, pool), (elsewhere, POOL)):
+        await stores.workers.acquire(worker, pool=its_pool, host="h", pid=1, boot_id="b")
+    for index in range(3):
+        await stores.starts.connection_context(
+            f"{stream_name}-{index}",
+            "numeric",
+            cursor=None,
+            source="none",
+            reader=reader(busy, stream=f"{stream_name}-{index}"),
+        )
+    assert await stores.workers.connection_counts(pool) == {busy: 3, idle: 0}

@@ -36,6 +36,12 @@ T = TypeVar("T")
 DEFAULT_CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 30.0
 WORKERS = 16
+IDLE_IN_TRANSACTION_TIMEOUT = 30.0
+"""Seconds the event log's PostgreSQL sessions may sit idle inside a transaction. None of
+ours does for long (a commit lane waits for the lane before it, a few ms, seconds under a
+start-up burst); one whose worker was paused or frozen mid-commit is ended, so the locks
+it holds (its streams' commit order, see ``log.writer``) free up for the worker that took
+its streams over instead of stalling them until it comes back."""
 """Threads for database calls: the commit lanes plus checkpoint reads and writes."""
 
 
@@ -52,7 +58,11 @@ class Database:
         connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
         workers: int = WORKERS,
     ) -> None:
-        self.engine = make_engine(database_url, connect_timeout=connect_timeout)
+        self.engine = make_engine(
+            database_url,
+            connect_timeout=connect_timeout,
+            idle_in_transaction=IDLE_IN_TRANSACTION_TIMEOUT,
+        )
         self.where = describe_database(self.engine.url)
         """The database in words, for messages (never the password)."""
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sse-db")
@@ -122,19 +132,31 @@ class Database:
         self.executor.shutdown(wait=False)
 
 
-def make_engine(database_url: str, *, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> Engine:
+def make_engine(
+    database_url: str,
+    *,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    idle_in_transaction: float | None = None,
+) -> Engine:
     """Build (without connecting) an engine tuned for the event log.
 
     PostgreSQL connections get the COPY staging table as they open; SQLite connections
     get WAL mode, ``synchronous=NORMAL`` and a busy timeout so concurrent writers wait
-    instead of failing.
+    instead of failing. ``idle_in_transaction``: PostgreSQL ends a session that sits this
+    many seconds inside a transaction without a statement (None: never), so a worker
+    paused or frozen in the middle of a commit does not hold its streams' locks beside
+    the worker that took them over.
     """
     url = make_url(database_url)
     backend = url.get_backend_name()
     if backend == "postgresql":
+        connect_args: dict[str, Any] = {"connect_timeout": max(2, int(connect_timeout))}
+        if idle_in_transaction is not None:
+            milliseconds = int(idle_in_transaction * 1000)
+            connect_args["options"] = f"-c idle_in_transaction_session_timeout={milliseconds}"
         engine = sa.create_engine(
             url,
-            connect_args={"connect_timeout": max(2, int(connect_timeout))},
+            connect_args=connect_args,
             pool_pre_ping=True,
             pool_size=8,
             max_overflow=8,

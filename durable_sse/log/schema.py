@@ -269,6 +269,8 @@ class SSEWorker(SQLModel, table=True):
     __tablename__ = WORKERS_TABLE
 
     worker_id: str = Field(sa_column=sa.Column(sa.String, primary_key=True))
+    pool: str = Field(sa_column=sa.Column(sa.String, nullable=False))
+    """The workers that can take each other's streams: ``<namespace>:<task queue>``."""
     host: str = Field(sa_column=sa.Column(sa.String, nullable=False))
     pid: int = Field(sa_column=sa.Column(sa.Integer, nullable=False))
     boot_id: str = Field(sa_column=sa.Column(sa.String, nullable=False))

@@ -38,6 +38,8 @@ LEASE_TTL = 6.0
 database, a starved event loop) before a live worker is taken for dead."""
 RENEW_INTERVAL = 2.0
 """Seconds between renewals of a worker's lease (and its watchdog's look at the others)."""
+REVOKE_LOCK_WAIT_MS = 2000
+"""Milliseconds a revocation waits for the lease's row (PostgreSQL ``lock_timeout``)."""
 KEEP_ENDED = 86_400.0
 """Seconds an ended lease's row is kept (then deleted by the next revocation)."""
 
@@ -61,6 +63,7 @@ class WorkerLease:
     """One worker process's lease row."""
 
     worker_id: str
+    pool: str
     host: str
     pid: int
     boot_id: str
@@ -91,15 +94,19 @@ def db_now(connection: Connection) -> sa.ColumnElement[Any]:
 
 def revoked_among(connection: Connection, worker_ids: Iterable[str]) -> set[str]:
     """The fence, inside a commit's transaction: which of ``worker_ids`` may not commit
-    (revoked, or no lease at all). On PostgreSQL the rows are read ``FOR SHARE``: a
-    revocation waits for this transaction, or this transaction sees it."""
+    (revoked, or no lease at all).
+
+    A plain read, no row lock: a worker paused in the middle of a commit would hold such
+    a lock, and its revocation (the watchdog's ``UPDATE``) would wait for it to come
+    back. So the one transaction a worker had open when it was paused may still commit
+    after it is revoked; every later one fails. That batch is as harmless as any two
+    writers of one stream (idempotent rows, monotone gap records and cursors).
+    """
     wanted = sorted(set(worker_ids))
     if not wanted:
         return set()
     table = workers_table
     query = sa.select(table.c.worker_id, table.c.state).where(table.c.worker_id.in_(wanted))
-    if connection.dialect.name == "postgresql":
-        query = query.with_for_update(read=True)
     states = {row.worker_id: row.state for row in connection.execute(query)}
     return {w for w in wanted if states.get(w) not in (WorkerState.LIVE, WorkerState.LEFT)}
 
@@ -111,10 +118,12 @@ class WorkerLeases:
         self._database = database
         self.ttl = ttl
 
-    async def acquire(self, worker_id: str, *, host: str, pid: int, boot_id: str) -> None:
+    async def acquire(
+        self, worker_id: str, *, pool: str, host: str, pid: int, boot_id: str
+    ) -> None:
         """Take a new lease (a worker's identity changes with every lease it takes)."""
         await self._database.run(
-            "take a worker lease", self._acquire, worker_id, host, pid, boot_id
+            "take a worker lease", self._acquire, worker_id, pool, host, pid, boot_id
         )
 
     async def renew(self, worker_id: str) -> bool:
@@ -126,13 +135,19 @@ class WorkerLeases:
         """A clean shutdown: the lease ends, and nobody moves anything."""
         await self._database.run("end a worker lease", self._leave, worker_id)
 
-    async def expired(self) -> list[WorkerLease]:
-        """Live leases past their expiry."""
-        return await self._database.run("read expired worker leases", self._expired)
+    async def expired(self, pool: str) -> list[WorkerLease]:
+        """Live leases of the pool past their expiry."""
+        return await self._database.run("read expired worker leases", self._expired, pool)
 
-    async def on_host(self, host: str, boot_id: str) -> list[WorkerLease]:
-        """Live leases of workers on this host (since its last boot)."""
-        return await self._database.run("read worker leases", self._on_host, host, boot_id)
+    async def on_host(self, pool: str, host: str, boot_id: str) -> list[WorkerLease]:
+        """Live leases of the pool's workers on this host (since its last boot)."""
+        return await self._database.run("read worker leases", self._on_host, pool, host, boot_id)
+
+    async def connection_counts(self, pool: str) -> dict[str, int]:
+        """Connections each live worker of the pool runs now (0 for one that runs none)."""
+        return await self._database.run(
+            "count the workers' connections", self._connection_counts, pool
+        )
 
     async def revoke(self, worker_id: str, *, by: str, expired_only: bool = True) -> bool:
         """Revoke a live lease; True for exactly one caller. ``expired_only``: only once it
@@ -150,13 +165,14 @@ class WorkerLeases:
 
     # -- in a database thread ----------------------------------------------------------
 
-    def _acquire(self, worker_id: str, host: str, pid: int, boot_id: str) -> None:
+    def _acquire(self, worker_id: str, pool: str, host: str, pid: int, boot_id: str) -> None:
         table = workers_table
         with self._database.begin() as connection:
             now = db_now(connection)
             connection.execute(
                 sa.insert(table).values(
                     worker_id=worker_id,
+                    pool=pool,
                     host=host,
                     pid=pid,
                     boot_id=boot_id,
@@ -187,22 +203,24 @@ class WorkerLeases:
                 .values(state=WorkerState.LEFT.value, ended_at=db_now(connection))
             )
 
-    def _expired(self) -> list[WorkerLease]:
+    def _expired(self, pool: str) -> list[WorkerLease]:
         table = workers_table
         with self._database.begin() as connection:
             rows = connection.execute(
                 sa.select(table).where(
+                    table.c.pool == pool,
                     table.c.state == WorkerState.LIVE.value,
                     table.c.expires_at < db_now(connection),
                 )
             )
             return [_lease(row) for row in rows]
 
-    def _on_host(self, host: str, boot_id: str) -> list[WorkerLease]:
+    def _on_host(self, pool: str, host: str, boot_id: str) -> list[WorkerLease]:
         table = workers_table
         with self._database.begin() as connection:
             rows = connection.execute(
                 sa.select(table).where(
+                    table.c.pool == pool,
                     table.c.state == WorkerState.LIVE.value,
                     table.c.host == host,
                     table.c.boot_id == boot_id,
@@ -210,9 +228,28 @@ class WorkerLeases:
             )
             return [_lease(row) for row in rows]
 
+    def _connection_counts(self, pool: str) -> dict[str, int]:
+        workers, readers = workers_table, readers_table
+        with self._database.begin() as connection:
+            rows = connection.execute(
+                sa.select(workers.c.worker_id, sa.func.count(readers.c.reader_id))
+                .select_from(workers.outerjoin(readers, readers.c.worker_id == workers.c.worker_id))
+                .where(
+                    workers.c.pool == pool,
+                    workers.c.state == WorkerState.LIVE.value,
+                    workers.c.expires_at >= db_now(connection),
+                )
+                .group_by(workers.c.worker_id)
+            )
+            return {worker_id: count for worker_id, count in rows}
+
     def _revoke(self, worker_id: str, by: str, expired_only: bool) -> bool:
         table = workers_table
         with self._database.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                # A worker paused in the middle of its renewal holds its row: give up for
+                # now (the next look tries again) rather than hang the watchdog.
+                connection.exec_driver_sql(f"SET LOCAL lock_timeout = {REVOKE_LOCK_WAIT_MS}")
             now = db_now(connection)
             conditions = [table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value]
             if expired_only:
@@ -270,6 +307,7 @@ def _lease(row: sa.Row[object]) -> WorkerLease:
     values = row._mapping
     return WorkerLease(
         worker_id=values["worker_id"],
+        pool=values["pool"],
         host=values["host"],
         pid=values["pid"],
         boot_id=values["boot_id"],

@@ -238,8 +238,6 @@ class Writer:
         newest: dict[str, bytes] = {}
         dropped: list[HorizonDrop | None] = []
         with self._database.begin() as connection:
-            if self._fenced(connection, jobs):
-                raise _Rewrite  # roll back: batches of a revoked worker must not commit
             insert = self._inserter.stage(
                 connection,
                 jobs,
@@ -255,6 +253,10 @@ class Writer:
                 payload = job.payload
                 if payload.gap_changes and self._in_transaction is not None:
                     self._in_transaction(connection, job.stream, payload, count)
+            if self._fenced(connection, jobs):
+                # Read last, right before the commit, so that a worker paused in the
+                # middle of this transaction is the only way a revoked one commits.
+                raise _Rewrite  # roll back: batches of a revoked worker must not commit
             if group.wait_turn():
                 raise _Rewrite  # roll back: some batches must not commit
             if rows_written:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -24,6 +24,7 @@ from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_w
 from durable_sse.errors import DurableSSEError
 from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
+from durable_sse.ops.failover import WORKER_LOST
 from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.ops.temporal_client import TemporalConnectionError
 
@@ -163,10 +164,40 @@ async def stream_status(
     if live is not None and isinstance(status, StreamStatus):
         status = await live_status(status, live)
     result = asdict(status) if not isinstance(status, dict) else status
+    result["connection_moved"] = await connection_moved(handle)
     # The name its workflow id owns: a workflow whose input names another stream is
     # shown under its own name (parked, saying why), not as a second row of that stream.
     result["name"] = name
     return result
+
+
+async def connection_moved(handle: WorkflowHandle[Any, Any]) -> dict[str, str] | None:
+    """When and why the running connection last moved to another worker (its attempt
+    failed by a watchdog, :mod:`durable_sse.ops.failover`), from Temporal's view of the
+    pending read attempt; None when it did not move (or Temporal cannot say)."""
+    try:
+        description = await handle.describe()
+    except RPCError:
+        return None
+    for pending in description.raw_description.pending_activities:
+        failure = pending.last_failure
+        if pending.activity_type.name != "read_stream" or pending.attempt <= 1:
+            continue
+        if failure.application_failure_info.type != WORKER_LOST:
+            continue
+        at = pending.last_attempt_complete_time.ToDatetime(tzinfo=UTC)
+        return {"at": at.isoformat(), "why": failure.message}
+    return None
+
+
+def moved_text(status: dict[str, Any], *, now: datetime | None = None) -> str:
+    """``connection moved 12s ago: <why>``, or empty when it did not move."""
+    moved = status.get("connection_moved")
+    if not moved:
+        return ""
+    now = now or datetime.now(UTC)
+    seconds = max((now - datetime.fromisoformat(moved["at"])).total_seconds(), 0.0)
+    return f"connection moved {format_duration(round(seconds))} ago: {moved['why']}"
 
 
 def current_counts(status: dict[str, Any]) -> tuple[str | None, int]:

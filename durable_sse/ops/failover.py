@@ -46,7 +46,7 @@ class Failover:
         if connection.workflow_id is None or connection.activity_id is None:
             return  # registered by a build that did not record its attempt
         if connection.run_id is not None:
-            await self._reset_sticky(connection.workflow_id, connection.run_id)
+            await self.reset_sticky(connection.workflow_id, connection.run_id)
         handle = self.client.get_async_activity_handle(
             workflow_id=connection.workflow_id,
             run_id=connection.run_id,
@@ -67,7 +67,7 @@ class Failover:
             raise
         self.failed_attempts += 1
 
-    async def _reset_sticky(self, workflow_id: str, run_id: str) -> None:
+    async def reset_sticky(self, workflow_id: str, run_id: str) -> None:
         """The workflow's next task goes to the task queue every worker polls, not to the
         dead worker's own queue (where it would wait for the sticky timeout)."""
         request = ResetStickyTaskQueueRequest(

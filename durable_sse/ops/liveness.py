@@ -23,15 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from secrets import token_hex
 
 from durable_sse.errors import StoreError
 from durable_sse.log.workers import RENEW_INTERVAL, HeldConnection, WorkerLease, WorkerLeases
+from durable_sse.ops.metrics import LivenessMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,20 @@ WATCH_INTERVAL = 1.0
 MOVES_AT_ONCE = 32
 """Connections of a dead worker moved at once (each a few Temporal calls)."""
 
+BALANCE_INTERVAL = 10.0
+"""Seconds between two looks at how the pool's connections are spread."""
+BALANCE_TOLERANCE = 1.25
+"""A worker holding more than this times its fair share hands the excess over."""
+MAX_SHED = 100
+"""Connections one worker hands over per look, spread over the interval: never a burst."""
+
 MoveConnection = Callable[[HeldConnection, WorkerLease], Awaitable[None]]
 """Makes one connection of a dead worker read again elsewhere."""
 Revoked = Callable[[str], None]
 """Told the worker id of this worker's own lease when it finds it revoked."""
+Shed = Callable[[int, float], Awaitable[int]]
+"""Hands ``n`` of this worker's connections over to the pool within ``seconds``;
+returns how many it did."""
 
 
 def boot_id() -> str:
@@ -70,6 +82,26 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def to_shed(
+    counts: Mapping[str, int],
+    me: str,
+    *,
+    tolerance: float = BALANCE_TOLERANCE,
+    most: int = MAX_SHED,
+) -> int:
+    """How many connections worker ``me`` hands over, given every live worker's count:
+    none while it holds at most ``tolerance`` times the fair share (or one more than it),
+    else its excess over the fair share, at most ``most``. A connection handed over
+    lands on any worker, this one included, so a few looks converge."""
+    if me not in counts:
+        return 0
+    fair = sum(counts.values()) / len(counts)
+    mine = counts[me]
+    if mine <= max(fair * tolerance, fair + 1):
+        return 0
+    return min(math.floor(mine - fair), most)
+
+
 def predecessors(leases: list[WorkerLease], *, me: str, pid: int) -> list[WorkerLease]:
     """Leases of this host whose process is gone: a worker that ran here before this one
     (a restarted container keeps its host name; its new process may even have the old
@@ -86,25 +118,39 @@ class WorkerLiveness:
 
     Args:
         leases: the ``sse_workers`` rows.
+        pool: the workers that can take each other's streams (``<namespace>:<queue>``).
         move: makes a dead worker's connection read again elsewhere.
         on_revoked: told when this worker's own lease was revoked (it ends the
             connections that run under it).
+        shed: hands some of this worker's connections over, when it holds more than
+            its share of the pool's (None: connections stay where they start).
     """
 
     def __init__(
         self,
         leases: WorkerLeases,
         *,
+        pool: str,
         move: MoveConnection,
         on_revoked: Revoked | None = None,
+        shed: Shed | None = None,
+        balance_interval: float = BALANCE_INTERVAL,
+        metrics: LivenessMetrics | None = None,
         host: str | None = None,
         pid: int | None = None,
         renew_interval: float = RENEW_INTERVAL,
         watch_interval: float = WATCH_INTERVAL,
     ) -> None:
         self.leases = leases
+        self.pool = pool
         self.move = move
         self.on_revoked = on_revoked
+        self.shed = shed
+        self.metrics = metrics
+        self.balance_interval = balance_interval
+        self.handed_over = 0
+        """Connections this worker handed over to spread the pool's load."""
+        self._shedding: asyncio.Task[None] | None = None
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
         self.boot_id = boot_id()
@@ -117,6 +163,7 @@ class WorkerLiveness:
         self.revocations = 0
         """Times this worker found its own lease revoked."""
         self._next_renewal = 0.0
+        self._next_balance = 0.0
         self._healthy_since: float | None = None
         """Since when every renewal succeeded (monotonic; None: the last one failed)."""
 
@@ -126,12 +173,13 @@ class WorkerLiveness:
     async def start(self) -> None:
         """Take a lease, then the streams of a predecessor on this host, if any."""
         worker_id = self._new_id()
-        await self.leases.acquire(worker_id, host=self.host, pid=self.pid, boot_id=self.boot_id)
+        await self._acquire(worker_id)
         self.worker_id = worker_id
         now = time.monotonic()
         self._healthy_since, self._next_renewal = now, now + self.renew_interval
+        self._next_balance = now + self.balance_interval
         logger.info("worker lease %s taken", worker_id)
-        on_host = await self.leases.on_host(self.host, self.boot_id)
+        on_host = await self.leases.on_host(self.pool, self.host, self.boot_id)
         for lease in predecessors(on_host, me=worker_id, pid=self.pid):
             if await self.leases.revoke(lease.worker_id, by=worker_id, expired_only=False):
                 logger.warning(
@@ -172,16 +220,52 @@ class WorkerLiveness:
         healthy = self._healthy_since
         if healthy is None or now - healthy < self.leases.ttl:
             return
-        for dead in await self.leases.expired():
+        for dead in await self.leases.expired(self.pool):
             if dead.worker_id == self.worker_id:
                 continue  # ours lapsed (a slow renewal): renewing tells whether it was taken
             if await self.leases.revoke(dead.worker_id, by=self.worker_id or "?"):
+                silent = max(time.time() - dead.renewed_at, 0.0)
                 logger.warning(
                     "worker %s stopped renewing its lease %.1f s ago: moving its connections",
                     dead.worker_id,
-                    max(time.time() - dead.renewed_at, 0.0),
+                    silent,
                 )
+                if self.metrics is not None:
+                    self.metrics.failover_detect_seconds.record(silent)
                 await self._move_all(dead)
+        if self.shed is not None and now >= self._next_balance:
+            self._next_balance = now + self.balance_interval
+            await self.balance()
+
+    async def balance(self) -> None:
+        """Hand over what this worker holds beyond its share of the pool's connections,
+        spread over the next interval (in the background; one hand-over at a time)."""
+        if self.shed is None or self.worker_id is None:
+            return
+        if self._shedding is not None and not self._shedding.done():
+            return
+        counts = await self.leases.connection_counts(self.pool)
+        count = to_shed(counts, self.worker_id)
+        if count:
+            logger.info(
+                "worker %s holds %d of the pool's %d connections over %d workers: handing %d over",
+                self.worker_id,
+                counts[self.worker_id],
+                sum(counts.values()),
+                len(counts),
+                count,
+            )
+            self._shedding = asyncio.create_task(self._shed(count))
+
+    async def _shed(self, count: int) -> None:
+        assert self.shed is not None
+        try:
+            done = await self.shed(count, self.balance_interval * 0.8)
+            self.handed_over += done
+            if self.metrics is not None:
+                self.metrics.handovers.add(done)
+        except Exception as error:  # noqa: BLE001 - the next look tries again
+            logger.warning("could not hand connections over: %s", error)
 
     async def renew(self) -> None:
         worker_id = self.worker_id
@@ -191,6 +275,8 @@ class WorkerLiveness:
         if await self.leases.renew(worker_id):
             return
         self.revocations += 1
+        if self.metrics is not None:
+            self.metrics.lease_revocations.add(1)
         logger.error(
             "worker lease %s was revoked: this worker was taken for dead (paused or cut off "
             "for longer than the lease) and its streams moved to others; ending the "
@@ -200,11 +286,18 @@ class WorkerLiveness:
         if self.on_revoked is not None:
             self.on_revoked(worker_id)
         fresh = self._new_id()
-        await self.leases.acquire(fresh, host=self.host, pid=self.pid, boot_id=self.boot_id)
+        await self._acquire(fresh)
         self.worker_id = fresh
+
+    async def _acquire(self, worker_id: str) -> None:
+        await self.leases.acquire(
+            worker_id, pool=self.pool, host=self.host, pid=self.pid, boot_id=self.boot_id
+        )
 
     async def leave(self) -> None:
         """A clean shutdown: the lease ends and nothing is moved."""
+        if self._shedding is not None:
+            self._shedding.cancel()
         worker_id, self.worker_id = self.worker_id, None
         if worker_id is not None:
             with contextlib.suppress(StoreError):
@@ -219,6 +312,8 @@ class WorkerLiveness:
                 try:
                     await self.move(connection, dead)
                     self.moved += 1
+                    if self.metrics is not None:
+                        self.metrics.failovers.add(1)
                 except Exception as error:  # noqa: BLE001 - one stream's failure is its own
                     logger.warning(
                         "could not move stream %s off worker %s: %s (Temporal's heartbeat "

@@ -14,7 +14,10 @@ Names (all prefixed ``durable_sse_``): ``events_persisted``, ``duplicates``,
 ``redis_write_failures``, ``batch_persist_seconds`` (histogram), ``cursor_lag_seconds``
 (gauge: now - receive time of the newest persisted event), ``retention_deleted_rows``
 (rows retention deleted), ``retention_oldest_kept_timestamp_seconds`` (gauge: receive time
-of the oldest row still stored, Unix seconds).
+of the oldest row still stored, Unix seconds); per worker, ``failovers`` (connections moved
+off dead workers), ``failover_detect_seconds`` (histogram: a dead worker's last renewal to
+its streams being moved), ``handovers`` (connections handed over to spread the load),
+``lease_revocations`` (this worker's own lease found revoked).
 """
 
 from __future__ import annotations
@@ -95,3 +98,25 @@ def redis_failures_counter(meter: MetricMeter):  # noqa: ANN201 - SDK counter ty
     return meter.create_counter(
         PREFIX + "redis_write_failures", "L2 cursor writes dropped because Redis failed"
     )
+
+
+class LivenessMetrics:
+    """What a worker's liveness lease and watchdog record (:mod:`durable_sse.ops.liveness`):
+    connections moved off dead workers, how long a dead worker went unnoticed, connections
+    handed over to spread the load, and this worker's own leases revoked."""
+
+    def __init__(self, meter: MetricMeter) -> None:
+        self.failovers = meter.create_counter(
+            PREFIX + "failovers", "Connections moved off workers whose lease expired"
+        )
+        self.failover_detect_seconds = meter.create_histogram_float(
+            PREFIX + "failover_detect_seconds",
+            "Seconds from a dead worker's last lease renewal to its streams being moved",
+            unit="s",
+        )
+        self.handovers = meter.create_counter(
+            PREFIX + "handovers", "Connections handed over to spread the pool's load"
+        )
+        self.lease_revocations = meter.create_counter(
+            PREFIX + "lease_revocations", "Times this worker found its own lease revoked"
+        )

@@ -25,7 +25,7 @@ STATUS_COLUMNS = (
     ("recovered", lambda s: s["counters"]["events_recovered"]),
     ("lost", lambda s: control.lost_text(s["counters"])),
     ("retention", lambda s: retention_text(s.get("retention"))),
-    ("last error", lambda s: s.get("last_error") or ""),
+    ("last error", lambda s: s.get("last_error") or control.moved_text(s)),
 )
 ERROR_INDENT = "    "
 
