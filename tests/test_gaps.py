@@ -28,7 +28,7 @@ from durable_sse.gaps.model import (
     numeric_span,
     summarize,
 )
-from durable_sse.gaps.tracker import GapTracker
+from durable_sse.gaps.tracker import CONFIRM_IDS, CONFIRM_SECONDS, GapTracker
 from durable_sse.gaps.transitions import apply_change, attribute_early_notice, count_missing
 
 ORDER = "numeric"
@@ -628,7 +628,10 @@ def tracker(
     witness: str | None = None,
     gaps: Iterable[Gap] = (),
     contiguous: bool = False,
+    confirm_ids: int = 0,
 ) -> GapTracker:
+    """A connection's tracker; by default what a batch proves counts at once (these tests
+    are about what it proves; how long it is held back is tested apart)."""
     numbers = itertools.count(1)
     return GapTracker(
         stream="s",
@@ -643,6 +646,7 @@ def tracker(
         contiguous=contiguous,
         new_gap_id=lambda: f"new{next(numbers)}",
         now=lambda: NOW,
+        confirm_ids=confirm_ids,
     )
 
 
@@ -1318,3 +1322,102 @@ def test_a_no_resume_gap_is_lost_of_unknown_size_and_ends_at_the_first_id() -> N
         None,
     )
     assert summarize([record], "numeric").totals.unknown_size == 1
+
+
+# -- issue 33: evidence held back until a late notice could have come; stranded repairs ----
+
+
+def test_a_repair_is_evidence_only_once_it_read_on_past_the_batch() -> None:
+    """Issue 33 item 3: a repair passed its gap's end and closed it as ``repaired``; the
+    notice saying the repair itself had skipped the gap's ids came a few events later.
+    Without contiguous ids, what a batch proves waits for CONFIRM_IDS more ids."""
+    t = tracker(
+        "10", floor="40", witness="20", gaps=[gap("a", "20", "30")], confirm_ids=CONFIRM_IDS
+    )
+    read(t, *range(20, 32))
+    changes = t.batch_changes(last_id="31", segment=frozenset(), now=0.0)
+    assert not any(c.close or c.reread_to for c in changes)  # read past the end, not yet proof
+    assert "a" in t.gaps and not t.proof_due(0.5)
+    read(t, *range(32, 30 + CONFIRM_IDS))  # 15 ids after 30, the gap's end
+    assert not any(c.close for c in t.batch_changes(last_id="45", segment=frozenset(), now=0.5))
+    read(t, 30 + CONFIRM_IDS)  # the 16th
+    [change] = t.batch_changes(last_id="46", segment=frozenset(), now=0.6)
+    assert (change.gap_id, change.close, change.end_id) == ("a", True, None)
+    assert "a" not in t.gaps
+
+
+def test_a_late_notice_drops_the_evidence_held_back() -> None:
+    """The notice comes after the batch that passed the gap's end: the gap stays open (its
+    repair resumes where the evidence held), never ``repaired`` with its ids missing."""
+    t = tracker(
+        "10", floor="40", witness="20", gaps=[gap("a", "20", "30")], confirm_ids=CONFIRM_IDS
+    )
+    read(t, *range(20, 32))
+    t.batch_changes(last_id="31", segment=frozenset(), now=0.0)
+    t.drop_signal(GapKind.COMMENT, announced=5, detail="dropped 5 events")
+    read(t, *range(32, 60))
+    changes = t.batch_changes(last_id="59", segment=frozenset(), now=CONFIRM_SECONDS * 2)
+    assert not any(c.gap_id == "a" and (c.close or c.reread_to) for c in changes)
+    assert "a" in t.gaps and not t.proof_due(CONFIRM_SECONDS * 3)
+    assert t.next_proof_at() is None
+
+
+def test_a_quiet_source_confirms_the_evidence_by_time() -> None:
+    """No more events come: the gap still closes, CONFIRM_SECONDS after the batch."""
+    t = tracker(
+        "10", floor="40", witness="20", gaps=[gap("a", "20", "30")], confirm_ids=CONFIRM_IDS
+    )
+    read(t, *range(20, 32))
+    assert t.batch_changes(last_id="31", segment=frozenset(), now=5.0) == []
+    assert t.next_proof_at() == 5.0 + CONFIRM_SECONDS
+    assert not t.proof_due(5.0 + CONFIRM_SECONDS / 2)
+    assert t.proof_due(5.0 + CONFIRM_SECONDS)
+    [change] = t.batch_changes(last_id=None, segment=frozenset(), now=5.0 + CONFIRM_SECONDS)
+    assert (change.gap_id, change.close) == ("a", True)
+    assert t.next_proof_at() is None
+
+
+def test_contiguous_ids_are_evidence_at_once() -> None:
+    """A skip in contiguous ids shows at the next id, before the batch is cut."""
+    t = tracker(
+        "19", floor="40", gaps=[gap("a", "20", "30")], contiguous=True, confirm_ids=CONFIRM_IDS
+    )
+    read(t, *range(20, 32))
+    [change] = t.batch_changes(last_id="31", segment=frozenset(), now=0.0)
+    assert (change.gap_id, change.close) == ("a", True)
+
+
+def test_a_repair_left_with_gaps_behind_its_start_is_stranded() -> None:
+    """Issue 33 item 2 (seed 1160 of the simulation): a verified reconnect's repair started
+    one id before its gap (84), its suspicion starts at the lagging id (72). Once the gap
+    it can re-read is closed, reading on proves nothing about the suspicion: stranded."""
+    t = tracker("84", lagging="72", floor="98", witness="85", gaps=[gap("g10", "85", "97")])
+    suspicion = t.verify("a reconnect")
+    assert suspicion is not None and suspicion.start_id == "72"
+    assert not t.stranded()  # nothing read yet
+    read(t, 85, 86)
+    assert not t.stranded()  # still re-reading g10
+    read(t, *range(87, 99))
+    changes = t.batch_changes(last_id="98", segment=frozenset())
+    assert [(c.gap_id, c.close) for c in changes if c.close] == [("g10", True)]
+    assert t.stranded()
+    # A repair that starts before the suspicion re-reads it: not stranded.
+    t = tracker("71", lagging="72", floor="98", witness="72", gaps=[gap("g10", "85", "97")])
+    t.verify("a reconnect")
+    read(t, 72, 73)
+    assert not t.stranded()
+
+
+def test_a_witness_a_repair_stored_inside_the_hole_does_not_show_the_history_reaches() -> None:
+    """Simulation seed 2865: a replay from a gap's start (28) met first 59, the first row
+    stored after 28, which a repair had stored inside the gap past a truncation. 59 is no
+    witness that the history reaches 28: the first ids of the gap may be gone."""
+    holed = gap("a", "28", "69", recovered=2, short_reads=2)
+    t = tracker("28", floor="90", witness="59", gaps=[holed])
+    read(t, 59)
+    assert t.covered_from == "59"  # evidence from its first id on only
+    assert t.short_history or t.has_queued  # the third strike: the history starts past it
+    # Rows inside the bounds read before the notice (no repair touched the gap) still are.
+    t = tracker("28", floor="90", witness="59", gaps=[gap("a", "28", "69")])
+    read(t, 59)
+    assert t.covered_from == "28"

@@ -60,11 +60,15 @@ def intake(
     retried: bool = False,
     has_rows: bool = False,
     read_before: bool = False,
+    verify: bool = False,
+    confirm_ids: int = 0,
     **options: object,
 ) -> Intake:
+    """An intake; by default what a batch proves about a gap counts at once (the hold
+    before it counts, ``GapTracker.confirm_ids``, is tested apart)."""
     open_gaps = list(gaps)
     numbers = itertools.count(1)
-    return Intake(
+    made = Intake(
         spec(**options),
         route=route,
         cursor=cursor,
@@ -80,7 +84,10 @@ def intake(
         new_gap_id=lambda: f"new{next(numbers)}",
         now_iso=lambda: "2026-01-01T00:00:00+00:00",
         retried=retried,
+        verify=verify,
     )
+    made.gaps.confirm_ids = confirm_ids
+    return made
 
 
 def ev(event_id: int | str, data: str = "d", event: str = "message") -> Event:
@@ -556,6 +563,39 @@ def test_a_repair_that_closed_every_gap_it_knew_ends_after_the_grace() -> None:
     assert i.outcome is None
     i.poll(2.5 + DROP_GRACE)
     assert i.outcome is Outcome.ROTATED
+
+
+def test_a_repair_with_gaps_behind_its_start_ends_once_it_has_nothing_to_re_read() -> None:
+    """Issue 33 item 2: a verified reconnect's repair started before its gap (84), its
+    suspicion at the lagging id (72). The workflow does not interrupt a repair: once its
+    own gap is closed it ends, so that the repair resumes from the suspicion's start,
+    instead of reading live for hours with the suspicion open and the lagging id held."""
+    i = intake(
+        "84",
+        route=Route.LAGGED,
+        lagging="72",
+        floor="98",
+        witness="85",
+        gaps=[gap("g10", "85", "97")],
+        verify=True,
+        batch_max_events=50,
+        batch_max_delay=0.5,
+    )
+    take(i, *events(*range(85, 100)), now=2.0)
+    i.poll(2.5)
+    closed = [c.gap_id for b in cut(i) for c in b.gap_changes if c.close]
+    assert closed == ["g10"]  # the suspicion stays open: this connection cannot prove it
+    assert i.gaps.stranded()
+    i.poll(2.5 + DROP_GRACE)
+    assert i.outcome is Outcome.ROTATED  # the workflow resumes the repair at once
+    # On the live route the workflow interrupts for the repair when the throttle allows.
+    live = intake(
+        "84", lagging="72", floor="98", witness="85", known=[], verify=True, batch_max_delay=0.5
+    )
+    take(live, *events(*range(85, 100)), now=2.0)
+    live.poll(2.5)
+    live.poll(2.5 + DROP_GRACE)
+    assert live.outcome is None
 
 
 def test_a_retried_attempt_records_what_the_dead_one_read_with_its_first_batch() -> None:

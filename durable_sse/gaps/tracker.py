@@ -8,10 +8,38 @@ it submits.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from durable_sse.gaps.model import SHORT_READS_TO_LOSE, Gap, GapChange, GapKind, StreamContext
 from durable_sse.ids import IdOrder, compare_ids, contiguous_number, newest
+
+CONFIRM_IDS = 16
+"""Ids a connection must read after a batch, with no drop signal, before that batch is
+evidence that it re-read continuously (ids not declared contiguous). A server may
+announce a skip late, after more events (a notice is about what it discarded *before*
+it): until then, what the batch seems to prove about a gap may be false. Seen in the
+field: a repair passed its gap's end, closed it as ``repaired``, and the notice saying
+the repair itself had skipped all of the gap's ids came a few events later."""
+CONFIRM_SECONDS = 2.0
+"""Or this long since the batch was cut, with no drop signal: a quiet source sends no
+more events, and its gaps must still close (a notice later than this is taken as a new
+drop)."""
+
+
+_READ_SPANS = frozenset({GapKind.SUSPECTED.value, GapKind.RETRY.value})
+
+
+@dataclass
+class _Proof:
+    """What a batch cut on a clean connection would prove, not yet confirmed."""
+
+    last_id: str
+    ids_read: int
+    """The connection's count of ids read when the batch was cut."""
+    at: float
+    """Monotonic seconds when it was cut."""
 
 
 class GapTracker:
@@ -40,6 +68,8 @@ class GapTracker:
         contiguous: bool,
         new_gap_id: Callable[[], str],
         now: Callable[[], str],
+        confirm_ids: int = CONFIRM_IDS,
+        confirm_seconds: float = CONFIRM_SECONDS,
     ) -> None:
         self.stream = stream
         self.order = IdOrder(order)
@@ -65,6 +95,15 @@ class GapTracker:
         self._first_seen = False
         self._early_notice: str | None = None
         """The gap of a notice that came before the connection's first event."""
+        self.confirm_ids = confirm_ids
+        self.confirm_seconds = confirm_seconds
+        self._ids_read = 0
+        self._newest_read: deque[str] = deque()
+        """The newest id read so far, as of each of the last ``confirm_ids`` ids read:
+        its head is what reads since have confirmed."""
+        self._proofs: deque[_Proof] = deque()
+        """Batches cut while clean whose evidence awaits confirmation (see
+        :data:`CONFIRM_IDS`); dropped at the first drop signal or at the end."""
 
     # -- reading --------------------------------------------------------------------
 
@@ -112,7 +151,9 @@ class GapTracker:
                 return
         witness = self.context.witness
         reached = history_confirmed or (
-            witness is not None and compare_ids(event_id, witness, self.order) <= 0
+            witness is not None
+            and compare_ids(event_id, witness, self.order) <= 0
+            and not self._unread_hole_before(witness)
         )
         if reached:
             self.covered_from = cursor
@@ -142,6 +183,13 @@ class GapTracker:
                 self._queued.append(change)
             self._awaiting_end = None
         self.last_id = event_id
+        self._ids_read += 1
+        recent = self._newest_read
+        newest_so_far = newest([recent[-1] if recent else None, event_id], self.order)
+        assert newest_so_far is not None
+        recent.append(newest_so_far)
+        while len(recent) > self.confirm_ids + 1:
+            recent.popleft()
 
     def suspect(self, detail: str) -> Gap | None:
         """This attempt replaces one that died: record what that one read (from this
@@ -254,26 +302,95 @@ class GapTracker:
             return frozenset()
         return frozenset(g.gap_id for g in self.gaps.values() if g.contains(event_id, self.order))
 
-    def batch_changes(self, *, last_id: str | None, segment: frozenset[str]) -> list[GapChange]:
-        """The gap changes to commit with the batch just cut (its newest id ``last_id``)."""
+    def batch_changes(
+        self, *, last_id: str | None, segment: frozenset[str], now: float = 0.0
+    ) -> list[GapChange]:
+        """The gap changes to commit with the batch just cut (its newest id ``last_id``,
+        cut at ``now``, monotonic seconds).
+
+        What a clean connection read proves about the gaps it re-reads (``reread_to``
+        moving, a gap closing) is written only once confirmed (:meth:`_proven`): the
+        changes ride on a later batch, whose rows commit after the ones they speak of.
+        """
         changes, self._queued = self._queued, []
+        if last_id is not None and self.clean and self.covered_from is not None:
+            self._proofs.append(_Proof(last_id, self._ids_read, now))
+        proven = self._proven(now)
         for gap in list(self.gaps.values()):
             change = GapChange(gap.gap_id, contiguous=self.contiguous)
             touched = False
             if gap.gap_id in segment and gap.gap_id not in self.opened:
                 change.recovered = touched = True
-            if self._covers(gap) and last_id is not None:
-                if gap.passed_by(last_id, self.order):
+            if self._covers(gap) and proven is not None:
+                if gap.passed_by(proven, self.order):
                     if gap.end_id is None:
-                        change.end_id = gap.end_id = last_id
+                        change.end_id = gap.end_id = proven
                     change.close = touched = True
                     del self.gaps[gap.gap_id]
-                elif compare_ids(last_id, gap.resume_from(self.order) or last_id, self.order) > 0:
-                    change.reread_to = gap.reread_to = last_id
+                elif compare_ids(proven, gap.resume_from(self.order) or proven, self.order) > 0:
+                    change.reread_to = gap.reread_to = proven
                     touched = True
             if touched:
                 changes.append(change)
         return changes
+
+    def proof_due(self, now: float) -> bool:
+        """Whether evidence held back is confirmed by now (cut a batch to write it)."""
+        return self.clean and bool(self._proofs) and self._confirmed(self._proofs[0], now)
+
+    def next_proof_at(self) -> float | None:
+        """When the oldest evidence held back is confirmed by time alone (None: none)."""
+        if not self.clean or not self._proofs:
+            return None
+        return self._proofs[0].at + self.confirm_seconds
+
+    def _proven(self, now: float) -> str | None:
+        """The newest id up to which this connection's continuous read is confirmed.
+
+        With contiguous ids a skip shows at the next id, before the batch holding it is
+        cut: the batch is evidence at once. Otherwise a batch is evidence once the
+        connection has read :data:`CONFIRM_IDS` more ids or :data:`CONFIRM_SECONDS`
+        passed, still clean: a late notice drops everything held back."""
+        if not self.clean:
+            self._proofs.clear()
+            return None
+        proven = None
+        while self._proofs and (self.contiguous or self._confirmed(self._proofs[0], now)):
+            proven = self._proofs.popleft().last_id
+        recent = self._newest_read
+        if len(recent) > self.confirm_ids:
+            # Read confirm_ids ids since: every batch is cut, the rows are in this batch
+            # or an earlier one, whatever the batches' sizes.
+            by_ids = recent[0]
+            proven = newest([proven, by_ids], self.order)
+            while self._proofs and compare_ids(self._proofs[0].last_id, by_ids, self.order) <= 0:
+                self._proofs.popleft()
+        return proven
+
+    def _confirmed(self, proof: _Proof, now: float) -> bool:
+        return (
+            self._ids_read - proof.ids_read >= self.confirm_ids
+            or now - proof.at >= self.confirm_seconds
+        )
+
+    def stranded(self) -> bool:
+        """Whether this connection has nothing left to re-read but open gaps lie before
+        where it started: a suspicion or a retry's span recorded as it began (they start
+        at the lagging id, a repair starts at its oldest gap), or a gap another writer
+        opened meanwhile. Reading on proves nothing about them; a repair that starts
+        before them does (the workflow resumes the repair at once when this one ends).
+        """
+        if not self._first_seen or not self.clean or self.cursor is None:
+            return False
+        if any(self._covers(gap) for gap in self.gaps.values()):
+            return False  # still re-reading one
+        for gap in self.gaps.values():
+            resume = gap.resume_from(self.order)
+            if gap.gap_id in self.opened or resume is None:
+                continue
+            if compare_ids(resume, self.cursor, self.order) < 0:
+                return True
+        return False
 
     @property
     def has_queued(self) -> bool:
@@ -295,6 +412,26 @@ class GapTracker:
             return False
         resume = gap.resume_from(self.order)
         return resume is not None and compare_ids(resume, self.covered_from, self.order) >= 0
+
+    def _unread_hole_before(self, witness: str) -> bool:
+        """Whether the witness is a row stored inside an open gap's hole, past what was
+        re-read of it, after the gap was recorded (repairs recovered rows in it, or saw the
+        history start past it): then ids the server skipped may lie between the cursor
+        and the witness, and a history that now starts at the witness looks the same as
+        one that reaches the cursor. Seen in the simulation (seed 2865): a replay from a
+        gap's start met first the rows a repair had stored past a truncation, took that
+        for reaching its cursor, and closed as ``repaired`` a gap whose first ids the
+        history no longer held. A suspicion or a retry's span is no known hole: its rows
+        were read in one continuous run (only a notice may have been lost)."""
+        for gap in self.gaps.values():
+            resume = gap.resume_from(self.order)
+            if gap.gap_id in self.opened or resume is None or gap.kind in _READ_SPANS:
+                continue
+            if not (gap.recovered or gap.short_reads):
+                continue  # the rows inside it are the ones read before its notice
+            if gap.contains(witness, self.order) and compare_ids(resume, witness, self.order) < 0:
+                return True
+        return False
 
     def _is_fresh(self, event_id: str) -> bool:
         """Whether the connection reads new ids here (at or past the newest stored)."""

@@ -237,7 +237,9 @@ class Intake:
         """Time passed: cut an old pending batch; end after a notice's grace, or a
         finished repair's."""
         self._now = now
-        if self._pending_count and now - self._pending_since >= self.spec.batch_max_delay:
+        if (
+            self._pending_count and now - self._pending_since >= self.spec.batch_max_delay
+        ) or self.gaps.proof_due(now):
             self._cut()
         if self._drop_deadline is not None and now >= self._drop_deadline:
             self.outcome = Outcome.DROP_SIGNAL
@@ -258,6 +260,9 @@ class Intake:
             deadlines.append(self._drop_deadline)
         if self._repaired_at is not None:
             deadlines.append(self._repaired_at)
+        proof_at = self.gaps.next_proof_at()
+        if proof_at is not None:
+            deadlines.append(proof_at)
         return max(min(deadlines) - now, 0.0) if deadlines else None
 
     def end(self) -> None:
@@ -515,7 +520,11 @@ class Intake:
 
     def _cut(self) -> None:
         """Move the pending events into a batch with the gap changes they carry."""
-        if not self._pending_count and not self.gaps.has_queued:
+        if (
+            not self._pending_count
+            and not self.gaps.has_queued
+            and not self.gaps.proof_due(self._now)
+        ):
             return
         last_id = self._pending_last
         if last_id is not None:
@@ -524,7 +533,9 @@ class Intake:
             cutoff = self._now - self.spec.replay_window
             while len(marks) > 2 and marks[1][0] <= cutoff:
                 marks.popleft()  # keep one mark older than the window, no more
-        changes = self.gaps.batch_changes(last_id=last_id, segment=self._pending_segment)
+        changes = self.gaps.batch_changes(
+            last_id=last_id, segment=self._pending_segment, now=self._now
+        )
         # A reconnect's own loss window closes as it opens: no repair finished, and a
         # stream that cannot resume must not end (each reconnect loses more).
         closed = any(c.close and c.gap_id != self._no_resume_gap for c in changes)
@@ -532,6 +543,12 @@ class Intake:
             # Every gap this connection knew of is closed: end soon, so the workflow
             # (status, metrics, logs) learns now, not at the next rotation; after a grace,
             # since a late notice may still say the repair itself skipped something.
+            self._repaired_at = self._now + DROP_GRACE
+        elif self._repaired_at is None and self.route is not Route.LIVE and self.gaps.stranded():
+            # A repair with nothing left it can re-read, and open gaps behind its start
+            # (a suspicion recorded as it began, a gap opened meanwhile): the workflow
+            # does not interrupt a repair, so end it; the repair resumes at once from the
+            # oldest gap (issue 33: a suspected gap open for minutes, the stream quiet).
             self._repaired_at = self._now + DROP_GRACE
         recovered = bool(self._pending_segment - set(self.gaps.opened))
         self.ready.append(
