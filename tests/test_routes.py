@@ -156,6 +156,18 @@ def test_plain_end_reconnects_live_immediately(outcome: Outcome) -> None:
     assert plan(s).route is Route.LIVE
 
 
+def test_a_connection_its_worker_ended_reconnects_now_however_short_and_after_failures() -> None:
+    """A worker that stops (SIGTERM) or hands a connection over ends it as CANCELLED,
+    perhaps a moment after it began and before it read anything: the next connection
+    starts at once, live, on another worker, with no backoff left from earlier failures
+    (issue 34: the hand-over waits for no timer)."""
+    s = state("10", failures=3)
+    decision = record(s, LIVE, result(Outcome.CANCELLED, "10"), duration=0.05, jitter=0.99)
+    assert decision == Decision()
+    assert s.failures == 0 and s.next_reconnect_at is None
+    assert plan(s).route is Route.LIVE
+
+
 def test_live_cursor_only_moves_forward_by_the_id_order() -> None:
     s = state("1000")
     record(s, LIVE, result(Outcome.DROPPED, "999", read=1))
