@@ -45,6 +45,8 @@ from durable_sse.ops.metrics import (
     redis_failures_counter,
 )
 from durable_sse.ops.nudge import Nudges, nudge_channel
+from durable_sse.reader.credentials import Credentials
+from durable_sse.reader.metrics import CredentialMetrics
 from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamWorkflow
@@ -110,13 +112,15 @@ def build_worker(
     task_queue: str,
     allowed_hosts: tuple[str, ...] | None = None,
     secrets: DeclaredSecrets | None = None,
+    credentials: Credentials | None = None,
     progress_interval: float = PROGRESS_INTERVAL,
     retention: float | None = None,
     liveness: WorkerLiveness | None = None,
     hand_over: Callable[[str, str], Awaitable[None]] | None = None,
     **options: Any,
 ) -> Worker:
-    """The worker; without ``secrets`` no stream may name any secret.
+    """The worker; without ``secrets`` no stream may name any secret; without
+    ``credentials`` every secret's value is its environment variable's.
 
     ``progress_interval``: seconds between a connection's progress reports (tests shorten
     it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own.
@@ -128,6 +132,7 @@ def build_worker(
         http=resources.http,
         stores=resources.stores,
         secrets=secrets,
+        credentials=credentials,
         allowed_hosts=allowed_hosts,
         progress_interval=progress_interval,
         nudges=resources.nudges,
@@ -214,6 +219,20 @@ async def connect_client(
     )
 
 
+def build_credentials(settings: Settings, runtime: Runtime | None = None) -> Credentials:
+    """The declared secrets' files and token endpoints, once per worker; every file is read
+    now, so a missing, unreadable or empty one refuses the start (ConfigError)."""
+    metrics = CredentialMetrics(runtime.metric_meter) if runtime is not None else None
+    credentials = Credentials(
+        {source.variable: source for source in settings.credentials},
+        on_refresh=metrics.refreshed if metrics is not None else None,
+    )
+    credentials.load()
+    for line in credentials.describe():
+        log.info("secret %s", line)
+    return credentials
+
+
 def log_security_posture(settings: Settings, secrets: DeclaredSecrets) -> None:
     """Say at start what streams may reach: hosts, and which secret goes where (names)."""
     if settings.allowed_hosts is None:
@@ -276,9 +295,10 @@ async def run_worker(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-    secrets = DeclaredSecrets(settings.secrets)
-    log_security_posture(settings, secrets)
     runtime = prometheus_runtime(settings.metrics_port) if settings.metrics_port else None
+    credentials = build_credentials(settings, runtime)
+    secrets = DeclaredSecrets(settings.secrets, sourced=credentials.sourced)
+    log_security_posture(settings, secrets)
     client = await connect_client(settings, runtime=runtime)
     resources = WorkerResources.from_settings(settings)
     await wait_for("the database", resources.stores.create_schema, timeout=DEPENDENCY_WAIT)
@@ -301,6 +321,7 @@ async def run_worker(
         task_queue=settings.task_queue,
         allowed_hosts=settings.allowed_hosts,
         secrets=secrets,
+        credentials=credentials,
         retention=settings.retention,
         liveness=liveness,
         hand_over=failover.reset_sticky,
@@ -325,6 +346,7 @@ async def run_worker(
         await liveness.leave()
         if reporter is not None:
             reporter.cancel()
+        await credentials.aclose()
         await resources.close()
 
 

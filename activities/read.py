@@ -55,6 +55,7 @@ from durable_sse.errors import ConfigError, StreamRefusedError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.connection import Connection
+from durable_sse.reader.credentials import Credentials
 from durable_sse.reader.keepalive import Heartbeats
 from durable_sse.reader.metrics import ReaderMetrics
 from durable_sse.reader.session import progress_from_details
@@ -117,6 +118,7 @@ class StreamReader:
         http: httpx.AsyncClient,
         stores: Stores,
         secrets: DeclaredSecrets | None = None,
+        credentials: Credentials | None = None,
         allowed_hosts: tuple[str, ...] | None = None,
         progress_interval: float = PROGRESS_INTERVAL,
         nudges: Nudges | None = None,
@@ -144,6 +146,9 @@ class StreamReader:
         self.http = http
         self.stores = stores
         self.secrets = DeclaredSecrets() if secrets is None else secrets
+        self.credentials = credentials
+        """Where the secrets' values come from (files, token endpoints), shared by every
+        connection (None: the environment only)."""
         self.open_connections = 0
 
     @activity.defn(name="read_stream")
@@ -267,6 +272,7 @@ class _ActivityConnection:
             previous=progress_from_details(details[0]) if details else None,
             retried=info.attempt > 1,
             secrets=reader.secrets,
+            credentials=reader.credentials,
             allowed_hosts=reader.allowed_hosts,
             metrics=ReaderMetrics(activity.metric_meter(), input.spec.name),
             log=activity.logger,
@@ -366,6 +372,7 @@ class _ActivityConnection:
             cursor=session.started.cursor,
             counts=session.counts(),
             commit_lag=self.connection.commit_lag,
+            credentials=self.connection.credential_views(),
         )
         if progress == self.published and now < self.refresh_at:
             return

@@ -125,6 +125,23 @@ class ReadProgress:
 
 
 @dataclass
+class CredentialView:
+    """One secret a stream uses, as ``durable-sse status`` shows it: names, forms and
+    times, never a value (:mod:`durable_sse.reader.credentials`)."""
+
+    variable: str
+    form: str = "env"
+    """``env``, ``file`` (``NAME_FILE``) or ``oauth2`` (``NAME_TOKEN_URL``)."""
+    refreshed_at: str | None = None
+    """ISO time the worker last read a changed file or minted a token."""
+    refreshes: int = 0
+    failure: str | None = None
+    """Why the last read or token request failed (None: it did not)."""
+    auth_failure: str | None = None
+    """The last refusal of this credential by a server (``HTTP 401 ...``), with its time."""
+
+
+@dataclass
 class ConnectionProgress:
     """What the running connection has done so far: its live progress in Redis
     (``progress:<stream>``, :func:`progress_json`), which ``durable-sse status`` folds in.
@@ -149,6 +166,8 @@ class ConnectionProgress:
     """Seconds from the newest committed event's arrival to its commit."""
     at: str | None = None
     """ISO time of the report (the worker's clock)."""
+    credentials: list[CredentialView] = field(default_factory=list)
+    """The stream's secrets as the worker holds them (names and times, no values)."""
 
 
 @dataclass
@@ -381,6 +400,9 @@ class StreamStatus:
     retry_capped_from_ms: int | None = None
     """The server's last ``retry:`` (ms) when it asked for more than the stream's
     ``max_retry_delay`` and the wait was cut to that bound (None: honoured, or none)."""
+    credentials: list[CredentialView] = field(default_factory=list)
+    """The stream's secrets as the worker reading it holds them (read by ``durable-sse
+    status`` from the running connection's live progress; names and times, no values)."""
 
 
 def add_counts(counters: StreamCounters, counts: ReadCounts) -> None:
@@ -418,6 +440,17 @@ def parse_progress(text: str) -> ConnectionProgress | None:
             lagging_id=data.get("lagging_id"),
             commit_lag=data.get("commit_lag"),
             at=data.get("at"),
+            credentials=[
+                CredentialView(
+                    **{
+                        f.name: view[f.name]
+                        for f in dataclasses.fields(CredentialView)
+                        if f.name in view
+                    }
+                )
+                for view in data.get("credentials") or []
+                if isinstance(view, dict) and isinstance(view.get("variable"), str)
+            ],
         )
     except (ValueError, TypeError, AttributeError):
         return None

@@ -21,7 +21,9 @@
         ├── IdTooLongError     an event id exceeded ``max_id_bytes``
         ├── UnsendableIdError  an id cannot be sent back to resume (a header cannot carry it)
         └── StreamRefusedError the server refused the stream for good (401/403/404/410,
-                               wrong content type, cross-origin redirect); retrying cannot help
+            │                  wrong content type, cross-origin redirect); retrying cannot help
+            └── CredentialsRefusedError  401 (or 403 invalid_token): the credentials
+                               sent were refused; new ones are worth one retry, else it parks
 
 Activities translate these into ``temporalio.exceptions.ApplicationError`` with the class
 name as the error type, so workflows can tell them apart without importing this module.
@@ -138,3 +140,18 @@ class UnsendableIdError(StreamError):
 
 class StreamRefusedError(StreamError):
     """The server refused the stream in a way that retrying cannot fix."""
+
+
+class CredentialsRefusedError(StreamRefusedError):
+    """The server refused the credentials sent (``401``, or ``403`` with
+    ``error="invalid_token"``). The reader re-reads or refreshes the stream's secrets and
+    reconnects once when one changed; otherwise (or on a second refusal) the stream parks
+    with a message naming the secrets, never their values.
+
+    Attributes:
+        status_code: the status the server answered with.
+    """
+
+    def __init__(self, message: str, *, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from durable_sse.config.credentials import CredentialSource, declare_credentials
 from durable_sse.config.durations import RETENTION_ENV, parse_retention_setting
 from durable_sse.config.hosts import parse_allowed_hosts
 from durable_sse.config.secrets import SecretBinding, parse_secret_bindings
@@ -39,6 +40,9 @@ class Settings:
     secrets: tuple[SecretBinding, ...] = ()
     """``SSE_SECRETS``: the variables streams may name as secrets, each bound to hosts.
     Names and hosts only: values stay in the environment until a connection needs them."""
+    credentials: tuple[CredentialSource, ...] = ()
+    """Where each declared secret's value comes from: the environment, ``NAME_FILE`` or
+    ``NAME_TOKEN_URL`` (:mod:`durable_sse.config.credentials`). Paths and URLs, no values."""
     require_encryption: bool = False
     """``DURABLE_SSE_REQUIRE_ENCRYPTION``: refuse to start without a payload key."""
     retention: float | None = None
@@ -69,6 +73,8 @@ class Settings:
         ):
             if value is not None:
                 env[name] = value
+        bindings = parse_secret_bindings(env.get("SSE_SECRETS"))
+        credentials = declare_credentials((binding.variable for binding in bindings), env)
         settings = cls(
             temporal=load_target(env, profile=profile),
             task_queue=_non_empty("SSE_TASK_QUEUE", env.get("SSE_TASK_QUEUE"))
@@ -81,7 +87,8 @@ class Settings:
             redis_timeout=_positive_float("REDIS_TIMEOUT", env.get("REDIS_TIMEOUT"), 0.5),
             metrics_port=_port("SSE_METRICS_PORT", env.get("SSE_METRICS_PORT")),
             allowed_hosts=parse_allowed_hosts(env.get("SSE_ALLOWED_HOSTS")),
-            secrets=parse_secret_bindings(env.get("SSE_SECRETS")),
+            secrets=bindings,
+            credentials=tuple(credentials.values()),
             require_encryption=_flag(
                 "DURABLE_SSE_REQUIRE_ENCRYPTION", env.get("DURABLE_SSE_REQUIRE_ENCRYPTION")
             ),

@@ -387,6 +387,12 @@ def _check_together(spec: StreamSpec) -> str | None:
     return None
 
 
+_CREDENTIAL_KEY = re.compile(
+    r"secret|token|passw|api_?key|credential|oauth|client_id|auth|bearer", re.IGNORECASE
+)
+"""An unknown setting named like a credential: its value is never repeated."""
+
+
 def _describe(problem: Mapping[str, Any]) -> str:
     """One pydantic error as ``setting 'x' = value: expected …``."""
     loc = tuple(problem["loc"])
@@ -395,6 +401,25 @@ def _describe(problem: Mapping[str, Any]) -> str:
     path = setting + "".join(
         f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:] if part != "[key]"
     )
+    if kind == "extra_forbidden" and _CREDENTIAL_KEY.search(setting):
+        # Never repeated: the message goes to logs, the status and the Web UI.
+        return (
+            f"setting {path!r}: not a stream setting, and a credential never goes in a "
+            "stream's settings (its value is not shown): the worker declares it "
+            "(SSE_SECRETS, with NAME, NAME_FILE or NAME_TOKEN_URL, NAME_CLIENT_ID, "
+            "NAME_CLIENT_SECRET) and the stream names it in headers_from_env or query_from_env"
+        )
+    value = problem.get("input")
+    if (
+        setting in ("headers_from_env", "query_from_env")
+        and "[key]" not in loc
+        and isinstance(value, str)
+        and (len(value) > 40 or any(c.isspace() for c in value))
+    ):
+        # A value where a variable's name belongs that looks like a credential
+        # ("Bearer …", a long token) may be the secret itself.
+        expected = EXPECTED[setting] if kind != "durable_sse" else problem["ctx"]["reason"]
+        return f"setting {path!r} (its value is not shown: it may be a secret): {expected}"
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(setting, SETTINGS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

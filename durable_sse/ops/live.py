@@ -52,6 +52,7 @@ async def live_status(status: StreamStatus, live: LiveStores) -> StreamStatus:
             status.live_cursor = newest([status.live_cursor, progress.cursor], status.id_order)
             status.commit_lag = progress.commit_lag
             status.progress_at = progress.at
+            status.credentials = progress.credentials
     if live.stores is not None:
         try:
             gaps, checkpoint = await live.stores.gaps_and_checkpoint(status.name, status.id_order)

@@ -9,10 +9,13 @@ the I/O around them:
   read, which also refuses an ``id_order`` other than the stream's keys were made with
   (the stream parks) and registers the connection in ``sse_readers`` until it ends, so
   retention keeps what it re-reads (:mod:`durable_sse.cursor.readers`);
-* the request is built with the secrets resolved here, for the URL's host, and opened by
-  :mod:`durable_sse.sse.client`; the body is read by :mod:`~durable_sse.reader.body`,
-  whose batches commit through :mod:`~durable_sse.reader.committer` while it reads on
-  (per committed batch: L1 -> L2 -> heartbeat; a cursor never points past an uncommitted
+* the request is built with the secrets resolved here, for the URL's host (files read
+  again when they changed, tokens minted: :mod:`~durable_sse.reader.credentials`), and
+  opened by :mod:`durable_sse.sse.client`; a 401 reads or mints them again and, when one
+  changed, reconnects at once, once (``config.credentials.after_auth_failure``), else the
+  stream parks naming them; the body is read by :mod:`~durable_sse.reader.body`, whose
+  batches commit through :mod:`~durable_sse.reader.committer` while it reads on (per
+  committed batch: L1 -> L2 -> heartbeat; a cursor never points past an uncommitted
   event or a drop signal not yet recorded, invariants 1 and 5);
 * a replay from behind the newest stored id fetches the stored keys ahead of it
   (:mod:`~durable_sse.reader.prefetch`) and skips what is stored;
@@ -37,20 +40,23 @@ from typing import Any, TypeVar
 
 import httpx
 
+from durable_sse.config.credentials import AuthDecision, after_auth_failure
 from durable_sse.config.hosts import host_allowed
 from durable_sse.config.secrets import DeclaredSecrets, request_secrets
-from durable_sse.contracts import Outcome, ReadInput, ReadProgress, ReadResult
+from durable_sse.contracts import CredentialView, Outcome, ReadInput, ReadProgress, ReadResult
 from durable_sse.cursor.readers import ReaderLease
 from durable_sse.cursor.resolve import CursorResolver
 from durable_sse.errors import (
     BatchRefusedError,
     ConfigError,
+    CredentialsRefusedError,
     StoreError,
     StreamRefusedError,
     UnsendableIdError,
 )
 from durable_sse.reader.body import BodyReader
 from durable_sse.reader.committer import Committer
+from durable_sse.reader.credentials import Credentials, CredentialUnavailable
 from durable_sse.reader.keepalive import Heartbeats, Keepalive
 from durable_sse.reader.metrics import ReaderMetrics
 from durable_sse.reader.prefetch import StoredPrefetch
@@ -58,6 +64,7 @@ from durable_sse.reader.session import ReadSession
 from durable_sse.redact import redact_url
 from durable_sse.sse.client import Answer, open_stream
 from durable_sse.sse.request import request_headers, with_cursor, with_query
+from durable_sse.sse.response import REFUSAL_HINTS
 from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
@@ -78,6 +85,8 @@ class Connection:
         previous: heartbeat details of the attempt before (a retry starts from them).
         retried: this is not the first attempt.
         secrets, allowed_hosts: the worker's declared secrets and allowed hosts.
+        credentials: where the secrets' values come from (files, token endpoints; None:
+            the environment only).
         metrics: what the connection records (None: nothing).
         log: the logger to use (the activity's carries its context).
         cancel_reason: why a cancellation came, in words (for the log line).
@@ -98,6 +107,7 @@ class Connection:
         retried: bool = False,
         secrets: DeclaredSecrets | None = None,
         allowed_hosts: tuple[str, ...] | None = None,
+        credentials: Credentials | None = None,
         metrics: ReaderMetrics | None = None,
         log: logging.Logger | logging.LoggerAdapter[Any] = logger,
         cancel_reason: Callable[[], str] = lambda: "no reason given",
@@ -111,6 +121,9 @@ class Connection:
         self.lease = lease
         self.secrets = DeclaredSecrets() if secrets is None else secrets
         self.allowed_hosts = allowed_hosts
+        self.credentials = Credentials() if credentials is None else credentials
+        self.sent: dict[str, str] = {}
+        """The values of the files' and tokens' secrets of the last request, by variable."""
         self.metrics = metrics
         self.log = log
         self.cancel_reason = cancel_reason
@@ -171,7 +184,10 @@ class Connection:
             # A replay: its first page of stored keys before its first event, so that it
             # skips what is stored from the start (one indexed query, a few ms).
             await waiting(asyncio.wait([self.prefetch.task]))
-        url, headers = self._request()
+        try:
+            url, headers = self._request(await self._secret_values())
+        except CredentialUnavailable as error:
+            return await self._finish(self._retry_later(error))
         intake = session.started
         if intake.outcome is not None:
             # Open gaps the workflow did not know of: end now so the repair can start.
@@ -193,10 +209,38 @@ class Connection:
         stores = self.stores
         return CursorResolver(stores.l1, stores.l2, stores.starts)
 
-    def _request(self) -> tuple[str, Headers]:
+    def credential_views(self) -> list[CredentialView]:
+        """The stream's credentials as ``durable-sse status`` shows them (no values)."""
+        spec = self.spec
+        names = [*spec.headers_from_env.values(), *spec.query_from_env.values()]
+        return self.credentials.views(names)
+
+    async def _secret_values(self) -> dict[str, str]:
+        """The values of the stream's secrets that come from files or token endpoints,
+        read or minted now, once each variable was checked against the URL's host (a
+        secret the worker does not declare for the host is a ConfigError, and nothing is
+        read or minted for it). Raises :class:`CredentialUnavailable` to wait and retry."""
+        spec = self.spec
+        for setting, table in (
+            ("headers_from_env", spec.headers_from_env),
+            ("query_from_env", spec.query_from_env),
+        ):
+            self.secrets.check(table, url=spec.url, stream=self.stream, setting=setting)
+        variables = [*spec.headers_from_env.values(), *spec.query_from_env.values()]
+        self.sent = await self.keepalive.waiting(self.credentials.values(variables))
+        return self.sent
+
+    def _retry_later(self, error: CredentialUnavailable) -> Outcome:
+        result = self.session.result
+        result.retry_after = error.retry_after
+        result.error = f"stream {self.stream!r}: {error}"
+        self.log.warning("%s; waiting to retry", result.error)
+        return Outcome.RETRY_LATER
+
+    def _request(self, values: dict[str, str]) -> tuple[str, Headers]:
         """The URL (cursor and secret parameters in) and headers of the request: secret
         values are resolved here, for this URL's host, before the wire rules see them
-        (a secret the worker does not declare for the host is a ConfigError)."""
+        (``values``: those read from files or minted; the others are the environment's)."""
         spec, cursor = self.spec, self.session.start_cursor
         secret = request_secrets(
             self.secrets,
@@ -204,6 +248,8 @@ class Connection:
             query_from_env=spec.query_from_env,
             url=spec.url,
             stream=self.stream,
+            values=values,
+            header_values=self.credentials.header_values(values),
         )
         try:
             headers = request_headers(
@@ -227,7 +273,7 @@ class Connection:
         reads, or while a connection that ended on its own flushes (the flush is never
         cut short: what was read is committed before the result)."""
         try:
-            outcome = await self._connect(url, headers)
+            outcome = await self._connect_authorized(url, headers)
         except asyncio.CancelledError:
             outcome = Outcome.CANCELLED
         except StreamRefusedError:
@@ -296,6 +342,65 @@ class Connection:
         return redact_url(url, self.secret_params)
 
     # -- HTTP ----------------------------------------------------------------------
+
+    async def _connect_authorized(self, url: str, headers: Headers) -> Outcome:
+        """Connect; after a refusal of the credentials, read or mint them again and, when
+        one changed, reconnect at once on the same route and cursor (nothing was read);
+        a refusal of unchanged credentials, or a second refusal, parks the stream."""
+        try:
+            return await self._connect(url, headers)
+        except CredentialsRefusedError as refused:
+            self._auth_failed(refused)
+            sent = dict(self.sent)
+            try:
+                changed = await self.keepalive.waiting(self.credentials.renew(sent))
+            except CredentialUnavailable as error:
+                return self._retry_later(error)
+            if after_auth_failure(changed=bool(changed), retried=False) is AuthDecision.PARK:
+                raise self._parked(refused, sent, "unchanged when read again") from None
+            self.log.info(
+                "stream %s: HTTP %d: %s %s; reconnecting at once",
+                self.stream,
+                refused.status_code,
+                ", ".join(changed),
+                "read again" if len(changed) == 1 else "renewed",
+            )
+        try:
+            url, headers = self._request(await self._secret_values())
+        except CredentialUnavailable as error:
+            return self._retry_later(error)
+        try:
+            return await self._connect(url, headers)
+        except CredentialsRefusedError as again:
+            self._auth_failed(again)
+            raise self._parked(again, self.sent, "refused again right after renewal") from None
+
+    def _auth_failed(self, refused: CredentialsRefusedError) -> None:
+        if self.metrics is not None:
+            self.metrics.auth_failure(refused.status_code)
+        self.credentials.refused(self.sent, status_code=refused.status_code, stream=self.stream)
+
+    def _parked(
+        self, refused: CredentialsRefusedError, sent: dict[str, str], why: str
+    ) -> StreamRefusedError:
+        """The refusal that parks the stream, naming its secrets (never their values)."""
+        names = list(dict.fromkeys(view.variable for view in self.credential_views()))
+        if not names:
+            what = REFUSAL_HINTS.get(refused.status_code, "the server refused the request")
+        else:
+            renewable = [name for name in names if name in sent]
+            fixed = [name for name in names if name not in sent]
+            parts = []
+            if renewable:
+                parts.append(f"{', '.join(renewable)} {why}")
+            if fixed:
+                parts.append(
+                    f"{', '.join(fixed)} from the worker's environment (fixed while it runs)"
+                )
+            what = "the server refused " + "; ".join(parts)
+        message = f"{refused}: {what}; the stream is parked until resumed"
+        self.log.warning("%s", message)
+        return StreamRefusedError(message)
 
     async def _connect(self, url: str, headers: Headers) -> Outcome:
         timeout = httpx.Timeout(

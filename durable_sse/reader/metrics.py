@@ -52,7 +52,30 @@ class ReaderMetrics:
             "s",
         )
 
+    def auth_failure(self, status_code: int) -> None:
+        """A server refused the stream's credentials (401, or 403 ``invalid_token``)."""
+        self._meter.create_counter(
+            PREFIX + "auth_failures", "Refusals of a stream's credentials (401, 403)"
+        ).add(1, {"status": str(status_code)})
+
     def drop_signal(self, kind: str) -> None:
         self._meter.create_counter(PREFIX + "drop_signals", "Drop signals seen").add(
             1, {"kind": kind}
+        )
+
+
+class CredentialMetrics:
+    """What the worker's credentials record (:mod:`durable_sse.reader.credentials`): one
+    count per changed file read and per token request, labelled with the variable's
+    name (declared by the worker: few, and never a value), its form and the result."""
+
+    def __init__(self, meter: MetricMeter) -> None:
+        self._refreshes = meter.create_counter(
+            PREFIX + "credential_refreshes",
+            "Secret files read again after a change, and OAuth2 token requests",
+        )
+
+    def refreshed(self, variable: str, form: str, ok: bool) -> None:
+        self._refreshes.add(
+            1, {"credential": variable, "form": form, "result": "ok" if ok else "failed"}
         )

@@ -73,6 +73,14 @@ class SourceStreamConfig:
     is the wrong-content-type fault)."""
     location: str | None = None
     """``Location`` of a 3xx ``status`` (default: this stream on another origin)."""
+    max_connection_seconds: float | None = None
+    """Close each connection after this many seconds (None = never)."""
+    token_file: str | None = None
+    """Accept only the token in this file (read at each request) and the one it held
+    before; anything else is answered 401. The token comes as ``Authorization: Bearer
+    <token>`` (or the bare token) or as the ``access_token`` query parameter."""
+    oauth: bool = False
+    """Accept only unexpired tokens this source's ``POST /oauth/token`` issued."""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -121,6 +129,8 @@ def validate(config: SourceStreamConfig) -> None:
         raise _fail("drop_count", f"must be >= 0, got {config.drop_count!r}")
     if not 0.0 <= config.disconnect_probability <= 1.0:
         raise _fail("disconnect_probability", "must be in [0, 1]")
+    if config.max_connection_seconds is not None and config.max_connection_seconds <= 0:
+        raise _fail("max_connection_seconds", "must be > 0 or None")
     if config.slow < 0:
         raise _fail("slow", f"must be >= 0, got {config.slow!r}")
     if config.status is not None and config.status not in STATUS_CODES:

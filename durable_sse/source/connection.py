@@ -46,6 +46,7 @@ class EventConnection:
         self.writer = writer
         self._reader = reader
         self.next_id = next_id
+        self.opened = asyncio.get_running_loop().time()
         self.live_from = stream.newest + 1
         """Standing drops (``drop_every``) hit only the live tail, as a real server drops a
         slow consumer's live events, never the history a replay asks for."""
@@ -88,6 +89,9 @@ class EventConnection:
         """One round: one-shots, then a batch of events or an idle wait. True = close."""
         stream = self.stream
         if stream.one_shots and await self._one_shots():
+            return True
+        limit = stream.config.max_connection_seconds
+        if limit is not None and asyncio.get_running_loop().time() - self.opened >= limit:
             return True
         wakeup = stream.wakeup
         oldest = stream.oldest_available()

@@ -21,11 +21,14 @@ Routes (every response closes the connection):
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import secrets
+import time
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, unquote, urlencode
 
 from durable_sse.errors import ConfigError
 from durable_sse.source import http
@@ -68,7 +71,25 @@ class SSESource:
         host: str = "127.0.0.1",
         port: int = 0,
         seed: int = 0,
+        token_clients: dict[str, str] | None = None,
+        token_lifetime: float = 5.0,
     ) -> None:
+        """``token_clients``: client id -> secret that ``POST /oauth/token`` issues tokens
+        to (client credentials, ``client_secret_basic`` or ``client_secret_post``), each
+        living ``token_lifetime`` seconds; a stream with ``oauth=True`` takes only those."""
+        self.token_clients = dict(token_clients or {})
+        self.token_lifetime = token_lifetime
+        self.token_endpoint_down = False
+        """While True the token endpoint answers 503 (an outage, for tests)."""
+        self.token_requests = 0
+        self.issued: dict[str, float] = {}
+        """Token -> expiry (``time.monotonic()``)."""
+        self.issued_log: list[str] = []
+        """Every token issued (tests look for them where they must never be)."""
+        self.auth_refusals: dict[str, int] = {}
+        """Stream -> connections answered 401."""
+        self._file_tokens: dict[str, tuple[str | None, str | None]] = {}
+        """Stream -> (current, previous) token of its ``token_file``."""
         self.host = host
         self._requested_port = port
         self._seed = seed
@@ -232,6 +253,8 @@ class SSESource:
         try:
             if segments == ["healthz"] and method == "GET":
                 response = http.json_response(200, {"ok": True})
+            elif segments == ["oauth", "token"] and method == "POST":
+                response = self._token_response(request)
             elif segments == ["streams"] and method == "GET":
                 response = http.json_response(200, {"streams": self.streams})
             elif len(segments) == 2 and segments[0] == "streams":
@@ -278,6 +301,22 @@ class SSESource:
         writer: asyncio.StreamWriter,
     ) -> None:
         stream = self._stream(name)
+        if not self._authorized(name, stream.config, request):
+            self.auth_refusals[name] = self.auth_refusals.get(name, 0) + 1
+            body = b'{"error": "invalid_token"}'
+            writer.write(
+                http.response_head(
+                    401,
+                    {
+                        "WWW-Authenticate": 'Bearer error="invalid_token"',
+                        "Content-Type": "application/json",
+                        "Content-Length": str(len(body)),
+                    },
+                )
+                + body
+            )
+            await writer.drain()
+            return
         fault = stream.take_status()
         if fault is not None:
             writer.write(self._status_response(fault, request))
@@ -313,6 +352,70 @@ class SSESource:
             await EventConnection(stream, reader, writer, next_id).run(preamble)
         finally:
             stream.connections -= 1
+
+    # -- tokens ------------------------------------------------------------------------
+
+    def _authorized(self, name: str, config: SourceStreamConfig, request: http.Request) -> bool:
+        if config.token_file is None and not config.oauth:
+            return True
+        token = request.param("access_token")
+        header = request.headers.get("authorization")
+        if header is not None:
+            scheme, _, rest = header.partition(" ")
+            token = rest.strip() if scheme.lower() == "bearer" and rest else header.strip()
+        if not token:
+            return False
+        if config.oauth and self.issued.get(token, 0.0) > time.monotonic():
+            return True
+        if config.token_file is not None:
+            current, previous = self.file_tokens(name, config.token_file)
+            return token in (current, previous)
+        return False
+
+    def file_tokens(self, name: str, path: str) -> tuple[str | None, str | None]:
+        """The current and the previous token of ``name``'s ``token_file``, as read now."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                now: str | None = handle.read().rstrip("\r\n") or None
+        except OSError:
+            now = None
+        current, previous = self._file_tokens.get(name, (None, None))
+        if now != current:
+            current, previous = now, current
+            self._file_tokens[name] = (current, previous)
+        return current, previous
+
+    def _token_response(self, request: http.Request) -> bytes:
+        """``POST /oauth/token``: an RFC 6749 client-credentials grant."""
+        self.token_requests += 1
+        if self.token_endpoint_down:
+            return http.json_response(503, {"error": "temporarily_unavailable"})
+        form = {
+            key: values[-1]
+            for key, values in parse_qs(request.body.decode("utf-8", "replace")).items()
+        }
+        client_id, secret = form.get("client_id"), form.get("client_secret")
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("basic "):
+            try:
+                decoded = base64.b64decode(header[6:].strip()).decode("utf-8")
+            except ValueError:
+                decoded = ""
+            user, _, password = decoded.partition(":")
+            client_id, secret = unquote(user), unquote(password)
+        if form.get("grant_type") != "client_credentials":
+            return http.json_response(400, {"error": "unsupported_grant_type"})
+        if client_id is None or self.token_clients.get(client_id) != secret:
+            return http.json_response(401, {"error": "invalid_client"})
+        token = secrets.token_urlsafe(24)
+        now = time.monotonic()
+        self.issued = {t: until for t, until in self.issued.items() if until > now}
+        self.issued[token] = now + self.token_lifetime
+        self.issued_log.append(token)
+        return http.json_response(
+            200,
+            {"access_token": token, "token_type": "Bearer", "expires_in": self.token_lifetime},
+        )
 
     def _status_response(self, fault: SourceStreamConfig, request: http.Request) -> bytes:
         code = fault.status or 200

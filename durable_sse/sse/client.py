@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 
 import httpx
 
-from durable_sse.errors import StreamRefusedError
+from durable_sse.errors import CredentialsRefusedError, StreamRefusedError
 from durable_sse.sse.content_type import is_event_stream
 from durable_sse.sse.request import same_origin
 from durable_sse.sse.response import (
     REFUSAL_HINTS,
     StatusPolicy,
     describe_error,
+    is_auth_failure,
     parse_retry_after,
     status_policy,
     truncation_header,
@@ -77,7 +78,10 @@ async def open_stream(
 
     Raises :class:`~durable_sse.errors.StreamRefusedError` for what retrying cannot fix
     (``401``/``403``/``404``/``410``, a content type that is not ``text/event-stream``, a
-    cross-origin redirect, too many redirects): the stream parks until resumed.
+    cross-origin redirect, too many redirects): the stream parks until resumed. A refusal
+    of the credentials (:func:`~durable_sse.sse.response.is_auth_failure`) is its subclass
+    :class:`~durable_sse.errors.CredentialsRefusedError`, which the caller may answer with
+    new credentials once.
     """
     # As bytes: a value the request rules made bytes (UTF-8) goes as it is, the others
     # are ASCII (httpx would encode them the same way).
@@ -122,6 +126,10 @@ async def open_stream(
                 return
             if policy is StatusPolicy.REFUSED:
                 hint = REFUSAL_HINTS.get(code, "the server refused the request")
+                if is_auth_failure(code, response.headers.get("www-authenticate")):
+                    raise CredentialsRefusedError(
+                        f"stream {stream!r}: HTTP {code} from {redact(url)}", status_code=code
+                    )
                 raise StreamRefusedError(
                     f"stream {stream!r}: HTTP {code} from {redact(url)}: {hint}; "
                     "the stream is parked until resumed"

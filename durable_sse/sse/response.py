@@ -48,6 +48,19 @@ REFUSAL_HINTS = {
 }
 
 
+_INVALID_TOKEN = re.compile(r'(?:^|[\s,])error\s*=\s*"?invalid_token"?', re.IGNORECASE)
+
+
+def is_auth_failure(status_code: int, www_authenticate: str | None = None) -> bool:
+    """Whether the server refused the credentials sent (not the client): ``401``, or a
+    ``403`` whose ``WWW-Authenticate`` says ``error="invalid_token"`` (RFC 6750 section
+    3.1; some servers answer an expired bearer token so). Such a refusal is worth one
+    retry with credentials read or minted again (:mod:`durable_sse.config.credentials`)."""
+    if status_code == 401:
+        return True
+    return status_code == 403 and bool(_INVALID_TOKEN.search(www_authenticate or ""))
+
+
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
     """Seconds from a Retry-After header (delta-seconds or HTTP date), capped."""
     if value is None:

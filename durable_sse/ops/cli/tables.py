@@ -25,9 +25,30 @@ STATUS_COLUMNS = (
     ("recovered", lambda s: s["counters"]["events_recovered"]),
     ("lost", lambda s: control.lost_text(s["counters"])),
     ("retention", lambda s: retention_text(s.get("retention"))),
+    ("credentials", lambda s: credentials_text(s.get("credentials"))),
     ("last error", lambda s: s.get("last_error") or control.moved_text(s)),
 )
 ERROR_INDENT = "    "
+
+
+def credentials_text(views: list[dict[str, Any]] | None) -> str:
+    """``NAME file 08:12:01`` per secret: its form, when last read or minted, and its last
+    failure or refusal (``401 08:11:59``); ``-`` without a running connection."""
+    if not views:
+        return "-"
+    parts = []
+    for view in views:
+        text = f"{view['variable']} {view.get('form', 'env')}"
+        refreshed = view.get("refreshed_at")
+        if refreshed:
+            text += f" {refreshed[11:19]}"
+        if view.get("failure"):
+            text += " (failing)"
+        refused = view.get("auth_failure")
+        if refused:
+            text += f" {refused.split()[1]} {refused.rsplit(' at ', 1)[-1][11:19]}"
+        parts.append(text)
+    return ", ".join(parts)
 
 
 def format_status_table(statuses: list[dict[str, Any]], *, width: int | None = None) -> str:
