@@ -161,8 +161,8 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
             streams = {
                 row[0] for row in connection.execute("SELECT DISTINCT stream FROM sse_events")
             }
-        assert streams == {"ticks", "noisy"}
-        assert "ticks: " in text and "noisy: " in text
+        assert streams == {"ticks", "noisy", "guarded"}
+        assert "ticks: " in text and "noisy: " in text and "guarded: " in text
         # The example consumer (examples/consumer.py) writes them to its own table: the
         # events flow all the way through, and the summary says so.
         while time.monotonic() < deadline + 60 and rows(database, "demo_ledger") < 20:
@@ -249,7 +249,7 @@ def test_dev_postgres_runs_the_demo_on_an_embedded_postgresql_and_ctrl_c_stops_i
                 streams = {
                     row[0] for row in connection.execute("SELECT DISTINCT stream FROM sse_events")
                 }
-            assert streams == {"ticks", "noisy"}
+            assert streams == {"ticks", "noisy", "guarded"}
             assert not (state / "durable-sse.db").exists()  # no SQLite on the side
             children |= descendants(process.pid)
             assert servers_under(state), "no embedded PostgreSQL runs under the state dir"

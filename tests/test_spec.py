@@ -526,4 +526,4 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_example_stream_file_is_valid() -> None:
     specs = load_streams(Path(__file__).parent.parent / "examples" / "streams.toml")
-    assert [spec.name for spec in specs] == ["ticks", "noisy"]
+    assert [spec.name for spec in specs] == ["ticks", "noisy", "guarded"]

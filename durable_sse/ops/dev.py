@@ -31,6 +31,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from secrets import token_hex
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,7 +64,14 @@ DEMO_SOURCE_PORT = 8765
 DEMO_SOURCE_STREAMS = {
     "ticks": SourceStreamConfig(rate=20, start_id=990, retry_ms=500),
     "noisy": SourceStreamConfig(rate=50, start_id=1, retry_ms=500),
+    # Connections end every 30 s, so reconnects show the rotated token being read again.
+    "guarded": SourceStreamConfig(rate=5, start_id=1, retry_ms=500, max_connection_seconds=30),
 }
+DEMO_TOKEN_STREAM = "guarded"
+"""The demo stream behind a token: the source takes only the token in a file of the state
+directory (and the one before), rotated every ``DEMO_TOKEN_ROTATE`` seconds; the worker
+reads it as ``DEMO_TOKEN_FILE`` (README, Credentials that expire)."""
+DEMO_TOKEN_ROTATE = 20.0
 DEMO_DROPS = {"noisy": {"drop_every": 400, "drop_count": 25}}
 """Faults switched on once a stream has a lagging id: before one replay window has
 passed there is nothing to replay from, and the demo should show gaps being repaired."""
@@ -258,6 +266,22 @@ def demo_specs(config: Path, source: SSESource) -> list[StreamSpec]:
     return pointed
 
 
+def rotate_token(source: SSESource, path: Path) -> None:
+    """A new demo token in ``path``, replaced atomically as a secret manager does."""
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text(token_hex(16) + "\n")
+    fresh.chmod(0o600)
+    os.replace(fresh, path)
+    if DEMO_TOKEN_STREAM in source.streams:
+        source.file_tokens(DEMO_TOKEN_STREAM, str(path))
+
+
+async def rotate_tokens(source: SSESource, path: Path) -> None:
+    while True:
+        await asyncio.sleep(DEMO_TOKEN_ROTATE)
+        rotate_token(source, path)
+
+
 async def arm_demo_drops(source: SSESource, specs: list[StreamSpec], database_url: str) -> None:
     """Turn on the demo's drop faults for each stream once its lagging id exists."""
     waiting = {spec.name for spec in specs if spec.name in DEMO_DROPS}
@@ -326,7 +350,15 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event, run_worker: RunWo
     started_at = time.monotonic()
     stack = DevStack(options)
     env: dict[str, str] = {}
-    source = SSESource({}, port=free_port(options.source_port))
+    source_port = free_port(options.source_port)
+    source = SSESource({}, port=source_port)
+    token_file = options.state_dir / "demo-token"
+    rotate_token(source, token_file)
+    env["DEMO_TOKEN_FILE"] = str(token_file)
+    env["SSE_SECRETS"] = ",".join(
+        filter(None, [os.environ.get("SSE_SECRETS"), f"DEMO_TOKEN@127.0.0.1:{source_port}"])
+    )
+    rotation: asyncio.Task[None] | None = None
     worker_stop = asyncio.Event()
     worker_task: asyncio.Task[None] | None = None
     drops: asyncio.Task[None] | None = None
@@ -369,6 +401,14 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event, run_worker: RunWo
         print(f"Redis: {redis_url}   event log: {database_url}", flush=True)
         print(f"state directory: {options.state_dir} (Ctrl-C stops everything)", flush=True)
         drops = asyncio.create_task(arm_demo_drops(source, specs, database_url))
+        if DEMO_TOKEN_STREAM in source.streams:
+            source.inject(DEMO_TOKEN_STREAM, token_file=str(token_file))
+            rotation = asyncio.create_task(rotate_tokens(source, token_file))
+            print(
+                f"stream {DEMO_TOKEN_STREAM}: token in {token_file}, rotated every "
+                f"{DEMO_TOKEN_ROTATE:g} s (the source takes the current one and the one before)",
+                flush=True,
+            )
         consumed = ConsumerProgress(database_url)
         if EXAMPLE_CONSUMER.exists():
             stack.spawn(
@@ -406,6 +446,8 @@ async def run_dev(options: DevOptions, *, stop: asyncio.Event, run_worker: RunWo
         # the worker flushes its connections, then the source, then the child processes.
         if drops is not None:
             drops.cancel()
+        if rotation is not None:
+            rotation.cancel()
         worker_stop.set()
         if worker_task is not None:
             with contextlib.suppress(Exception):
