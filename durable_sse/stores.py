@@ -82,7 +82,11 @@ class Stores:
             checkpoints=checkpoints,
             readers=readers,
             starts=StartStore(database, checkpoints=checkpoints, gaps=gap_store, readers=readers),
-            workers=WorkerLeases(database),
+            # Its own engine and thread: a lease is renewed on time even while a burst of
+            # commits holds every connection and thread of the event log's.
+            workers=WorkerLeases(
+                Database(database_url, connect_timeout=connect_timeout, workers=1)
+            ),
             l1=l1 or LocalCursors(),
             l2=l2,
         )
@@ -104,4 +108,5 @@ class Stores:
         if self.l2 is not None:
             await self.l2.flush()
             await self.l2.close()
+        await self.workers.database.close()
         await self.database.close()

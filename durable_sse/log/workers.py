@@ -33,10 +33,11 @@ from durable_sse.errors import StoreError
 from durable_sse.log.database import Database
 from durable_sse.log.schema import readers_table, workers_table
 
-LEASE_TTL = 6.0
-"""Seconds a lease lasts past its last renewal: three renewals may be lost (a slow
-database, a starved event loop) before a live worker is taken for dead."""
-RENEW_INTERVAL = 2.0
+LEASE_TTL = 5.0
+"""Seconds a lease lasts past its last renewal: two renewals may be lost, or the event
+loop starved for 3.5 s, before a live worker is taken for dead (its streams then move,
+nothing is lost). Short, since a dead worker's streams wait this long."""
+RENEW_INTERVAL = 1.5
 """Seconds between renewals of a worker's lease (and its watchdog's look at the others)."""
 REVOKE_LOCK_WAIT_MS = 2000
 """Milliseconds a revocation waits for the lease's row (PostgreSQL ``lock_timeout``)."""
@@ -115,7 +116,7 @@ class WorkerLeases:
     """The ``sse_workers`` rows, over the shared database."""
 
     def __init__(self, database: Database, *, ttl: float = LEASE_TTL) -> None:
-        self._database = database
+        self.database = self._database = database
         self.ttl = ttl
 
     async def acquire(

@@ -37,7 +37,7 @@ from durable_sse.ops.metrics import LivenessMetrics
 
 logger = logging.getLogger(__name__)
 
-WATCH_INTERVAL = 1.0
+WATCH_INTERVAL = 0.5
 """Seconds between two looks at the other workers' leases: with a lease of
 :data:`~durable_sse.log.workers.LEASE_TTL` seconds, a dead worker is found at most
 ``LEASE_TTL + WATCH_INTERVAL`` after its last renewal."""
