@@ -284,5 +284,5 @@ async def test_a_signal_reaches_a_connection_that_heartbeats_every_four_minutes(
     assert statistics.median(delays) < 1.0, delays
     await handle.signal("stop")
     await handle.result()
-    # The heartbeat timeout's patch, nudged pauses and no progress signal, for the Replayer.
-    await capture_history(handle, "stream_heartbeat_timeout")
+    # Pauses nudged to a connection with a four-minute heartbeat, for the Replayer.
+    await capture_history(handle, "stream_nudged_pauses")

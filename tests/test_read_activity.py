@@ -61,7 +61,10 @@ from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.committer import Committer
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
-from workflows.stream import READ_HEARTBEAT_TIMEOUT, READ_MARGIN, READ_RETRY
+from workflows.stream import READ_MARGIN, READ_RETRY
+
+READ_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+"""The shortest heartbeat timeout a stream may set (``MIN_HEARTBEAT_TIMEOUT``)."""
 
 SECRET = "Bearer sup3r-s3cret-t0ken"
 GUARD = 30.0

@@ -1,16 +1,16 @@
 """Every stored history of a real run replays against today's workflow code.
 
 A change that makes the workflows non-deterministic (reordered commands, a new
-activity on an old path) fails here before it can break running streams. Refresh
-the histories with ``DURABLE_SSE_CAPTURE_HISTORY=1 pytest tests/test_e2e.py`` only
-when a change is *meant* to be incompatible (and then version the workflow).
-``stream_progress_reports`` (tests/test_live_views.py) and ``stream_state_attribute``
-(tests/test_search_attribute.py) are captured the same way by those modules; the three
-older histories predate both and replay through the ``sse-stream-state-attribute`` patch.
-``stream_heartbeat_timeout`` (also tests/test_live_views.py) is a run of today's reader:
-the ``sse-heartbeat-timeout`` patch, nudged pauses, no progress signal.
-``checkpoint_rest`` (tests/test_checkpoint_rest.py) is a checkpoint run that rests its
-schedule (the ``sse-checkpoint-rest`` patch).
+activity on an old path) fails here. On a versioned deployment such a change is safe
+(runs are Pinned and move at a continue-as-new, docs/deploys.md); on an unversioned one
+it needs a patch. Each history is written by the test that runs it, with
+``DURABLE_SSE_CAPTURE_HISTORY=1``: ``stream_gap_repaired``, ``stream_replay_cut`` and
+``stream_refusals_and_backoff`` (tests/test_e2e.py), ``stream_nudged_pauses``
+(tests/test_live_views.py), ``stream_state_attribute`` (tests/test_search_attribute.py),
+``stream_nudged_schedule_spread`` (tests/test_two_workers.py), ``stream_retention_reports``
+and ``checkpoint_retention`` (tests/test_retention_stream.py), ``checkpoint_rest``
+(tests/test_checkpoint_rest.py). All were recaptured when the nine patches of 0.1.0 were
+retired: refresh them the same way when a change is *meant* to be incompatible.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ from durable_sse.config.replay import ReplaySignal
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     RECORDED_GAP,
-    ConnectionProgress,
     DropReport,
     Outcome,
     ReadCounts,
@@ -1459,56 +1458,7 @@ async def test_bad_replay_payloads_are_refused_with_a_reason(
     assert (run.status.counters.lagged_replays, run.status.counters.explicit_replays) == (0, 0)
 
 
-# --- live views: progress reports while a connection runs ---------------------------------
-
-
-def report(connection: int, cursor: str, events: int, **fields: Any) -> ConnectionProgress:
-    return ConnectionProgress(
-        connection=connection,
-        cursor=cursor,
-        counts=counts(events),
-        at="2026-01-01T00:00:05+00:00",
-        **fields,
-    )
-
-
-async def test_progress_reports_show_in_status_and_details_and_never_count_twice(
-    env: WorkflowEnvironment, event_log: Stores
-) -> None:
-    seen: list[StreamStatus] = []
-    details: list[str] = []
-
-    async def report_then_stop(handle: WorkflowHandle) -> None:
-        await wait_for(handle, lambda s: s.state == "reading")
-        await handle.signal(StreamWorkflow.progress, report(99, "77", 77))  # not running
-        await handle.signal(StreamWorkflow.progress, "not a report")
-        await handle.signal(StreamWorkflow.progress, {"connection": "one", "counts": 3})
-        seen.append(await wait_for(handle, lambda s: s.counters.connections == 1))
-        live = report(1, "20", 20, lagging_id="5", gaps=gaps(view("g1", "12", end="15")))
-        live.commit_lag = 0.25
-        await handle.signal(StreamWorkflow.progress, live)
-        seen.append(await wait_for(handle, lambda s: s.progress_at is not None))
-        details.append(await details_of(handle))
-        await handle.signal(StreamWorkflow.stop)
-
-    cancelled = ReadResult(Outcome.CANCELLED, last_cursor="30", counts=counts(30))
-    run = await run_stream(
-        env, event_log, [Step(hold=True, cancelled=cancelled)], during=report_then_stop
-    )
-    before, during = seen
-    assert before.progress_at is None and before.live_cursor is None
-    assert before.counters.events_persisted == 0
-    assert during.live_cursor == "20" and during.lagging_id == "5"
-    assert during.counters.events_persisted == 20 and during.counters.gaps_open == 1
-    assert during.progress_at == "2026-01-01T00:00:05+00:00" and during.commit_lag == 0.25
-    assert [g.gap_id for g in during.open_gaps] == ["g1"]
-    assert "live: `20` · lagging: `5`" in details[0] and "persisted 20" in details[0]
-    assert "as of 2026-01-01T00:00:05+00:00" in details[0] and "commit lag 0.2 s" in details[0]
-    assert "None" not in details[0]
-    # The result says it all once the connection ended: the report is not added again.
-    final = run.status
-    assert final.live_cursor == "30" and final.counters.events_persisted == 30
-    assert final.progress_at is None and final.commit_lag is None
+# --- history budget -----------------------------------------------------------------------
 
 
 async def test_a_connection_that_fills_the_runs_history_is_cut_to_continue_as_new(
@@ -1521,8 +1471,8 @@ async def test_a_connection_that_fills_the_runs_history_is_cut_to_continue_as_ne
         number = 0
         while len((await first.fetch_history()).events) < 60:
             number += 1
-            await latest.signal(StreamWorkflow.progress, report(1, str(number), number))
-        # Reports stop (one every PROGRESS_INTERVAL in real life): the run continues-as-new.
+            await latest.signal(StreamWorkflow.upgrade)  # a signal and a workflow task each
+        # The signals stop: the run continues-as-new.
         # (Polled by describe: the test server may time a query out while the new run's
         # first task is being handed over.)
         loop = asyncio.get_running_loop()
@@ -1544,8 +1494,8 @@ async def test_a_connection_that_fills_the_runs_history_is_cut_to_continue_as_ne
     first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
     history = await first.fetch_history()
     # Cut at the budget, not long after: the cancel, the flushed result, a gap read and
-    # the continue-as-new, and the reports that were on their way (a report costs four
-    # events, its signal and a workflow task; on a loaded machine up to five more land
+    # the continue-as-new, and the signals that were on their way (a signal costs four
+    # events, itself and a workflow task; on a loaded machine up to five more land
     # between the cut and the continue-as-new: CI saw 90 and 91 here).
     assert len(history.events) < 60 + 50
     assert run.status.counters.events_persisted == 3 and run.status.live_cursor == "3"

@@ -19,8 +19,10 @@ than the stream's keys were made with, both activities refuse (a non-retryable
 ``ConfigError``; the run fails, nothing moves, nothing is deleted). What it did is
 signalled to the stream's workflow (``retention``) for its ``status``. A run of a
 schedule built before retention existed skips the step (see
-``AdvanceInput.retention_declared``), and histories from before it replay without it
-(``workflow.patched``).
+``AdvanceInput.retention_declared``).
+
+Each run is short and Pinned to the Worker Deployment Version it started on; the
+schedule starts the next one on the current version, so a change needs no patch.
 """
 
 from __future__ import annotations
@@ -45,23 +47,13 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.ownership import checkpoint_owner_error
 
 ADVANCE_TIMEOUT = timedelta(seconds=60)
-RETENTION_PATCH = "sse-retention"
-"""Runs recorded before retention existed replay without its activity and signal."""
 RETENTION_TIMEOUT = timedelta(minutes=4)
 """Inside the run's own timeout (at least 5 minutes): a run is a few bounded batches."""
 RETENTION_HEARTBEAT = timedelta(seconds=30)
-RETENTION_SKIP_PATCH = "sse-retention-skip-when-none"
-"""Runs from before it schedule ``apply_retention`` even when no retention applies."""
-QUIET_REPORT_WINDOW = 60.0
-"""Runs from before ``QUIET_REPORT_PATCH``: a run that deleted nothing still reported
-when runs were at least this many seconds apart (one signal and a workflow task each)."""
-QUIET_REPORT_PATCH = "sse-retention-quiet-reports"
 QUIET_REPORT_EVERY = 6 * 3600.0
 """A run that deleted nothing reports only when it is the first of a period this long: its
 report would repeat the last one but for its time (rows deleted 0, the same oldest row),
 and each report is a signal and a workflow task in the stream's history."""
-REST_PATCH = "sse-checkpoint-rest"
-"""Runs from before it never rest their schedule."""
 REST_TIMEOUT = timedelta(seconds=30)
 STEP_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -100,15 +92,15 @@ class CheckpointAdvanceWorkflow:
             result.moved,
             result.held_by_gap,
         )
-        if input.retention_declared and workflow.patched(RETENTION_PATCH):
-            if result.retention_applies is False and workflow.patched(RETENTION_SKIP_PATCH):
-                # No retention anywhere: an activity (an action) less a run, and when
-                # nothing is left to advance, no run at all until a newer event comes.
-                if may_rest(caught_up=result.caught_up, retention_applies=result.retention_applies):
-                    if workflow.patched(REST_PATCH):
-                        result.rested = await self._rest(input.stream)
-                return result
-            result.retention = await self._retention(input)
+        if not input.retention_declared:
+            return result
+        if result.retention_applies is False:
+            # No retention anywhere: an activity (an action) less a run, and when nothing
+            # is left to advance, no run at all until a newer event comes.
+            if may_rest(caught_up=result.caught_up, retention_applies=result.retention_applies):
+                result.rested = await self._rest(input.stream)
+            return result
+        result.retention = await self._retention(input)
         return result
 
     async def _rest(self, stream: StreamRef) -> bool:
@@ -152,12 +144,10 @@ class CheckpointAdvanceWorkflow:
             return None
         if status.retention is None:
             return status  # nothing configured: nothing to tell
-        if not status.deleted_last_run:
-            if workflow.patched(QUIET_REPORT_PATCH):
-                if not _first_of_period(input.now, input.replay_window, QUIET_REPORT_EVERY):
-                    return status  # nothing changed: history is not free
-            elif input.replay_window < QUIET_REPORT_WINDOW:
-                return status
+        if not status.deleted_last_run and not _first_of_period(
+            input.now, input.replay_window, QUIET_REPORT_EVERY
+        ):
+            return status  # nothing changed: history is not free
         try:
             stream = workflow.get_external_workflow_handle(stream_workflow_id(input.stream.name))
             await stream.signal("retention", status)
