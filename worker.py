@@ -16,6 +16,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
 from typing import Any
 
 import httpx
@@ -60,8 +61,33 @@ DEPENDENCY_WAIT = 60.0
 GC_YOUNG_THRESHOLD = 50_000
 """Allocations between two young collections (Python's default: 700); see
 :func:`tune_collector`."""
+HANDOVER_GRACE = 1.5
+"""Seconds the workflow worker keeps running at shutdown after the connections returned,
+so that it routes their results from its cache (see :class:`WorkerRole`)."""
 STORE_SLOTS = 100
 """Activity slots beyond the connections: checkpoint, gap and schedule activities."""
+
+
+class WorkerRole(Enum):
+    """What one SDK worker of the process runs. The process runs two: one for the
+    workflows, one for the activities, so that at SIGTERM the connections end first
+    (flushed, committed, returned) while this process's workflow cache still routes their
+    results: the next connections start on other workers at once, and no survivor has to
+    replay a history first (with one SDK worker, the survivors replayed every moved
+    stream's history, one after another: seconds at 200 streams). Tests that run a worker
+    inside pytest use one that runs both."""
+
+    ALL = "all"
+    WORKFLOWS = "workflows"
+    ACTIVITIES = "activities"
+
+    @property
+    def runs_workflows(self) -> bool:
+        return self is not WorkerRole.ACTIVITIES
+
+    @property
+    def runs_activities(self) -> bool:
+        return self is not WorkerRole.WORKFLOWS
 
 
 @dataclass
@@ -117,6 +143,7 @@ def build_worker(
     retention: float | None = None,
     liveness: WorkerLiveness | None = None,
     hand_over: Callable[[str, str], Awaitable[None]] | None = None,
+    role: WorkerRole = WorkerRole.ALL,
     **options: Any,
 ) -> Worker:
     """The worker; without ``secrets`` no stream may name any secret; without
@@ -126,7 +153,20 @@ def build_worker(
     it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own.
     ``liveness``: the worker's lease (connections run and commit under it; None: none).
     ``hand_over``: prepares a workflow whose connection this worker hands over to spread
-    the pool's load (``Failover.reset_sticky``; None: connections are never handed over)."""
+    the pool's load (``Failover.reset_sticky``; None: connections are never handed over).
+    ``role``: what this SDK worker runs (:class:`WorkerRole`)."""
+    options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
+    options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
+    options.setdefault("graceful_shutdown_timeout", timedelta(seconds=0))
+    # A worker takes no more connections than it can heartbeat in time (see
+    # MAX_CONNECTIONS_PER_WORKER), plus room for the short store activities.
+    options.setdefault("max_concurrent_activities", MAX_CONNECTIONS_PER_WORKER + STORE_SLOTS)
+    # One cached run per stream plus its checkpoint runs: at the SDK's default (1,000) a
+    # worker with a thousand streams would evict and replay histories on every activation.
+    options.setdefault("max_cached_workflows", 5000)
+    workflows = [StreamWorkflow, CheckpointAdvanceWorkflow] if role.runs_workflows else []
+    if not role.runs_activities:
+        return Worker(client, task_queue=task_queue, workflows=workflows, **options)
     schedules = ScheduleActivities(client, task_queue, resources.stores)
     reader = StreamReader(
         http=resources.http,
@@ -157,21 +197,8 @@ def build_worker(
         *schedules.activities(),
         *SearchAttributeActivities(client).activities(),
     ]
-    options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
-    options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
-    options.setdefault("graceful_shutdown_timeout", timedelta(seconds=0))
-    # A worker takes no more connections than it can heartbeat in time (see
-    # MAX_CONNECTIONS_PER_WORKER), plus room for the short store activities.
-    options.setdefault("max_concurrent_activities", MAX_CONNECTIONS_PER_WORKER + STORE_SLOTS)
-    # One cached run per stream plus its checkpoint runs: at the SDK's default (1,000) a
-    # worker with a thousand streams would evict and replay histories on every activation.
-    options.setdefault("max_cached_workflows", 5000)
     return Worker(
-        client,
-        task_queue=task_queue,
-        workflows=[StreamWorkflow, CheckpointAdvanceWorkflow],
-        activities=activities,
-        **options,
+        client, task_queue=task_queue, workflows=workflows, activities=activities, **options
     )
 
 
@@ -315,9 +342,9 @@ async def run_worker(
         timeout=DEPENDENCY_WAIT,
         fatal=lambda error: not isinstance(error, StoreError),
     )
-    worker = build_worker(
-        client,
-        resources,
+    options: dict[str, Any] = dict(
+        client=client,
+        resources=resources,
         task_queue=settings.task_queue,
         allowed_hosts=settings.allowed_hosts,
         secrets=secrets,
@@ -326,6 +353,8 @@ async def run_worker(
         liveness=liveness,
         hand_over=failover.reset_sticky,
     )
+    worker = build_worker(**options, role=WorkerRole.WORKFLOWS)
+    readers = build_worker(**options, role=WorkerRole.ACTIVITIES)
     if tune_gc:
         tune_collector()
     log.info(
@@ -338,8 +367,12 @@ async def run_worker(
     watchdog = asyncio.create_task(liveness.run(watching))
     try:
         async with worker:
-            await stop.wait()
-            log.info("shutting down: running connections flush and return")
+            async with readers:
+                await stop.wait()
+                log.info("shutting down: running connections flush and return")
+            # Their results reach this process's workflow cache, which starts the next
+            # connections, on the workers still polling for them.
+            await asyncio.sleep(HANDOVER_GRACE)
     finally:
         watching.set()
         await watchdog

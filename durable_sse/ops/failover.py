@@ -14,12 +14,14 @@ Cost: one activity attempt per stream moved; nothing while no worker dies.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 
 from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
-from temporalio.client import Client
+from temporalio.client import AsyncActivityHandle, Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -30,6 +32,10 @@ logger = logging.getLogger(__name__)
 WORKER_LOST = "WorkerLostError"
 """The error type a moved attempt fails with (retryable: the stream reads on)."""
 CALL_TIMEOUT = timedelta(seconds=10)
+VERIFY_AFTER = 2.0
+"""Seconds after failing an attempt before looking where its retry went."""
+MAX_FAILS = 8
+"""Times one connection's attempt is failed at most (more than a worker's polls)."""
 
 
 class Failover:
@@ -39,10 +45,17 @@ class Failover:
         self.client = client
         self.failed_attempts = 0
         """Attempts this worker failed by id."""
+        self._following: set[asyncio.Task[None]] = set()
 
     async def move(self, connection: HeldConnection, dead: WorkerLease) -> None:
         """Fail the connection's attempt by id (retry now), after resetting its workflow's
-        sticky task queue. An attempt that already ended is no error."""
+        sticky task queue; then make sure the retry did not land on the dead worker.
+
+        A worker that is only paused still has activity polls open at the server, which
+        may hand it the retry: it would sit there until the worker comes back. So the
+        attempt is looked at again after :data:`VERIFY_AFTER`, and an attempt that the
+        dead worker took is failed again (each paused poll takes one task at most, so
+        this ends). An attempt that already ended is no error."""
         if connection.workflow_id is None or connection.activity_id is None:
             return  # registered by a build that did not record its attempt
         if connection.run_id is not None:
@@ -58,14 +71,65 @@ class Failover:
             type=WORKER_LOST,
             next_retry_delay=timedelta(0),
         )
+        if await self._fail(handle, error, connection.stream):
+            check = asyncio.create_task(self._follow(connection, dead, handle, error))
+            self._following.add(check)
+            check.add_done_callback(self._following.discard)
+
+    async def _fail(
+        self, handle: AsyncActivityHandle, error: ApplicationError, stream: str
+    ) -> bool:
+        """Fail the attempt by id; False when it had already ended."""
         try:
             await handle.fail(error, rpc_timeout=CALL_TIMEOUT)
         except RPCError as rpc:
             if rpc.status == RPCStatusCode.NOT_FOUND:
-                logger.debug("stream %s: its attempt had already ended", connection.stream)
-                return
+                logger.debug("stream %s: its attempt had already ended", stream)
+                return False
             raise
         self.failed_attempts += 1
+        return True
+
+    async def _follow(
+        self,
+        connection: HeldConnection,
+        dead: WorkerLease,
+        handle: AsyncActivityHandle,
+        error: ApplicationError,
+    ) -> None:
+        """In the background (the next stream's move does not wait): fail the retry again
+        while the dead worker is the one that took it."""
+        identity = f"{dead.pid}@{dead.host}"
+        try:
+            for _ in range(MAX_FAILS):
+                await asyncio.sleep(VERIFY_AFTER)
+                if not await self._on_worker(connection, identity):
+                    return
+                logger.info(
+                    "stream %s: its retry went to paused worker %s; failing it again",
+                    connection.stream,
+                    dead.worker_id,
+                )
+                if not await self._fail(handle, error, connection.stream):
+                    return
+        except RPCError as rpc:
+            logger.warning("stream %s: could not follow its retry: %s", connection.stream, rpc)
+
+    async def _on_worker(self, connection: HeldConnection, identity: str) -> bool:
+        """Whether the connection's running attempt was taken by the worker ``identity``."""
+        assert connection.workflow_id is not None
+        handle = self.client.get_workflow_handle(connection.workflow_id, run_id=connection.run_id)
+        try:
+            description = await handle.describe(rpc_timeout=CALL_TIMEOUT)
+        except RPCError:
+            return False
+        for pending in description.raw_description.pending_activities:
+            if (
+                pending.activity_id == connection.activity_id
+                and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+            ):
+                return pending.last_worker_identity == identity
+        return False
 
     async def reset_sticky(self, workflow_id: str, run_id: str) -> None:
         """The workflow's next task goes to the task queue every worker polls, not to the
