@@ -4,6 +4,16 @@ The worker runs :func:`create_schema` at every start: it creates a new database 
 :data:`~durable_sse.log.schema.SCHEMA_VERSION` and migrates an older one step by step
 (``MIGRATIONS[n]`` takes version n to n + 1), under an advisory lock on PostgreSQL
 (SQLite has one writer at a time anyway).
+
+Migrations are expand-then-contract, so that two builds run at once during a deploy
+(docs/deploys.md): the new build's first worker migrates while the old
+build's workers still read and write. A migration that only adds (a nullable column, a
+table, an index) leaves a schema the previous build still serves; one that removes or
+changes what an older build uses (a column it writes, a constraint it relies on)
+comes in a later version, once no build that needs it runs. ``SERVES_FROM[v]`` says
+which builds a schema at version v serves, and the database records it
+(``sse_schema.serves_from``): a build older than the database starts when the
+database still serves it, and is refused in one line when it does not.
 """
 
 from __future__ import annotations
@@ -91,10 +101,20 @@ def _migrate(connection: Connection) -> None:
         _create_side_tables(connection)
         return
     if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"the database has schema version {version}, newer than this durable-sse "
-            f"({SCHEMA_VERSION}): upgrade durable-sse before running it on this database"
+        serves_from = _serves_from(connection, version)
+        if serves_from > SCHEMA_VERSION:
+            raise StoreError(
+                f"the database has schema version {version}, which serves durable-sse "
+                f"schema {serves_from} and later, newer than this build's ({SCHEMA_VERSION}): "
+                "upgrade durable-sse before running it on this database"
+            )
+        logger.info(
+            "the database's schema version %d still serves this build (%d): running on it",
+            version,
+            SCHEMA_VERSION,
         )
+        _create_side_tables(connection)
+        return
     for step in range(version, SCHEMA_VERSION):
         logger.info("migrating the schema from version %d to %d", step, step + 1)
         MIGRATIONS[step](connection)
@@ -113,10 +133,24 @@ def _create_side_tables(connection: Connection) -> None:
             connection.exec_driver_sql(f"ALTER TABLE {READERS_TABLE} ADD COLUMN {name} {kind}")
 
 
+def _serves_from(connection: Connection, version: int) -> int:
+    """The oldest build the database serves, as recorded (a database written before the
+    rule serves its own version only)."""
+    present = {column["name"] for column in sa.inspect(connection).get_columns(SCHEMA_TABLE)}
+    if "serves_from" not in present:
+        return version
+    recorded = connection.execute(sa.select(sa.func.max(schema_table.c.serves_from))).scalar()
+    return version if recorded is None else int(recorded)
+
+
 def _set_version(connection: Connection, version: int) -> None:
     schema_table.create(connection, checkfirst=True)
+    present = {column["name"] for column in sa.inspect(connection).get_columns(SCHEMA_TABLE)}
+    if "serves_from" not in present:
+        connection.exec_driver_sql(f"ALTER TABLE {SCHEMA_TABLE} ADD COLUMN serves_from INTEGER")
     connection.execute(sa.delete(schema_table))
-    connection.execute(sa.insert(schema_table).values(version=version))
+    serves_from = SERVES_FROM.get(version, version)
+    connection.execute(sa.insert(schema_table).values(version=version, serves_from=serves_from))
 
 
 def _migrate_1_to_2(connection: Connection) -> None:
@@ -323,3 +357,12 @@ MIGRATIONS = {
     5: _migrate_5_to_6,
 }
 """``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction."""
+
+SERVES_FROM = {1: 1, 2: 2, 3: 3, 4: 3, 5: 4, 6: 5}
+"""``SERVES_FROM[v]``: the oldest build (its ``SCHEMA_VERSION``) a database at schema v
+still serves. An expanding step serves the build before it (4: ``digest`` is nullable,
+an older writer leaves it NULL, "unknown"; 5: gap marks are nullable; 6:
+``resting_since`` is nullable); a contracting one does not (2 drops the fence columns;
+3 changes the events' unique key). A new migration adds its entry: the build before it
+when it only adds, itself when it contracts (and a contraction ships only after a
+release that no longer needs what it removes)."""

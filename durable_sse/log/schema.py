@@ -283,11 +283,14 @@ class SSEWorker(SQLModel, table=True):
 
 
 class SSESchema(SQLModel, table=True):
-    """The schema version of this database (one row)."""
+    """The schema version of this database (one row), and the oldest build it serves."""
 
     __tablename__ = SCHEMA_TABLE
 
     version: int = Field(sa_column=sa.Column(sa.Integer, primary_key=True))
+    serves_from: int | None = Field(default=None, sa_column=sa.Column(sa.Integer, nullable=True))
+    """The oldest ``SCHEMA_VERSION`` of code that may still run on this database (NULL:
+    written before the rule, ``version`` itself): see :mod:`durable_sse.log.migrations`."""
 
 
 events_table: sa.Table = SSEEvent.__table__  # type: ignore[attr-defined]
