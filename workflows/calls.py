@@ -154,11 +154,13 @@ async def delete_schedule(ref: StreamRef) -> None:
         workflow.logger.warning("could not delete the checkpoint schedule: %s", error)
 
 
-def nudge_reader(ref: StreamRef) -> None:
+def nudge_reader(ref: StreamRef) -> asyncio.Task[None]:
     """Make the cancellation just requested reach the reader now rather than at its
     next heartbeat (durable_sse/ops/nudge.py). Scheduled after the cancellation, in the
     same workflow task, so the server knows of it when the reader heartbeats. Not
-    awaited: a nudge that fails only leaves the cancellation to that heartbeat."""
+    awaited here: a nudge that fails only leaves the cancellation to that heartbeat; a
+    run awaits it before it continues-as-new (its completion arriving during that task
+    would have the server refuse the task, ``UnhandledCommand``)."""
 
     async def nudge() -> None:
         try:
@@ -172,7 +174,7 @@ def nudge_reader(ref: StreamRef) -> None:
         except ActivityError as error:
             workflow.logger.debug("nudge not delivered: %s", error.cause or error)
 
-    asyncio.create_task(nudge())
+    return asyncio.create_task(nudge())
 
 
 async def attribute_registered() -> bool:

@@ -93,6 +93,8 @@ class StreamWorkflow:
         """The running connection's number (``ReadInput.connection``)."""
         self._connections = 0
         """Connections made by this run."""
+        self._nudges: set[asyncio.Task[None]] = set()
+        """Nudges not yet known to be done (awaited before continue-as-new)."""
         self._attribute = False
         """The namespace has ``SseStreamState`` registered: upsert it on every change."""
         self._attribute_value: str | None = None
@@ -185,6 +187,9 @@ class StreamWorkflow:
         )
         if reason is None:
             return
+        # Nothing of this run may complete while its last task does: the server would
+        # refuse the continue-as-new (UnhandledCommand) and run the task again.
+        await asyncio.gather(*self._nudges)
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.logger.info(
             "continuing as new (%s) after %d connections", reason, self._state.counters.connections
@@ -364,7 +369,9 @@ class StreamWorkflow:
                 if interrupt():
                     handle.cancel()
                     cancelled = True
-                    calls.nudge_reader(self._ref())
+                    nudge = calls.nudge_reader(self._ref())
+                    self._nudges.add(nudge)
+                    nudge.add_done_callback(self._nudges.discard)
                     break
                 wait = None
                 if not plan.repairs:
