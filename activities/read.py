@@ -37,12 +37,15 @@ from typing import Any
 import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from durable_sse.config.durations import effective_retention
 from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.config.spec import MIN_HEARTBEAT_TIMEOUT
 from durable_sse.contracts import (
+    CONNECTION_MOVED,
     ConnectionProgress,
+    Outcome,
     ReadInput,
     ReadProgress,
     ReadResult,
@@ -192,12 +195,10 @@ class StreamReader:
     async def hand_over(
         self, count: int, seconds: float, *, before: Callable[[str, str], Awaitable[None]]
     ) -> int:
-        """End ``count`` connections cleanly (flush, commit, a cancelled result: the
-        workflow reconnects at once on the live route), one every ``seconds / count``, so
-        that the next ones start wherever the pool has room. Connections on the live route
-        go first (a repair or replay handed over starts again). ``before(workflow_id,
-        run_id)`` runs first for each (the worker resets the workflow's sticky queue, so
-        its next task, and the eagerly started connection, may go to any worker)."""
+        """End ``count`` connections cleanly (flush, commit) and let Temporal retry each at
+        once from its last cursor, one every ``seconds / count``, so that they go on
+        wherever the pool has room. Connections on the live route go first.
+        ``before(workflow_id, run_id)`` runs first for each."""
         chosen = sorted(
             (c for c in self.running.items() if c[1].streaming),
             key=lambda item: item[1].input.route != Route.LIVE,
@@ -210,6 +211,7 @@ class StreamReader:
             info = connection.info
             if info.workflow_id and info.workflow_run_id:
                 await before(info.workflow_id, info.workflow_run_id)
+            connection.moving = "handed over to spread the pool's connections over its workers"
             task.cancel()
             done += 1
             await asyncio.sleep(pause)
@@ -262,6 +264,8 @@ class _ActivityConnection:
         """The attempt's heartbeat timeout (None: none, outside a workflow)."""
         self.worker_id = reader.worker_lease() if reader.worker_lease is not None else None
         """The worker lease this connection runs and commits under."""
+        self.moving: str | None = None
+        """Why its worker cancels it to go on elsewhere (a hand-over), if it does."""
         details = info.heartbeat_details
         self.connection = Connection(
             input,
@@ -301,13 +305,52 @@ class _ActivityConnection:
 
     async def run(self) -> ReadResult:
         try:
-            return await self.connection.run()
+            result = await self.connection.run()
         except ConfigError as error:
             raise ApplicationError(str(error), type="ConfigError", non_retryable=True) from None
         except StreamRefusedError as error:
             raise ApplicationError(
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
+        moving = self._moving(result)
+        if moving is None or not await self._move(moving):
+            return result
+        activity.raise_complete_async()  # completed above, through the client
+
+    async def _move(self, why: str) -> bool:
+        """Fail this attempt, flushed and committed, with a retryable error and this
+        connection's progress as its last heartbeat details, through the client: Temporal
+        retries it at once wherever there is room, with no workflow task in between, and
+        the retry resumes from this cursor (nothing read twice, nothing to suspect). A
+        heartbeat sent just before raising would race the failure and could be lost.
+        False: the attempt could not be failed (it is routed as a cancelled result)."""
+        progress = self.connection.session.progress()
+        if progress.cursor is not None:
+            # Everything read is committed: the retry starts where this one got to, not
+            # where it began (as after a death), so it has nothing to re-read or suspect.
+            progress = replace(progress, start_cursor=progress.cursor, first_id=None)
+        error = ApplicationError(why, type=CONNECTION_MOVED, next_retry_delay=timedelta(0))
+        handle = activity.client().get_async_activity_handle(task_token=self.info.task_token)
+        try:
+            await handle.fail(error, last_heartbeat_details=[asdict(progress)])
+        except RPCError as rpc:
+            activity.logger.warning("could not hand the connection over: %s", rpc)
+            return False
+        return True
+
+    def _moving(self, result: ReadResult) -> str | None:
+        """Why this connection, cancelled by its own worker, goes on as a retry elsewhere
+        (None: it ended for the workflow to route)."""
+        if result.outcome != Outcome.CANCELLED:
+            return None
+        details = activity.cancellation_details()
+        if details is not None and details.cancel_requested:
+            return None  # the workflow asked for it (a signal): it routes the result
+        if self.moving is not None:
+            return self.moving
+        if activity.is_worker_shutdown():
+            return "its worker is shutting down: the connection goes on on another worker"
+        return None
 
     @property
     def streaming(self) -> bool:

@@ -17,6 +17,14 @@ from durable_sse.gaps.model import GapSummary, GapTotals, GapView
 
 WORKFLOW_ID_PREFIX = "sse-stream:"
 SCHEDULE_ID_PREFIX = "sse-checkpoint:"
+WORKER_LOST = "WorkerLostError"
+"""The error type of a read attempt failed by a watchdog because its worker died (retried
+at once elsewhere: :mod:`durable_sse.ops.failover`)."""
+CONNECTION_MOVED = "ConnectionMovedError"
+"""The error type of a read attempt its own worker ended cleanly to go on elsewhere (the
+worker stops, or hands connections over): retried at once, from its last cursor."""
+MOVED_ERRORS = (WORKER_LOST, CONNECTION_MOVED)
+
 STREAM_STATE_ATTRIBUTE = "SseStreamState"
 """Keyword search attribute a stream's workflow keeps set to its state (``reading``,
 ``waiting``, ``paused``, ``parked``, ``stopped-by-server``, ``stopped``) where the namespace

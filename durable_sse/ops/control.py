@@ -20,11 +20,15 @@ from durable_sse.config.durations import format_duration
 from durable_sse.config.replay import parse_replay_signal
 from durable_sse.config.spec import StreamSpec, parse_spec
 from durable_sse.config.temporal import TemporalTarget
-from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
+from durable_sse.contracts import (
+    MOVED_ERRORS,
+    STREAM_STATE_ATTRIBUTE,
+    StreamStatus,
+    stream_workflow_id,
+)
 from durable_sse.errors import DurableSSEError
 from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
-from durable_sse.ops.failover import WORKER_LOST
 from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.ops.temporal_client import TemporalConnectionError
 
@@ -172,8 +176,8 @@ async def stream_status(
 
 
 async def connection_moved(handle: WorkflowHandle[Any, Any]) -> dict[str, str] | None:
-    """When and why the running connection last moved to another worker (its attempt
-    failed by a watchdog, :mod:`durable_sse.ops.failover`), from Temporal's view of the
+    """When and why the running connection last moved to another worker (its worker died,
+    stopped or handed it over: its attempt was retried), from Temporal's view of the
     pending read attempt; None when it did not move (or Temporal cannot say)."""
     try:
         description = await handle.describe()
@@ -183,7 +187,7 @@ async def connection_moved(handle: WorkflowHandle[Any, Any]) -> dict[str, str] |
         failure = pending.last_failure
         if pending.activity_type.name != "read_stream" or pending.attempt <= 1:
             continue
-        if failure.application_failure_info.type != WORKER_LOST:
+        if failure.application_failure_info.type not in MOVED_ERRORS:
             continue
         at = pending.last_attempt_complete_time.ToDatetime(tzinfo=UTC)
         return {"at": at.isoformat(), "why": failure.message}

@@ -25,12 +25,11 @@ from temporalio.client import AsyncActivityHandle, Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from durable_sse.contracts import WORKER_LOST
 from durable_sse.log.workers import HeldConnection, WorkerLease
 
 logger = logging.getLogger(__name__)
 
-WORKER_LOST = "WorkerLostError"
-"""The error type a moved attempt fails with (retryable: the stream reads on)."""
 CALL_TIMEOUT = timedelta(seconds=10)
 VERIFY_AFTER = 2.0
 """Seconds after failing an attempt before looking where its retry went."""
