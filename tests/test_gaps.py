@@ -535,10 +535,14 @@ def test_a_repair_starts_one_stored_id_before_the_oldest_resume_point() -> None:
     assert start(repair=True, gaps=[gap("a", "5", "15")]) == ("5", "gap", "10")
 
 
-def test_a_repair_with_no_gap_open_starts_at_the_lagging_id() -> None:
-    assert start(repair=True, lagging="30") == ("30", "lagging", "40")
+def test_a_repair_with_no_gap_open_starts_one_stored_id_before_the_lagging_id() -> None:
+    """A verified reconnect suspects what was read since the lagging id: the lagging id
+    is its start, and the witness that the history reaches it."""
+    assert start(repair=True, lagging="30") == ("20", "lagging", "30")
     closed = gap("a", "10", "20", state=GapState.REPAIRED.value)
-    assert start(repair=True, lagging="30", gaps=[closed]) == ("30", "lagging", "40")
+    assert start(repair=True, lagging="30", gaps=[closed]) == ("20", "lagging", "30")
+    # nothing stored before it: the lagging id itself
+    assert start(repair=True, lagging="10") == ("10", "lagging", "20")
     # with no lagging id either, the caller's chain decides
     assert start(repair=True) == (None, "none", None)
 
@@ -1208,15 +1212,33 @@ def test_a_retried_attempt_suspects_what_the_dead_one_read() -> None:
 
 
 def test_a_retried_attempt_that_re_reads_continuously_clears_the_suspicion() -> None:
-    t = tracker("40", floor="90", witness="50")
+    """From one stored id before the span (its start is the witness) the retry's continuous
+    read proves it."""
+    t = tracker("39", lagging="40", floor="90", witness="40")
     suspicion = t.suspect("an attempt died")
-    assert suspicion is not None
-    read(t, 50, 60, 90, 91)
+    assert suspicion is not None and suspicion.start_id == "40"
+    read(t, 40, 50, 60, 90, 91)
     changes = t.batch_changes(last_id="91", segment=frozenset())
     assert [(c.gap_id, c.opened is not None, c.close) for c in changes] == [
         (suspicion.gap_id, True, False),
         (suspicion.gap_id, False, True),
     ]
+
+
+def test_a_retry_from_its_span_s_start_has_no_witness_inside_the_span() -> None:
+    """Simulation seed 708179435: a retry from 40 (where the dead attempt began) met 44
+    first, the first row stored after 40, and took it for a witness. The dead attempt may
+    have skipped ids before it with a notice it never wrote, and the history may have lost
+    them since (41..43 were gone): the span is a hole like any gap. Evidence from the
+    first id on, a strike for the span; the next repair starts one stored id before it."""
+    t = tracker("40", floor="90", witness="44")
+    suspicion = t.suspect("an attempt died")
+    assert suspicion is not None and suspicion.start_id == "40"
+    read(t, 44, 60, 90, 91)
+    assert t.covered_from == "44" and t.short_history
+    changes = t.batch_changes(last_id="91", segment=frozenset())
+    assert not any(c.close for c in changes)
+    assert [c.short_to for c in t.pending_changes()] == ["44"]
 
 
 # -- verify_reconnects: a reconnect suspects what was read since the lagging id ---------------
@@ -1251,15 +1273,22 @@ def test_a_suspicion_starts_where_an_open_one_ends() -> None:
 
 
 def test_a_re_read_from_the_lagging_id_clears_the_suspicion() -> None:
-    t = tracker("30", lagging="30", floor="90", witness="31")
+    """The repair starts one stored id before the lagging id, the suspicion's start."""
+    t = tracker("29", lagging="30", floor="90", witness="30")
     suspicion = t.verify("a reconnect")
     assert suspicion is not None
-    read(t, 31, 60, 90)  # through the newest stored id: nothing newer is needed
+    read(t, 30, 31, 60, 90)  # through the newest stored id: nothing newer is needed
     changes = t.batch_changes(last_id="90", segment=frozenset())
     assert [(c.gap_id, c.opened is not None, c.close) for c in changes] == [
         (suspicion.gap_id, True, False),
         (suspicion.gap_id, False, True),
     ]
+    # From the lagging id itself, the first row after it lies inside the suspicion: no
+    # witness, a strike.
+    t = tracker("30", lagging="30", floor="90", witness="31")
+    t.verify("a reconnect")
+    read(t, 31, 60, 90)
+    assert t.covered_from == "31" and t.short_history
 
 
 def test_suspicions_are_summed_apart_in_the_totals() -> None:
@@ -1417,7 +1446,48 @@ def test_a_witness_a_repair_stored_inside_the_hole_does_not_show_the_history_rea
     read(t, 59)
     assert t.covered_from == "59"  # evidence from its first id on only
     assert t.short_history or t.has_queued  # the third strike: the history starts past it
-    # Rows inside the bounds read before the notice (no repair touched the gap) still are.
+    # Rows inside the bounds read before the notice are no witness either (the skip the
+    # notice announced may lie before them).
     t = tracker("28", floor="90", witness="59", gaps=[gap("a", "28", "69")])
     read(t, 59)
-    assert t.covered_from == "28"
+    assert t.covered_from == "59" and t.short_history
+
+
+def test_a_repair_with_nothing_stored_before_its_gap_has_no_witness() -> None:
+    """Simulation seed 708180304: the stream's first connection read 1, 3, 4, then "dropped
+    1 events" (2 was skipped); the gap is 1..5 and 1 the oldest stored id, so its repair
+    sends 1 itself. The history no longer held 2 and the repair met 3 first, the row stored
+    after 1: no witness, since the hole lies between. Evidence from 3 on, and a strike."""
+    t = tracker("1", floor="6", witness="3", gaps=[gap("g1", "1", "5", notice="4")])
+    read(t, 3, 4, 5, 6)
+    assert t.covered_from == "3" and t.short_history
+    assert not any(c.close for c in t.batch_changes(last_id="6", segment=frozenset()))
+    assert [c.short_to for c in t.pending_changes()] == ["3"]
+
+
+def test_a_notice_before_any_event_leaves_no_witness_after_its_cursor() -> None:
+    """Simulation seed 20781: a notice came before the first event of a connection at 1
+    ("dropped 16 events"): the gap starts at 1, its notice at 1, its end unknown. A repair
+    from 1 met 13 first, the row stored after 1: the hole lies past the notice, up to an
+    end nobody read yet, so 13 is no witness (2..12 were gone)."""
+    t = tracker("1", floor="20", witness="13", gaps=[gap("g1", "1", None, notice="1")])
+    read(t, 13, 14)
+    assert t.covered_from == "13" and t.short_history
+    assert [c.short_to for c in t.pending_changes()] == ["13"]
+
+
+def test_a_hole_outside_the_cursor_to_witness_span_keeps_the_witness() -> None:
+    """Only a hole between the cursor and the witness takes the witness away: one wholly
+    before the cursor, or one that resumes at the witness or after it, does not."""
+    gaps = [gap("before", "5", "10"), gap("a", "20", "30"), gap("later", "50", "60")]
+    t = tracker("19", floor="90", witness="20", gaps=gaps)
+    read(t, 20)
+    assert t.covered_from == "19" and not t.short_history
+    # A gap that resumes before the cursor, its hole reaching past it: evidence from the
+    # first id on; the gap resuming at the witness is still re-read from its start.
+    wide = gap("wide", "5", "25")
+    t = tracker("19", floor="90", witness="20", gaps=[wide, gap("a", "20", "30")])
+    read(t, 20, *range(21, 31))
+    assert t.covered_from == "20"
+    closed = [c.gap_id for c in t.batch_changes(last_id="30", segment=frozenset()) if c.close]
+    assert closed == ["a"]

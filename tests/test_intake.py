@@ -599,16 +599,31 @@ def test_a_repair_with_gaps_behind_its_start_ends_once_it_has_nothing_to_re_read
 
 
 def test_a_retried_attempt_records_what_the_dead_one_read_with_its_first_batch() -> None:
-    i = intake("40", route=Route.LIVE, floor="90", witness="50", retried=True)
+    i = intake("39", route=Route.LIVE, lagging="40", floor="90", witness="40", retried=True)
     assert i.outcome is None  # its own suspicion is no unknown gap
-    take(i, *events(50, 60, 70))
-    [batch] = cut(i)
-    opened, reread = batch.gap_changes
+    take(i, *events(40, 50, 60, 70))
+    first, then = cut(i)  # 40 lies before the span: a batch of its own
+    [opened], [reread] = first.gap_changes, then.gap_changes
     assert opened.opened is not None and opened.opened.kind == GapKind.RETRY.value
     gap = opened.opened
     assert (gap.start_id, gap.end_id, gap.notice_id) == ("40", None, "90")
-    # it re-reads the suspected span itself: the same batch moves its resume point
+    # it re-reads the suspected span itself (from its start, the witness): the batch
+    # inside it moves its resume point
     assert (reread.gap_id, reread.reread_to, reread.close) == (opened.gap_id, "70", False)
+
+
+def test_a_retry_whose_first_row_lies_inside_its_own_span_proves_nothing_of_it() -> None:
+    """Where the dead attempt began (40), the first row stored after it (50) is one it may
+    have read past a skip it never recorded: no witness. The retry reads on as evidence
+    from 50 and ends after the grace, so that a repair from before the span re-reads it."""
+    i = intake("40", route=Route.LIVE, floor="90", witness="50", retried=True)
+    take(i, *events(50, 60, 70))
+    [batch] = cut(i)
+    opened, *others = batch.gap_changes
+    assert opened.opened is not None and opened.opened.kind == GapKind.RETRY.value
+    assert not any(c.reread_to or c.close for c in others)
+    i.poll(100.0)
+    assert i.outcome is Outcome.DROP_SIGNAL
 
 
 # -- what a connection received as it ends (issue 24, item 5) -------------------------------

@@ -76,7 +76,8 @@ def choose_start(
 
     ``repair`` (the lagged route) starts one stored id before the oldest open gap's
     resume point, so the first id re-delivered shows whether the history still reaches
-    it; with no gap open it starts at the lagging id. A connection whose caches had no
+    it; with no gap open one stored id before the lagging id (the start of what a
+    verified reconnect suspects), for the same reason. A connection whose caches had no
     cursor takes the lagging id, then the floor. ``neighbour(id, older)`` is the store's
     stored id just before (``older``) or just after ``id``; the witness is the one
     after the cursor, when the cursor is older than the floor. ``oldest`` (given for a
@@ -90,7 +91,9 @@ def choose_start(
             assert resume is not None
             cursor, source = neighbour(resume, True) or resume, "gap"
         elif lagging_id:
-            cursor, source = lagging_id, "lagging"
+            # One stored id before it too: a verified reconnect's suspicion starts at the
+            # lagging id, and the first row after it lies inside the suspicion, no witness.
+            cursor, source = neighbour(lagging_id, True) or lagging_id, "lagging"
     if cursor is None and (not repair or oldest is not None):
         if lagging_id:
             cursor, source = lagging_id, "lagging"

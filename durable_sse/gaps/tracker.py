@@ -28,9 +28,6 @@ more events, and its gaps must still close (a notice later than this is taken as
 drop)."""
 
 
-_READ_SPANS = frozenset({GapKind.SUSPECTED.value, GapKind.RETRY.value})
-
-
 @dataclass
 class _Proof:
     """What a batch cut on a clean connection would prove, not yet confirmed."""
@@ -153,7 +150,7 @@ class GapTracker:
         reached = history_confirmed or (
             witness is not None
             and compare_ids(event_id, witness, self.order) <= 0
-            and not self._unread_hole_before(witness)
+            and not self._unread_hole_before(cursor, witness)
         )
         if reached:
             self.covered_from = cursor
@@ -413,23 +410,33 @@ class GapTracker:
         resume = gap.resume_from(self.order)
         return resume is not None and compare_ids(resume, self.covered_from, self.order) >= 0
 
-    def _unread_hole_before(self, witness: str) -> bool:
-        """Whether the witness is a row stored inside an open gap's hole, past what was
-        re-read of it, after the gap was recorded (repairs recovered rows in it, or saw the
-        history start past it): then ids the server skipped may lie between the cursor
-        and the witness, and a history that now starts at the witness looks the same as
-        one that reaches the cursor. Seen in the simulation (seed 2865): a replay from a
-        gap's start met first the rows a repair had stored past a truncation, took that
-        for reaching its cursor, and closed as ``repaired`` a gap whose first ids the
-        history no longer held. A suspicion or a retry's span is no known hole: its rows
-        were read in one continuous run (only a notice may have been lost)."""
+    def _unread_hole_before(self, cursor: str, witness: str) -> bool:
+        """Whether an open gap's hole, not yet re-read, may lie between the cursor and the
+        witness (its resume point before the witness, its end after the cursor or unknown): then
+        ids the server skipped may lie there, and a history that now starts at the
+        witness looks the same as one that reaches the cursor. The witness shows the
+        history reaches the cursor only when nothing may be missing before it: a repair
+        starts one stored id before its gap for that, so that the gap's resume point is
+        the witness.
+
+        Whatever the gap's kind and whoever stored the rows inside it: rows read before
+        a notice (the skip it announced may lie before them), rows a repair stored past a
+        truncation (simulation seed 2865), rows a dead attempt read before a notice it
+        never recorded (a retry's span). Seen in the simulation (seeds 708180304,
+        708179435): a repair from the stream's first id (1, nothing stored before it)
+        met 3 first, the row stored after the skipped 2, and closed as ``repaired`` a gap
+        whose id 2 the history no longer held; a retry from a gap's start took the first
+        row its own span held for a witness, with 41..43 gone; seed 20781: a notice before
+        any event, at the cursor, its end not yet known, 2..12 gone.
+        """
         for gap in self.gaps.values():
             resume = gap.resume_from(self.order)
-            if gap.gap_id in self.opened or resume is None or gap.kind in _READ_SPANS:
+            if resume is None or compare_ids(resume, witness, self.order) >= 0:
                 continue
-            if not (gap.recovered or gap.short_reads):
-                continue  # the rows inside it are the ones read before its notice
-            if gap.contains(witness, self.order) and compare_ids(resume, witness, self.order) < 0:
+            # Its end, not its notice: a notice speaks of ids skipped before the next one
+            # read, which may lie past the notice (one before any event: all of them).
+            end = gap.end_id
+            if end is None or compare_ids(end, cursor, self.order) > 0:
                 return True
         return False
 

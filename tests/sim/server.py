@@ -54,8 +54,8 @@ class Notice:
 class ScriptedDrop:
     """A drop a scripted schedule makes one connection take."""
 
-    connection: int
-    """Index of the connection (in connect order)."""
+    connection: int | None
+    """Index of the connection (in connect order); None: the first that gets there."""
     first: int
     last: int
     notice_after: int | None
@@ -88,6 +88,9 @@ class SimConnection:
     verification re-reads (``verify_reconnects``)."""
     behind: bool = False
     """Its cursor was older than the newest stored id (a replay), as the reader saw it."""
+    cut_due: bool = False
+    """It sent the id the script cuts it after (:attr:`SimServer.cut_after`): the reader's
+    next step loses the connection, with what was written up to there."""
     _late: list[tuple[int, Notice]] = field(default_factory=list)
     _one_shot: Notice | None = None
     _one_shot_left: int = 0
@@ -101,7 +104,7 @@ class SimConnection:
             server.one_shots.clear()
         # A connection that is already streaming keeps its place even when the history
         # drops ids it has yet to send: truncation only shows to the next connection.
-        while self.next_id <= server.newest and len(self.buffer) < 4096:
+        while self.next_id <= server.newest and len(self.buffer) < 4096 and not self.cut_due:
             if self._one_shot_left:
                 self._one_shot_skip()
                 continue
@@ -110,11 +113,15 @@ class SimConnection:
                 if scripted.last > server.newest:
                     break  # skip the whole range at once, when it exists
                 self._scripted_skip(scripted)
+                if scripted.connection is None:
+                    server.script.remove(scripted)  # once, on whichever connection got there
                 continue
             if self.rng.random() < server.profile.drop_rate:
                 self._skip()
                 continue
             self._send(self.next_id)
+            if server.cut_after.get(self.index) == self.next_id:
+                self.cut_due = True
             self.next_id += 1
         if self.rng.random() < 0.05:
             self._write(b": ping\n\n")
@@ -222,6 +229,8 @@ class SimServer:
         self.history_start = 1
         self.connections: list[SimConnection] = []
         self.script: list[ScriptedDrop] = []
+        self.cut_after: dict[int, int] = {}
+        """Scripted cuts: connection index -> the id it is cut right after sending."""
         self.one_shots: list[int] = []
         """Drops of this many events that the next connection to write takes."""
         self.delivered: set[int] = set()
@@ -231,7 +240,9 @@ class SimServer:
 
     def scripted_drop(self, connection: SimConnection) -> ScriptedDrop | None:
         for drop in self.script:
-            if drop.connection == connection.index and drop.first == connection.next_id:
+            if drop.first != connection.next_id:
+                continue
+            if drop.connection is None or drop.connection == connection.index:
                 return drop
         return None
 

@@ -112,6 +112,9 @@ class MemoryEventLog:
         """``sse_retention.deleted_to_seq``: the newest ``seq`` retention deleted."""
         self.deleted_seqs: set[int] = set()
         """Every ``seq`` retention deleted (the oracle's view)."""
+        self.first_seq: dict[int, int] = {}
+        """Per integer id, the ``seq`` of the row that first stored it (kept when
+        retention deletes it): where a consumer met it (the oracle's view)."""
 
     # -- the write path ------------------------------------------------------------
 
@@ -158,6 +161,8 @@ class MemoryEventLog:
                 number = contiguous_number(record.event_id)
                 if number is not None and number in self.deleted:
                     self.anomalies.append(f"{number} stored again after retention deleted it")
+                if number is not None:
+                    self.first_seq.setdefault(number, self.seq)
         self.dropped_by_horizon += dropped
         if self.horizon is not None and any(change.opened is not None for change in changes):
             moved = (opening_past_horizon(c, self.horizon[1], self.order) for c in changes)

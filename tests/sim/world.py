@@ -71,6 +71,13 @@ STEP = 0.05
 """Virtual seconds per step."""
 QUIET_GENERATING_STEPS = 60
 """Steps the server keeps generating once the faults stop."""
+CONVERGE_SECONDS = 20.0
+"""Virtual seconds after the faults stop within which every gap must be closed (repaired,
+or unrecoverable and counted), with the connection left up as long as it likes: a gap
+no connection re-reads while the source is quiet is a violation, not a slow run."""
+QUIET_MAX_AGE = 1000
+"""Steps a connection lasts at most once the faults stop (its ``max_connection_age``):
+longer than :data:`CONVERGE_SECONDS`."""
 RETENTION_CHANCE = 0.1
 """Chance per step that a retention run starts (when the schedule has retention)."""
 NEVER = datetime(9999, 1, 1, tzinfo=UTC)
@@ -203,6 +210,12 @@ class World:
         self.cut_connections: list[SimConnection] = []
         """Connections the server cut since the last connection started."""
         self.consumer = SimConsumer(self.log)
+        self.zombie_gaps: set[str] = set()
+        """Gaps a presumed-dead attempt opened: the workflow learns of them only when a
+        connection ends (a live one that outlives them rotates at its age); the worker
+        lease will refuse such commits."""
+        self.quiet_since: float | None = None
+        """When the faults stopped (the quiet phase began)."""
         self.reads = random.Random(f"{seed}:consumer")
         """The consumer reads at moments of its own generator's (other draws unchanged)."""
         self.read_rate = self.reads.choice([0.02, 0.1, 0.3])
@@ -239,6 +252,11 @@ class World:
             self._history_seen = self.server.history_start
         if self.generating and self.rng.random() < 0.5:
             self.server.generate(self.rng.randint(1, 2))
+        if (
+            self.quiet_since is not None
+            and self.clock - self.quiet_since > QUIET_GENERATING_STEPS * STEP
+        ):
+            self.generating = False  # also while a connection that stays up runs
         if self.clock >= self.next_advance:
             self.next_advance = self.clock + self.spec.replay_window
             before = self.log.lagging_id
@@ -314,6 +332,26 @@ class World:
                     f"lagging id {lagging} passed the open gap {gap.gap_id} (resume point {resume})"
                 )
 
+    def check_converging(self, plan: ConnectionPlan) -> None:
+        """Without new faults every gap converges: none stays open longer than
+        :data:`CONVERGE_SECONDS` once the faults stopped (or once it opened, for one
+        opened later: a verification's suspicion)."""
+        if self.quiet_since is None or self.clock - self.quiet_since < CONVERGE_SECONDS:
+            return
+        for gap in self.log.open_gaps():
+            if gap.gap_id in self.zombie_gaps:
+                continue
+            seen = (datetime.fromisoformat(gap.seen_at) - EPOCH).total_seconds()
+            open_for = self.clock - max(self.quiet_since, seen)
+            if open_for < CONVERGE_SECONDS:
+                continue
+            raise Violation(
+                f"gap {gap.gap_id} ({gap.kind}, {gap.start_id}..{gap.bound()}, resumes "
+                f"after {gap.resume_from(self.log.order)}) still open {open_for:.1f} s with "
+                f"the faults stopped; the connection is {plan.route.value} "
+                f"(repairs={plan.repairs}), lagging id {self.log.lagging_id}"
+            )
+
     def check_notices(self, connection: SimConnection, cursor: str) -> None:
         """A cursor at ``cursor`` on ``connection``: every skip announced (or, with
         contiguous ids, revealed) before that id was sent must be stored or recorded."""
@@ -371,6 +409,7 @@ class World:
                 self.profile.drop_rate = self.profile.disconnect_rate = 0.0
                 self.server.clear_one_shots()
                 self.tally.add("quiet phase")
+                self.quiet_since = self.clock
                 deadline, phase_steps = quiet_steps, 0
                 continue
             if self.faults.quiet:
@@ -443,9 +482,15 @@ class World:
             if outcome is not None:
                 result = attempt.finish(outcome)
                 break
-            if steps >= max_age or self._caught_up(attempt):
+            if self._caught_up(attempt) or steps >= (
+                QUIET_MAX_AGE if self.faults.quiet else max_age
+            ):
+                # Once the faults stop, a connection stays up until it has nothing left to
+                # read or repair (max_connection_age is an hour by default): only a route
+                # decision or the reader itself may end it, so a gap nobody re-reads shows.
                 result = attempt.finish(Outcome.ROTATED)
                 break
+            self.check_converging(plan)
             if self.rng.random() < self.faults.crash:
                 self.crash(attempt)
                 attempt = await Attempt.start(
@@ -550,9 +595,20 @@ class World:
                     found.update(n for n in notice.skipped if low < n <= high)
         return found
 
+    def skipped_ids(self) -> set[int]:
+        """Every id the server skipped on some connection (announced, late, silent, or
+        with its notice lost): the source's ground truth of what a repair must bring."""
+        return {
+            n
+            for connection in self.server.connections
+            for notice in connection.notices
+            for n in notice.skipped
+        }
+
     def verdict(self) -> None:
         """The final oracle (after :meth:`run` settled)."""
         self.consumer.check()
+        self.consumer.check_repaired(self.skipped_ids())
         for kind, met in self.consumer.met.items():
             self.tally.counts[f"consumer met: {kind}"] += met
         for connection in self.server.connections:
@@ -842,8 +898,10 @@ class Attempt:
         if intake.outcome is not None:
             return intake.outcome
         connection.pump()
-        if self.rng.random() < self.world.profile.disconnect_rate:
+        if self.rng.random() < self.world.profile.disconnect_rate or connection.cut_due:
             cut = self.rng.randint(0, len(connection.buffer))
+            if connection.cut_due:
+                cut = len(connection.buffer)  # (scripted) right after the id it cuts at
             self._take(connection.read(cut))
             if not self.zombie:
                 connection.cut = True
@@ -912,6 +970,8 @@ class Attempt:
             world.tally.add("events skipped as stored")
         if self.zombie and self.start_cursor is None:
             world.late_first_rows.update(int(r.event_id) for r in batch.records if r.event_id)
+        if self.zombie:
+            world.zombie_gaps.update(c.gap_id for c in batch.gap_changes if c.opened is not None)
         if batch.gap_changes:
             world.note(
                 f"commit {[r.event_id for r in batch.records]} changes "
@@ -1019,6 +1079,30 @@ class SimConsumer:
             raise Violation(f"consumer: gap openings met {opened}, recorded {log.opened_markers}")
         if sorted(closed) != sorted(log.closed_markers) or len(set(closed)) != len(closed):
             raise Violation(f"consumer: gap closings met {closed}, recorded {log.closed_markers}")
+
+    def check_repaired(self, skipped: set[int]) -> None:
+        """A consumer that meets ``GapClosed(repaired)`` may take the stream as whole up
+        to there: every id the source skipped inside the gap's bounds is an event it met
+        before, at a smaller ``seq`` (stored then; retention may have deleted it since)."""
+        log = self.log
+        for item in self.items:
+            if not isinstance(item, GapClosedItem) or item.state != GapState.REPAIRED:
+                continue
+            gap = log.gaps[item.gap_id]
+            absent = sorted(
+                n
+                for n in skipped
+                if gap.contains(str(n), log.order)
+                and log.first_seq.get(n, item.after_seq + 1) > item.after_seq
+            )
+            if absent:
+                self.met["repaired early"] += 1
+                raise Violation(
+                    f"consumer: gap {item.gap_id} ({gap.kind}, {gap.start_id}..{gap.end_id}, "
+                    f"announced {gap.announced}, recovered {gap.recovered}) closed as "
+                    f"repaired after seq {item.after_seq}, but ids the source skipped inside "
+                    f"it were not stored by then: {absent[:20]}"
+                )
 
 
 @dataclass
