@@ -21,8 +21,9 @@ from typing import Any
 
 import httpx
 from temporalio.client import Client
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.runtime import Runtime
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkerDeploymentConfig
 
 from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
@@ -30,6 +31,7 @@ from activities.nudge import NudgeActivities
 from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
 from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
+from durable_sse.config.deployment import DeploymentVersion
 from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.config.settings import Settings
 from durable_sse.consume.retention import retention_holds
@@ -46,6 +48,7 @@ from durable_sse.ops.metrics import (
     redis_failures_counter,
 )
 from durable_sse.ops.nudge import Nudges, nudge_channel
+from durable_sse.ops.upgrade import UpgradeWaker
 from durable_sse.reader.credentials import Credentials
 from durable_sse.reader.metrics import CredentialMetrics
 from durable_sse.stores import Stores
@@ -143,6 +146,7 @@ def build_worker(
     retention: float | None = None,
     liveness: WorkerLiveness | None = None,
     hand_over: Callable[[str, str], Awaitable[None]] | None = None,
+    deployment: DeploymentVersion | None = None,
     role: WorkerRole = WorkerRole.ALL,
     **options: Any,
 ) -> Worker:
@@ -164,6 +168,9 @@ def build_worker(
     # One cached run per stream plus its checkpoint runs: at the SDK's default (1,000) a
     # worker with a thousand streams would evict and replay histories on every activation.
     options.setdefault("max_cached_workflows", 5000)
+    if deployment is not None:
+        # Polls as this Worker Deployment Version, the workflows Pinned to it.
+        options.setdefault("deployment_config", deployment_config(deployment))
     workflows = [StreamWorkflow, CheckpointAdvanceWorkflow] if role.runs_workflows else []
     if not role.runs_activities:
         return Worker(client, task_queue=task_queue, workflows=workflows, **options)
@@ -199,6 +206,18 @@ def build_worker(
     ]
     return Worker(
         client, task_queue=task_queue, workflows=workflows, activities=activities, **options
+    )
+
+
+def deployment_config(deployment: DeploymentVersion) -> WorkerDeploymentConfig:
+    """Worker Versioning: poll as ``deployment``, every workflow Pinned to it (each run
+    stays on the version it started on and moves at a continue-as-new; docs/deploys.md).
+    Set here, not on ``@workflow.defn``: an unversioned worker refuses to
+    complete a task of a workflow that declares a behaviour (the task times out)."""
+    return WorkerDeploymentConfig(
+        version=WorkerDeploymentVersion(deployment.deployment_name, deployment.build_id),
+        use_worker_versioning=True,
+        default_versioning_behavior=VersioningBehavior.PINNED,
     )
 
 
@@ -352,19 +371,30 @@ async def run_worker(
         retention=settings.retention,
         liveness=liveness,
         hand_over=failover.reset_sticky,
+        deployment=settings.deployment,
     )
     worker = build_worker(**options, role=WorkerRole.WORKFLOWS)
     readers = build_worker(**options, role=WorkerRole.ACTIVITIES)
     if tune_gc:
         tune_collector()
     log.info(
-        "worker polling task queue %s of %s", settings.task_queue, settings.temporal.describe()
+        "worker polling task queue %s of %s%s",
+        settings.task_queue,
+        settings.temporal.describe(),
+        f" as version {settings.deployment}" if settings.deployment else " (unversioned)",
     )
     reporter = asyncio.create_task(report_redis_failures(resources, runtime)) if runtime else None
     if settings.metrics_port:
         log.info("Prometheus metrics on http://0.0.0.0:%d/metrics", settings.metrics_port)
     watching = asyncio.Event()
     watchdog = asyncio.create_task(liveness.run(watching))
+    waker = (
+        asyncio.create_task(
+            UpgradeWaker(client, settings.deployment, task_queue=settings.task_queue).run(watching)
+        )
+        if settings.deployment is not None
+        else None
+    )
     try:
         async with worker:
             async with readers:
@@ -376,6 +406,8 @@ async def run_worker(
     finally:
         watching.set()
         await watchdog
+        if waker is not None:
+            await waker
         await liveness.leave()
         if reporter is not None:
             reporter.cancel()

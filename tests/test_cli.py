@@ -210,7 +210,8 @@ def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
         table = format_status_table(statuses, width=width)
         header, *lines = table.splitlines()
         assert header.split() == [
-            "stream", "state", "route", "cursor", "lagging", "id", "persisted", "lag",
+            "stream", "state", "version", "route", "cursor", "lagging", "id", "persisted",
+            "lag",
             "as", "of", "drops",
             "open", "gaps", "recovered", "lost", "retention", "last", "error",
         ]  # fmt: skip

@@ -1471,7 +1471,7 @@ async def test_a_connection_that_fills_the_runs_history_is_cut_to_continue_as_ne
         number = 0
         while len((await first.fetch_history()).events) < 60:
             number += 1
-            await latest.signal(StreamWorkflow.upgrade)  # a signal and a workflow task each
+            await latest.signal(StreamWorkflow.retention, None)  # display only: a task each
         # The signals stop: the run continues-as-new.
         # (Polled by describe: the test server may time a query out while the new run's
         # first task is being handed over.)

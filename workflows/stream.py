@@ -243,10 +243,14 @@ class StreamWorkflow:
             return
         self._publish()
 
-    @workflow.signal
-    def upgrade(self) -> None:
+    @workflow.update
+    def upgrade(self) -> bool:
         """A wake-up from the workers of a new current version: the workflow task it
-        brings tells the run that its target version changed (nothing else to do)."""
+        brings tells the run whether its target version changed (True: it did, and the run
+        continues-as-new in the same task). An update, not a signal: one that arrives while
+        the run's last task completes waits for the next run instead of making the server
+        refuse that task (UnhandledCommand)."""
+        return self._target_changed()
 
     @workflow.signal
     def pause(self) -> None:

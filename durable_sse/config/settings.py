@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from durable_sse.config.credentials import CredentialSource, declare_credentials
+from durable_sse.config.deployment import DeploymentVersion, parse_deployment
 from durable_sse.config.durations import RETENTION_ENV, parse_retention_setting
 from durable_sse.config.hosts import parse_allowed_hosts
 from durable_sse.config.secrets import SecretBinding, parse_secret_bindings
@@ -48,6 +49,9 @@ class Settings:
     retention: float | None = None
     """``DURABLE_SSE_RETENTION``: seconds the worker keeps the events of streams that set
     no ``retention`` of their own (None: forever). See :mod:`durable_sse.log.retention`."""
+    deployment: DeploymentVersion | None = None
+    """``TEMPORAL_DEPLOYMENT_NAME`` and ``TEMPORAL_WORKER_BUILD_ID``: the Worker Deployment
+    Version the worker polls as (None: unversioned). See :mod:`durable_sse.config.deployment`."""
 
     @property
     def temporal_address(self) -> str:
@@ -93,6 +97,7 @@ class Settings:
                 "DURABLE_SSE_REQUIRE_ENCRYPTION", env.get("DURABLE_SSE_REQUIRE_ENCRYPTION")
             ),
             retention=parse_retention_setting(env.get(RETENTION_ENV)),
+            deployment=parse_deployment(env),
         )
         if settings.require_encryption and not (env.get(PAYLOAD_KEY_ENV) or "").strip():
             # Checked here, before any client exists: a deployment that lost its key must

@@ -7,12 +7,18 @@ CLI can do with ``temporal workflow start/signal/query`` is available here too.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -31,6 +37,7 @@ from durable_sse.ops import temporal_client
 from durable_sse.ops.codec import data_converter_from_env
 from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.ops.temporal_client import TemporalConnectionError
+from durable_sse.ops.upgrade import VERSION_ATTRIBUTE
 
 __all__ = ["TemporalConnectionError", "connect"]
 
@@ -168,7 +175,12 @@ async def stream_status(
     if live is not None and isinstance(status, StreamStatus):
         status = await live_status(status, live)
     result = asdict(status) if not isinstance(status, dict) else status
-    result["connection_moved"] = await connection_moved(handle)
+    try:
+        description: WorkflowExecutionDescription | None = await handle.describe()
+    except RPCError:
+        description = None
+    result["connection_moved"] = moved_in(description)
+    result["version"] = version_of(description)
     # The name its workflow id owns: a workflow whose input names another stream is
     # shown under its own name (parked, saying why), not as a second row of that stream.
     result["name"] = name
@@ -180,8 +192,31 @@ async def connection_moved(handle: WorkflowHandle[Any, Any]) -> dict[str, str] |
     stopped or handed it over: its attempt was retried), from Temporal's view of the
     pending read attempt; None when it did not move (or Temporal cannot say)."""
     try:
-        description = await handle.describe()
+        return moved_in(await handle.describe())
     except RPCError:
+        return None
+
+
+def version_of(description: WorkflowExecutionDescription | None) -> str | None:
+    """The Worker Deployment Version the stream's run is pinned to, as Temporal writes it
+    in ``TemporalWorkerDeploymentVersion`` (``deployment:build``); None: unversioned (or
+    Temporal cannot say)."""
+    if description is None:
+        return None
+    info = description.raw_description.workflow_execution_info
+    version = info.versioning_info.deployment_version
+    if version.deployment_name and version.build_id:
+        return f"{version.deployment_name}:{version.build_id}"
+    field = info.search_attributes.indexed_fields.get(VERSION_ATTRIBUTE)
+    if field is not None and field.data:
+        value = json.loads(field.data)
+        return value if isinstance(value, str) and value else None
+    return None
+
+
+def moved_in(description: WorkflowExecutionDescription | None) -> dict[str, str] | None:
+    """:func:`connection_moved` from a description already fetched."""
+    if description is None:
         return None
     for pending in description.raw_description.pending_activities:
         failure = pending.last_failure

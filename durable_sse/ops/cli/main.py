@@ -54,6 +54,10 @@ def _worker(args: argparse.Namespace) -> int:
 
     if args.metrics_port is not None:
         os.environ["SSE_METRICS_PORT"] = str(args.metrics_port)
+    if args.deployment_name is not None:
+        os.environ["TEMPORAL_DEPLOYMENT_NAME"] = args.deployment_name
+    if args.build_id is not None:
+        os.environ["TEMPORAL_WORKER_BUILD_ID"] = args.build_id
     worker.main(log_format=args.log_format, profile=args.profile)
     return 0
 

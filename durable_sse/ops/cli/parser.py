@@ -31,6 +31,9 @@ ENVIRONMENT = {
     "SSE_METRICS_PORT": "serve Prometheus metrics on this port (default: off)",
     "DURABLE_SSE_RETENTION": "keep events this long, e.g. 30d, for streams without a "
     "retention of their own (default: forever)",
+    "TEMPORAL_DEPLOYMENT_NAME": "Worker Deployment the worker is a version of, with "
+    "TEMPORAL_WORKER_BUILD_ID (both or neither; unset: unversioned)",
+    "TEMPORAL_WORKER_BUILD_ID": "the worker's build id in that deployment",
 }
 CLIENT_VARIABLES = (*CLIENT_ENVIRONMENT, "DURABLE_SSE_PAYLOAD_KEY")
 """What every client command reads (all commands also refuse a malformed value of any
@@ -93,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-format", choices=["plain", "json"], default="plain")
     worker.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics here (env SSE_METRICS_PORT)"
+    )
+    worker.add_argument(
+        "--deployment-name",
+        metavar="NAME",
+        help="poll as a version of this Worker Deployment (env TEMPORAL_DEPLOYMENT_NAME)",
+    )
+    worker.add_argument(
+        "--build-id", metavar="ID", help="this worker's build id (env TEMPORAL_WORKER_BUILD_ID)"
     )
 
     start = command(

@@ -14,6 +14,7 @@ from durable_sse.ops import control
 STATUS_COLUMNS = (
     ("stream", lambda s: s["name"]),
     ("state", lambda s: s["state"]),
+    ("version", lambda s: s.get("version") or "-"),
     ("route", lambda s: s.get("route") or "-"),
     ("cursor", lambda s: control.current_counts(s)[0] or "-"),
     ("lagging id", lambda s: control.lagging_text(s)),
