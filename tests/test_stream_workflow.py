@@ -1210,6 +1210,41 @@ async def test_pause_then_resume_resumes_live(env: WorkflowEnvironment, event_lo
     assert f"**{run.spec.name}**: paused" in details[0]  # Web UI current details
 
 
+@pytest.mark.parametrize("state", ["paused", "parked", "waiting"])
+async def test_an_idle_run_continues_as_new_within_a_day(
+    env: WorkflowEnvironment, event_log: Stores, state: str
+) -> None:
+    """No run pins its build forever (workflows/upgrade.py, RUN_MAX_AGE): a paused, parked
+    or waiting run starts again after a day, still paused, parked or waiting."""
+    steps, shown = STOP_IN_STATE[state]
+    # Waiting: the server asks for two days; the wait goes on in the next run.
+    if state == "waiting":
+        steps = [Step(result=ReadResult(Outcome.RETRY_LATER, retry_after=2 * 86400.0))]
+
+    async def stop_after_a_new_run(handle: WorkflowHandle) -> None:
+        first = env.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+        await wait_for(handle, lambda s: s.state == shown)
+        await env.sleep(25 * 3600)  # the test server skips the day
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + POLL_LIMIT
+        while (await first.describe()).status != WorkflowExecutionStatus.CONTINUED_AS_NEW:
+            assert loop.time() < deadline, "the idle run never continued-as-new"
+            await asyncio.sleep(0.1)
+        latest = env.client.get_workflow_handle(handle.id)
+        assert (await wait_for(latest, lambda s: s.state == shown)).state == shown
+        await latest.signal(StreamWorkflow.stop)
+
+    run = await run_stream(
+        env,
+        event_log,
+        [*steps],
+        state=StreamState(schedule_spread=0.0),
+        during=stop_after_a_new_run,
+    )
+    assert run.status.state == "stopped"
+    assert run.status.counters.connections == 1  # the new run did not reconnect
+
+
 STOP_IN_STATE = {
     "reading": ([Step(hold=True)], "reading"),
     "paused": ([Step(hold=True, signal="pause")], "paused"),
