@@ -213,7 +213,8 @@ def test_status_table_never_cuts_the_reason_a_stream_is_parked() -> None:
             "stream", "state", "version", "route", "cursor", "lagging", "id", "persisted",
             "lag",
             "as", "of", "drops",
-            "open", "gaps", "recovered", "lost", "retention", "last", "error",
+            "open", "gaps", "recovered", "lost", "retention", "credentials", "last",
+            "error",
         ]  # fmt: skip
         assert "7d: 1204 deleted, oldest kept 2026-12-01T10:00:00Z" in lines[0]
         assert " ".join(table.split()).count(REFUSAL) == 1, table  # whole, wrapped or not

@@ -98,7 +98,7 @@ def test_secrets_are_declared_by_name_and_host() -> None:
     assert [str(binding) for binding in settings.secrets] == [
         "API_TOKEN@events.example.com",
         "OTHER@*.example.org",
-        "API_TOKEN@::1",
+        "API_TOKEN@[::1]",  # bracketed, as written: a port may follow (NAME@[::1]:8443)
     ]
     assert Settings.from_env({}).secrets == ()
 

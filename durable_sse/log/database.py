@@ -150,19 +150,26 @@ def make_engine(
     url = make_url(database_url)
     backend = url.get_backend_name()
     if backend == "postgresql":
-        connect_args: dict[str, Any] = {"connect_timeout": max(2, int(connect_timeout))}
-        if idle_in_transaction is not None:
-            milliseconds = int(idle_in_transaction * 1000)
-            connect_args["options"] = f"-c idle_in_transaction_session_timeout={milliseconds}"
         engine = sa.create_engine(
             url,
-            connect_args=connect_args,
+            connect_args={"connect_timeout": max(2, int(connect_timeout))},
             pool_pre_ping=True,
             pool_size=8,
             max_overflow=8,
             hide_parameters=True,
         )
         event.listen(engine, "connect", _prepare_postgresql)
+        if idle_in_transaction is not None:
+            # A statement on connect, not the ``options`` connect argument: that would
+            # replace the URL's own (a ``search_path``, say).
+            milliseconds = int(idle_in_transaction * 1000)
+            event.listen(
+                engine,
+                "connect",
+                lambda dbapi_connection, _record: _set_session(
+                    dbapi_connection, f"SET idle_in_transaction_session_timeout = {milliseconds}"
+                ),
+            )
         return engine
     if backend == "sqlite":
         options: dict[str, Any] = {
@@ -181,6 +188,12 @@ def make_engine(
 def _prepare_postgresql(dbapi_connection: Any, _record: Any) -> None:
     with dbapi_connection.cursor() as cursor:
         cursor.execute(CREATE_STAGING)
+    dbapi_connection.commit()
+
+
+def _set_session(dbapi_connection: Any, statement: str) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute(statement)
     dbapi_connection.commit()
 
 
