@@ -202,13 +202,18 @@ async def test_the_oracle_catches_reconnects_never_verified(
 
 # -- schedules that once failed -------------------------------------------------------
 
+BEFORE_LEASES = Faults(fenced=False, pause=0)
+"""Faults as they were before the simulation modelled worker leases (issue 34): an
+attempt taken for dead keeps committing. Every seed below was found then; those whose
+schedule has such an attempt replay as they were only with these."""
+
 
 async def test_a_one_shot_drop_still_skipping_when_the_faults_stop_ends_with_them() -> None:
     """Seed 381417397: a live-only stream that had stored nothing took a one-shot drop of
     141 events as the faults stopped; it skipped everything the quiet phase generated, so
     the stream could never catch up. Faults off ends one-shots too, as the chaos harness
     clears them before it drains."""
-    world = World(381417397)
+    world = World(381417397, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
     assert world.tally.counts["one-shot drop injected"] == 2
@@ -222,7 +227,7 @@ async def test_a_retried_repair_whose_gap_starts_at_the_lagging_id_keeps_its_wit
     was still before that end, the gap closed as repaired, and the ids were lost with no
     gap counting them. A retried repair now keeps its start before the gap."""
     for seed in (257946024, 7938971):
-        world = World(seed)
+        world = World(seed, faults=BEFORE_LEASES)
         await world.run()
         world.verdict()
         assert world.tally.counts["attempt crashed"] >= 1
@@ -235,7 +240,7 @@ async def test_retention_keeps_the_row_a_repair_starts_from(seed: int) -> None:
     start itself, took the gap's end for the witness, and called "repaired" a gap whose
     first ids the history no longer held: ids lost, counted nowhere. The row before the
     fence stays now."""
-    world = World(seed)
+    world = World(seed, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
     assert world.retention is not None and world.log.deleted_rows > 0
@@ -247,7 +252,7 @@ async def test_a_gap_with_no_start_is_not_counted_again_by_a_later_gap() -> None
     (ids 4 and 5), and learnt its end (6) after. A later gap over 1..110 closed when the
     history no longer reached it and counted 4 and 5 again: 59 counted for 57. A counted
     gap with no start now lies right before its end, so later counts leave its ids out."""
-    world = World(279561886)
+    world = World(279561886, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
     placed = [g for g in world.log.gaps.values() if g.start_id is None and g.end_id == "6"]
@@ -259,7 +264,7 @@ async def test_a_gap_with_no_start_counts_its_announced_ids_before_its_end() -> 
     """Seed 285925379: the first version of the fix above let the simulation's store count
     such a gap by what was stored in its place (15 of 32), where the store counts it as
     announced (32): the ids right before its end, whatever came later."""
-    world = World(285925379)
+    world = World(285925379, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
     (gap,) = [g for g in world.log.gaps.values() if g.start_id is None]
@@ -272,7 +277,7 @@ async def test_a_repair_is_not_repaired_before_its_own_late_notice_could_come() 
     ``repaired``; the notice that it had skipped 5..9 itself came after. A consumer met
     ``GapClosed(repaired)`` with id 6 missing. The repair's batches are evidence only
     once it has read on past them with no notice."""
-    world = World(1418)
+    world = World(1418, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
 
@@ -282,7 +287,7 @@ async def test_a_suspicion_behind_a_repair_is_re_read_while_the_connection_stays
     (84), its suspicion at the lagging id (72); once the gap closed the repair read live,
     never interrupted, the suspicion open and the lagging id held for as long as the
     connection lasted. It ends now, and the repair resumes from the suspicion."""
-    world = World(1160)
+    world = World(1160, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
     assert world.tally.counts["quiet phase"] == 1
@@ -292,7 +297,7 @@ async def test_a_replay_from_a_gap_start_does_not_take_a_row_inside_it_for_a_wit
     """Seed 2865: an explicit replay from a gap's start met first the rows a repair had
     stored inside the gap past a truncation; it took them for a witness that the history
     reached its cursor and closed as ``repaired`` a gap whose first ids were gone."""
-    world = World(2865)
+    world = World(2865, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
 
@@ -319,9 +324,23 @@ async def test_a_witness_inside_a_gap_s_hole_does_not_show_the_history_reaches(s
     attempt began). The history no longer held the skipped ids before it; the gap closed
     as ``repaired`` and a consumer met ``GapClosed(repaired)`` with them missing. Seed
     20781: a notice before any event, at the cursor, its end unknown (2..12 gone)."""
-    world = World(seed)
+    world = World(seed, faults=BEFORE_LEASES)
     await world.run()
     world.verdict()
+
+
+async def test_a_paused_worker_that_comes_back_is_stopped_by_the_fence() -> None:
+    """Issue 34, item 3: a paused worker is not a dead one. Seed 3: the watchdog took an
+    attempt's worker for dead and revoked its lease; the retry started; the old attempt's
+    worker was paused, came back and read on beside the retry. Its next commit was refused
+    (``WorkerLeaseLostError``) and it stopped: one owner in the end, and nothing lost."""
+    world = World(3)
+    await world.run()
+    world.verdict()
+    counts = world.tally.counts
+    assert counts["paused, not dead"] == 1
+    assert counts["... paused, came back, stopped by the fence"] == 1
+    assert counts["commits refused by the fence"] >= 1
 
 
 # -- the checker is trusted only after it has been seen failing ----------------------
@@ -414,6 +433,12 @@ def _no_horizon(key, horizon):  # noqa: ANN001, ANN202
     return True
 
 
+def _fence_off(self, worker_ids):  # noqa: ANN001, ANN202
+    """Commits never read the worker's lease: a paused worker that comes back keeps
+    committing and moving cursors beside its replacement."""
+    return set()
+
+
 def _verify_nothing(self, detail):  # noqa: ANN001, ANN202
     return None
 
@@ -452,6 +477,16 @@ MUTATIONS += [
     ),
     Mutation(
         "stranded repairs read on", tracker.GapTracker, "stranded", _repairs_never_stranded, 1000
+    ),
+    # Issue 34, item 3: a revoked worker's attempt commits nothing more (but the
+    # transaction it had open at its pause) and moves no cursor; about one schedule in 4
+    # has an attempt taken for dead that keeps running.
+    Mutation(
+        "the fence is off (a paused worker keeps writing)",
+        stores.MemoryWorkers,
+        "revoked_among",
+        _fence_off,
+        100,
     ),
     # Consumers (issue 23): the memory store reads through the real merge.
     Mutation("consumers never meet gaps", stores, "merge_items", _merge_without_markers, 300),

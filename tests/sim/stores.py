@@ -19,6 +19,7 @@ missing, is recorded in :attr:`MemoryEventLog.anomalies` for the oracle.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -55,6 +56,7 @@ from durable_sse.log.retention import (
     choose_deletions,
     row_deletable,
 )
+from durable_sse.log.workers import WorkerState
 
 
 @dataclass
@@ -525,3 +527,27 @@ class MemoryRedis:
     def submit(self, stream: str, event_id: str, id_order: str) -> None:
         if is_newer(event_id, self.values.get(stream), self.order):
             self.values[stream] = event_id
+
+
+class MemoryWorkers:
+    """``sse_workers`` (:mod:`durable_sse.log.workers`): each attempt's worker lease, live
+    until the watchdog takes that worker for dead and revokes it (``World.crash``)."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, WorkerState] = {}
+
+    def acquire(self, worker_id: str) -> None:
+        self.states[worker_id] = WorkerState.LIVE
+
+    def revoke(self, worker_id: str) -> None:
+        self.states[worker_id] = WorkerState.REVOKED
+
+    def is_revoked(self, worker_id: str | None) -> bool:
+        """The oracle's view (whatever the fence answers)."""
+        return worker_id is not None and self.states.get(worker_id) == WorkerState.REVOKED
+
+    def revoked_among(self, worker_ids: Iterable[str]) -> set[str]:
+        """The fence every commit reads last, as :func:`durable_sse.log.workers.revoked_among`
+        answers it: the workers that may not commit (revoked, or holding no lease)."""
+        live = (WorkerState.LIVE, WorkerState.LEFT)
+        return {w for w in set(worker_ids) if self.states.get(w) not in live}

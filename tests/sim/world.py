@@ -53,11 +53,12 @@ from durable_sse.cursor.resolve import CursorResolver
 from durable_sse.gaps.model import GapChange, GapState, summarize
 from durable_sse.ids import compare_ids
 from durable_sse.log.records import EventRecord, InsertResult, StoredPage
+from durable_sse.log.workers import WorkerLeaseLostError
 from durable_sse.reader.pipeline import CommitPipeline, Settled
 from durable_sse.reader.session import ReadSession
 from durable_sse.sse.decoder import Comment
 from tests.sim.server import Profile, SimConnection, SimServer
-from tests.sim.stores import MemoryEventLog, MemoryRedis
+from tests.sim.stores import MemoryEventLog, MemoryRedis, MemoryWorkers
 from workflows.routes import (
     ConnectionPlan,
     StreamState,
@@ -97,7 +98,16 @@ class Faults:
 
     crash: float = 0.01
     zombie: float = 0.3
-    """Share of crashes after which the dead attempt keeps committing a while."""
+    """Share of crashes after which the presumed-dead attempt keeps running a while (its
+    worker was not dead): its lease is revoked before the retry starts, so the fence
+    refuses its commits, but for the one transaction it had open."""
+    pause: float = 0.5
+    """Share of those whose worker was paused ("paused, not dead": SIGSTOP, a long GC
+    pause, a partition): the attempt stops stepping for a while, then steps again."""
+    fenced: bool = True
+    """The watchdog revokes the lease of a worker it takes for dead (False: the world
+    before worker leases, where such an attempt kept committing: schedules found then
+    replay as they were, with ``pause=0``)."""
     lose_result: float = 0.2
     """Share of cancellations whose result the workflow never sees."""
     signal: float = 0.01
@@ -117,6 +127,7 @@ class Faults:
         return cls(
             crash=0,
             zombie=0,
+            pause=0,
             lose_result=0,
             signal=0,
             truncate=0,
@@ -211,9 +222,16 @@ class World:
         """Connections the server cut since the last connection started."""
         self.consumer = SimConsumer(self.log)
         self.zombie_gaps: set[str] = set()
-        """Gaps a presumed-dead attempt opened: the workflow learns of them only when a
-        connection ends (a live one that outlives them rotates at its age); the worker
-        lease will refuse such commits."""
+        """Gaps that the transaction a presumed-dead attempt had open at its pause opened
+        (the fence cannot stop a transaction already past its check): the workflow learns
+        of them only when a connection ends (a live one that outlives them rotates at its
+        age). Every later commit of that attempt is refused."""
+        self.exempted: set[str] = set()
+        self.workers = MemoryWorkers()
+        """The worker leases: one worker per attempt, revoked when taken for dead."""
+        self._workers = count(1)
+        self.pauses = random.Random(f"{seed}:pauses")
+        """Pauses draw from their own generator (the schedule's other draws unchanged)."""
         self.quiet_since: float | None = None
         """When the faults stopped (the quiet phase began)."""
         self.reads = random.Random(f"{seed}:consumer")
@@ -280,14 +298,29 @@ class World:
         if self.reads.random() < self.read_rate:
             self.consumer.read(limit=self.reads.randint(1, 12))
         for zombie in list(self.zombies):
+            if zombie.paused:
+                zombie.paused -= 1  # its worker is paused: it does nothing at all
+                continue
             zombie.lifetime -= 1
-            outcome = zombie.step()
-            if outcome is not None or zombie.lifetime <= 0:
-                zombie.finish(outcome or Outcome.CANCELLED)  # it flushes, unaware
-                self.zombies.remove(zombie)
+            try:
+                outcome = zombie.step()
+                if outcome is None and zombie.lifetime > 0:
+                    continue
+                # Its connection ends, or its worker's next renewal finds the lease
+                # revoked and ends it: it flushes, unaware.
+                zombie.finish(outcome or Outcome.CANCELLED)
+            except WorkerLeaseLostError:
+                zombie.fenced()
+            self.zombies.remove(zombie)
 
     def new_gap_id(self) -> str:
         return f"g{next(self._ids)}"
+
+    def new_worker(self) -> str:
+        """The worker an attempt runs on, with a live lease."""
+        worker_id = f"w{next(self._workers)}"
+        self.workers.acquire(worker_id)
+        return worker_id
 
     def new_reader(self) -> ReaderLease:
         return ReaderLease(f"a{next(self._attempts)}", NEVER)
@@ -339,11 +372,16 @@ class World:
         if self.quiet_since is None or self.clock - self.quiet_since < CONVERGE_SECONDS:
             return
         for gap in self.log.open_gaps():
-            if gap.gap_id in self.zombie_gaps:
-                continue
             seen = (datetime.fromisoformat(gap.seen_at) - EPOCH).total_seconds()
             open_for = self.clock - max(self.quiet_since, seen)
             if open_for < CONVERGE_SECONDS:
+                continue
+            if gap.gap_id in self.zombie_gaps:
+                # Opened by the one transaction a paused worker had open past the fence:
+                # no connection that runs learns of it until it ends (see zombie_gaps).
+                if gap.gap_id not in self.exempted:
+                    self.exempted.add(gap.gap_id)
+                    self.tally.add("convergence: a gap opened at a pause waits")
                 continue
             raise Violation(
                 f"gap {gap.gap_id} ({gap.kind}, {gap.start_id}..{gap.bound()}, resumes "
@@ -533,8 +571,13 @@ class World:
         )
 
     def crash(self, attempt: Attempt) -> None:
-        """The worker running ``attempt`` dies; Temporal retries on another (L1 empty)."""
+        """The worker running ``attempt`` is taken for dead: the watchdog revokes its
+        lease, then Temporal retries the attempt on another (L1 empty). Most often it was
+        dead; else it keeps running a while beside the retry (paused first, or not),
+        fenced off: the transaction it had open may still commit, nothing after it."""
         self.tally.add("attempt crashed")
+        if self.faults.fenced:
+            self.workers.revoke(attempt.worker_id)
         if self.rng.random() >= self.faults.zombie:
             attempt.inflight_lost()  # the process is gone with what it had not committed
             # Its registration stays until it expires, some time after its death.
@@ -554,6 +597,11 @@ class World:
         else:
             attempt.lifetime = self.rng.randint(1, 30)
             attempt.zombie = True
+            if attempt.writer.pending and self.pauses.random() < 0.5:
+                attempt.writer.pending[0].open_at_pause = True
+            if self.pauses.random() < self.faults.pause:
+                attempt.paused = attempt.pause = self.pauses.randint(1, 80)
+                self.tally.add("paused, not dead")
             self.zombies.append(attempt)
             self.tally.add("two attempts at once")
         self.l1 = self._new_l1()
@@ -765,6 +813,8 @@ class SimWriter:
     def __init__(self, world: World) -> None:
         self.world = world
         self.pending: deque[SimJob] = deque()
+        self.settling: SimJob | None = None
+        """The job whose result the pipeline took last (its cursors move next)."""
 
     def submit_batch(
         self,
@@ -776,24 +826,45 @@ class SimWriter:
         gap_changes: Sequence[object] = (),
         worker_id: str | None = None,
     ) -> SimJob:
-        job = SimJob(list(events), [c for c in gap_changes if isinstance(c, GapChange)])
+        job = SimJob(list(events), [c for c in gap_changes if isinstance(c, GapChange)], worker_id)
         self.pending.append(job)
         return job
 
     def finished(self, job: SimJob) -> bool:
-        return job.result is not None
+        return job.result is not None or job.error is not None
 
     def result(self, job: SimJob) -> InsertResult:
+        self.settling = job
+        if job.error is not None:
+            raise job.error
         assert job.result is not None
         return job.result
 
     def commit_next(self) -> SimJob:
-        """The oldest pending batch's transaction."""
+        """The oldest pending batch's transaction; the fence (its worker's lease) read
+        last, as :meth:`durable_sse.log.writer.Writer._fenced` does. The transaction a
+        worker had open when it was paused is past that read: it commits."""
         job = self.pending.popleft()
         world = self.world
+        fenced = job.worker_id is not None and not job.open_at_pause
+        if fenced and world.workers.revoked_among([job.worker_id]):  # type: ignore[list-item]
+            # Failed, and every batch submitted after it (log.commits): none commits.
+            for refused in (job, *self.pending):
+                refused.error = WorkerLeaseLostError(
+                    f"stream {STREAM!r}: worker lease {job.worker_id} was revoked"
+                )
+            self.pending.clear()
+            world.tally.add("commits refused by the fence")
+            return job
         job.result = world.log.commit(job.records, job.changes, now=world.now)
         if world.log.anomalies:
             raise Violation(f"retention: {world.log.anomalies[:3]}")
+        if world.workers.is_revoked(job.worker_id) and not job.open_at_pause:
+            raise Violation(
+                f"worker {job.worker_id}: a batch committed after its lease was revoked "
+                f"(ids {[r.event_id for r in job.records][:10]}, changes "
+                f"{[_described(c) for c in job.changes][:3]})"
+            )
         return job
 
 
@@ -801,7 +872,11 @@ class SimWriter:
 class SimJob:
     records: list[EventRecord]
     changes: list[GapChange]
+    worker_id: str | None = None
     result: InsertResult | None = None
+    error: WorkerLeaseLostError | None = None
+    open_at_pause: bool = False
+    """The transaction its worker had open (past the fence's read) when it was paused."""
 
 
 class Attempt:
@@ -814,17 +889,24 @@ class Attempt:
         self.rng = world.rng
         self.session = session
         self.writer = SimWriter(world)
+        self.worker_id = world.new_worker()
+        """The worker lease it runs under (each attempt its own worker)."""
         self.pipeline = CommitPipeline(
             session,
             self.writer,
-            cursors=[self._to_l1, world.redis.submit],
+            cursors=[self._to_l1, self._to_l2],
             on_settled=self._settled,
+            worker_id=self.worker_id,
         )
         self.heartbeat: ReadProgress | None = None
         self.finished = False
         self.committed_any = False
         self.zombie = False
         self.lifetime = 0
+        self.paused = 0
+        """Steps its worker stays paused (a presumed-dead attempt that is not dead)."""
+        self.pause = 0
+        """How long that pause was (0: none)."""
         self.connection: SimConnection
         self.page_coming: StoredPage | None = None
         """A page of stored keys read from the log, not yet handed over (a fetch in
@@ -960,18 +1042,46 @@ class Attempt:
         self.pipeline.check()
 
     def _to_l1(self, stream: str, cursor: str, order: str) -> None:
+        self._check_cursor("L1", cursor)
         if not self.zombie:  # a presumed-dead attempt's worker kept its own L1
             self.world.l1.advance(stream, cursor, order)
 
+    def _to_l2(self, stream: str, cursor: str, order: str) -> None:
+        self._check_cursor("L2", cursor)
+        self.world.redis.submit(stream, cursor, order)
+
+    def _check_cursor(self, store: str, cursor: str) -> None:
+        """The oracle: once its worker's lease is revoked, an attempt moves no cursor by a
+        commit but the transaction it had open at the pause. A batch with nothing to write
+        (a replay's events, all stored) has no transaction, so no fence: it still moves
+        the cursors, to a stored id, until the attempt's next commit or its worker's next
+        renewal ends it (counted; see the report of issue 34)."""
+        if not self.world.workers.is_revoked(self.worker_id):
+            return
+        job = self.writer.settling
+        if job is None:
+            self.world.tally.add(f"{store} moved by a revoked attempt, nothing to write")
+        elif not job.open_at_pause:
+            raise Violation(
+                f"worker {self.worker_id}: moved {store} to {cursor} after its lease was revoked"
+            )
+
     def _settled(self, settled: Settled) -> None:
         world, batch = self.world, settled.batch
+        job, self.writer.settling = self.writer.settling, None
         self.committed_any = True
         if batch.skipped:
             world.tally.add("events skipped as stored")
         if self.zombie and self.start_cursor is None:
             world.late_first_rows.update(int(r.event_id) for r in batch.records if r.event_id)
-        if self.zombie:
-            world.zombie_gaps.update(c.gap_id for c in batch.gap_changes if c.opened is not None)
+        opened = [c.gap_id for c in batch.gap_changes if c.opened is not None]
+        if self.zombie and opened:
+            # Only the transaction it had open at the pause gets past the fence.
+            past = job is None or not job.open_at_pause
+            if past and world.workers.is_revoked(self.worker_id):
+                raise Violation(f"worker {self.worker_id}: opened {opened} past the fence")
+            world.zombie_gaps.update(opened)
+            world.tally.add("gaps opened by a transaction open at a pause")
         if batch.gap_changes:
             world.note(
                 f"commit {[r.event_id for r in batch.records]} changes "
@@ -981,6 +1091,17 @@ class Attempt:
             world.check_notices(self.connection, settled.moved.cursor)
         if settled.moved.first or self.rng.random() < 0.7:
             self._beat()
+
+    def fenced(self) -> None:
+        """A commit failed with :class:`WorkerLeaseLostError`: the attempt stops there
+        (its stream reads elsewhere already); its registration goes with it."""
+        self.writer.pending.clear()
+        self.pipeline.abandon()
+        self.finished = True
+        self.world.log.release_reader(self.reader.reader_id)
+        self.world.tally.add("presumed-dead attempt stopped by the fence")
+        if self.pause:
+            self.world.tally.add("... paused, came back, stopped by the fence")
 
     def inflight_lost(self) -> None:
         """The worker died: batches not yet committed never will be."""
