@@ -28,7 +28,7 @@ from temporalio.worker import Worker, WorkerDeploymentConfig
 from activities.attributes import SearchAttributeActivities
 from activities.checkpoint import CheckpointActivities
 from activities.nudge import NudgeActivities
-from activities.read import MAX_CONNECTIONS_PER_WORKER, PROGRESS_INTERVAL, StreamReader
+from activities.read import StreamReader
 from activities.retention import RetentionActivities
 from activities.schedule import ScheduleActivities
 from durable_sse.config.deployment import DeploymentVersion
@@ -50,7 +50,9 @@ from durable_sse.ops.metrics import (
 from durable_sse.ops.nudge import Nudges, nudge_channel
 from durable_sse.ops.upgrade import UpgradeWaker
 from durable_sse.reader.credentials import Credentials
+from durable_sse.reader.heartbeat_policy import MAX_CONNECTIONS_PER_WORKER
 from durable_sse.reader.metrics import CredentialMetrics
+from durable_sse.reader.reports import PROGRESS_INTERVAL
 from durable_sse.stores import Stores
 from workflows.checkpoint import CheckpointAdvanceWorkflow
 from workflows.stream import StreamWorkflow

@@ -25,13 +25,14 @@ import sqlalchemy as sa
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from activities.read import PROGRESS_INTERVAL, heartbeat_interval
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
 from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.ops import control
 from durable_sse.ops.live import LiveStores
+from durable_sse.reader.heartbeat_policy import heartbeat_interval
+from durable_sse.reader.reports import PROGRESS_INTERVAL
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from tests.test_e2e import capture_history

@@ -28,18 +28,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment
 
-import activities.read as read_module
-from activities.read import (
-    HEARTBEAT_BUDGET,
-    HEARTBEAT_INTERVAL,
-    HEARTBEAT_SLACK,
-    LONG_TIMEOUT,
-    MAX_CONNECTIONS_PER_WORKER,
-    MAX_HEARTBEAT_INTERVAL,
-    NUDGED_HEARTBEAT_INTERVAL,
-    StreamReader,
-    heartbeat_interval,
-)
+import durable_sse.reader.heartbeat_policy as heartbeat_policy
+import durable_sse.reader.reports as reports_module
+from activities.read import StreamReader
 from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
 from durable_sse.contracts import (
@@ -59,6 +50,12 @@ from durable_sse.ids import sort_key
 from durable_sse.log.records import EventRecord
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.committer import Committer
+from durable_sse.reader.heartbeat_policy import (
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_SLACK,
+    LONG_TIMEOUT,
+    NUDGED_HEARTBEAT_INTERVAL,
+)
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from workflows.stream import READ_MARGIN, READ_RETRY
@@ -573,7 +570,7 @@ async def test_keepalives_more_frequent_than_heartbeats_do_not_silence_them(
     """Issue 25: an idle stream's keep-alives (every 15 s) come more often than a heartbeat
     is due (every 4 minutes): the connection must heartbeat between them, or Temporal
     times the attempt out after the heartbeat timeout and starts it again."""
-    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.3)
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.3)
     source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.03, paused=True))
     spec = make_spec(source.url(stream_name), stream_name)
     beats = Heartbeats()
@@ -870,7 +867,7 @@ async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
 ) -> None:
     """Response headers may take up to idle_timeout, longer than the heartbeat timeout:
     without heartbeats meanwhile Temporal would time the attempt out and retry it."""
-    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
     beats = Heartbeats()
     env = ActivityEnvironment()
     env.on_heartbeat = beats
@@ -1386,7 +1383,7 @@ async def test_a_connection_moves_its_retention_hold_only_when_a_retention_appli
     """Issue 25: a hold moved every 20 s is a database write per connection (50 a second
     at a thousand streams); with no retention anywhere nothing is deleted, and the start's
     hold is all the fence needs."""
-    monkeypatch.setattr(read_module, "HOLD_INTERVAL", 0.1)
+    monkeypatch.setattr(reports_module, "HOLD_INTERVAL", 0.1)
     source.add_stream(stream_name, SourceStreamConfig(rate=50, retry_ms=None))
     spec = make_spec(source.url(stream_name), stream_name, replay_window=1.0, retention=retention)
     env = ActivityEnvironment()
@@ -1426,39 +1423,6 @@ async def test_a_stream_under_another_id_order_parks_before_it_connects(
 
 
 # -- heartbeats (issue 13, item 6) -----------------------------------------------------------
-
-
-def test_the_heartbeat_interval_stretches_but_never_past_half_the_heartbeat_timeout() -> None:
-    half = READ_HEARTBEAT_TIMEOUT.total_seconds() / 2
-    assert MAX_HEARTBEAT_INTERVAL <= half
-    counts = [0, 1, 400, 401, 1000, 2500, 2501, 5000, 10**6]
-    intervals = [heartbeat_interval(n) for n in counts]
-    assert intervals == sorted(intervals)
-    assert all(HEARTBEAT_INTERVAL <= interval <= half for interval in intervals)
-    assert heartbeat_interval(0) == heartbeat_interval(400) == HEARTBEAT_INTERVAL
-    assert heartbeat_interval(1000) == 2.0  # 1000 connections in a budget of 500/s
-    # 5000 connections stretched it to the whole 10 s timeout before.
-    assert heartbeat_interval(5000) == heartbeat_interval(10**6) == MAX_HEARTBEAT_INTERVAL
-
-
-def test_a_worker_that_hears_nudges_heartbeats_only_to_stay_alive() -> None:
-    """Nudges bring cancellations (durable_sse/ops/nudge.py): heartbeats only keep the
-    attempt alive, at one interval whatever the count, with room for one late one."""
-    timeout = READ_HEARTBEAT_TIMEOUT.total_seconds()
-    for count in [0, 1, 400, 1000, MAX_CONNECTIONS_PER_WORKER]:
-        assert heartbeat_interval(count, nudged=True) == NUDGED_HEARTBEAT_INTERVAL
-    assert 2 * NUDGED_HEARTBEAT_INTERVAL < timeout
-    assert heartbeat_interval(1000, nudged=True) > heartbeat_interval(1000)  # fewer calls
-    # Issue 25: the stream's heartbeat_timeout (5 minutes by default) sets the interval, all
-    # but a minute of it, so a running stream costs 15 heartbeats an hour; a short timeout
-    # keeps 60 % of itself as slack, and the interval is never under 4 s.
-    assert heartbeat_interval(1, nudged=True, timeout=DEFAULT_HEARTBEAT_TIMEOUT) == 240.0
-    assert heartbeat_interval(1, nudged=True, timeout=100.0) == 40.0
-    assert heartbeat_interval(1, nudged=True, timeout=10.0) == NUDGED_HEARTBEAT_INTERVAL
-    for timeout in (10.0, 30.0, 100.0, 300.0, 3600.0):
-        slack = timeout - heartbeat_interval(1, nudged=True, timeout=timeout)
-        assert slack >= min(HEARTBEAT_SLACK, 0.6 * timeout)
-    assert heartbeat_interval(1, timeout=DEFAULT_HEARTBEAT_TIMEOUT) == HEARTBEAT_INTERVAL
 
 
 async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
@@ -1528,16 +1492,6 @@ async def test_without_redis_a_worker_hears_no_nudges_and_heartbeats_often() -> 
         await nudges.close()
 
 
-def test_a_worker_takes_no_more_connections_than_it_can_heartbeat_in_time() -> None:
-    import worker
-
-    most = MAX_CONNECTIONS_PER_WORKER
-    assert most / heartbeat_interval(most) <= HEARTBEAT_BUDGET  # within the budget
-    assert heartbeat_interval(most) <= MAX_HEARTBEAT_INTERVAL  # and in time
-    assert (most + 1) / MAX_HEARTBEAT_INTERVAL > HEARTBEAT_BUDGET  # one more would not be
-    assert worker.MAX_CONNECTIONS_PER_WORKER == most and worker.STORE_SLOTS > 0
-
-
 class Blocker:
     """A transaction kept open by the test so that the reader's database calls wait on its
     locks; ``waiting()`` counts the sessions that wait for it (asked on another
@@ -1584,7 +1538,7 @@ async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
 ) -> None:
     """A commit stuck longer than the heartbeat timeout must not let Temporal start a
     second attempt while the first still holds the stream."""
-    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=300, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name, batch_max_events=10)
     beats = Heartbeats()
@@ -1632,7 +1586,7 @@ async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
 ) -> None:
     """Heartbeats while the start is read from the store repeat the dead attempt's
     details: a third attempt still starts where the first one did."""
-    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
     dead = asdict(
@@ -1673,7 +1627,7 @@ async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
     """Issue 24, item 5: while a commit waits on the database the reader reads ahead, up
     to ``READ_AHEAD_CHUNKS``. A cancellation (a signal, the worker shutting down) stops
     reading; what was read from the socket by then is received, and is stored."""
-    monkeypatch.setattr(read_module, "HEARTBEAT_INTERVAL", 0.05)
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
     sent = asyncio.Event()
 
     async def serve(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
