@@ -34,6 +34,7 @@ from secrets import token_hex
 from durable_sse.errors import StoreError
 from durable_sse.log.workers import RENEW_INTERVAL, HeldConnection, WorkerLease, WorkerLeases
 from durable_sse.ops.metrics import LivenessMetrics
+from durable_sse.ops.processes import process_alive
 
 logger = logging.getLogger(__name__)
 
@@ -67,19 +68,6 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id runs on this host (a zombie counts as alive)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def to_shed(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from durable_sse.errors import EmbeddedServiceError
 from durable_sse.ops.embedded.processes import STOP_TIMEOUT
+from durable_sse.ops.processes import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +74,6 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale(tempdir: Path | None = None) -> list[Path]:
     """Stop and remove the services folders whose owning process is gone; those folders.
 
@@ -97,7 +88,7 @@ def sweep_stale(tempdir: Path | None = None) -> list[Path]:
             owner = int((folder / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if _pid_alive(owner):
+        if process_alive(owner):
             continue
         stop_leftovers(folder)
         shutil.rmtree(folder, ignore_errors=True)
