@@ -1476,6 +1476,21 @@ def test_a_notice_before_any_event_leaves_no_witness_after_its_cursor() -> None:
     assert [c.short_to for c in t.pending_changes()] == ["13"]
 
 
+def test_a_repair_from_its_gap_s_start_with_nothing_stored_after_it_gets_a_strike() -> None:
+    """Simulation seed 212111628: the gap starts at the stream's only stored id (18), so
+    its repair sends 18 and has no witness at all. It met 32 first: nothing shows the
+    history reaches 18, and no repair can ever start before it. A strike (three lose the
+    hole, counted), where it used to read on with the gap open for good."""
+    t = tracker("18", floor="18", gaps=[gap("g1", "18", None, notice="18")])
+    read(t, 32, 33)
+    assert t.covered_from == "32" and t.short_history
+    assert [c.short_to for c in t.pending_changes()] == ["32"]
+    # A gap after the cursor, with no witness: it waits for a repair from before it.
+    t = tracker("18", floor="18", gaps=[gap("g2", "20", None, notice="20")])
+    read(t, 32)
+    assert t.covered_from == "32" and not t.short_history
+
+
 def test_a_hole_outside_the_cursor_to_witness_span_keeps_the_witness() -> None:
     """Only a hole between the cursor and the witness takes the witness away: one wholly
     before the cursor, or one that resumes at the witness or after it, does not."""

@@ -329,6 +329,18 @@ async def test_a_witness_inside_a_gap_s_hole_does_not_show_the_history_reaches(s
     world.verdict()
 
 
+async def test_a_gap_at_the_only_stored_id_converges_once_the_source_is_quiet() -> None:
+    """Seed 212111628 (the convergence check): a gap at the stream's only stored id (18),
+    so its repairs sent 18 itself, with nothing stored after it to witness; the repair in
+    the quiet phase met 32 first and read on for ever, the gap open. Such a read is a
+    strike now: three, and the hole is counted as lost (of unknown size)."""
+    world = World(212111628)
+    await world.run()
+    world.verdict()
+    (gap,) = world.log.gaps.values()
+    assert gap.state == GapState.UNRECOVERABLE
+
+
 async def test_a_paused_worker_that_comes_back_is_stopped_by_the_fence() -> None:
     """Issue 34, item 3: a paused worker is not a dead one. Seed 3: the watchdog took an
     attempt's worker for dead and revoked its lease; the retry started; the old attempt's

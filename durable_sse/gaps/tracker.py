@@ -160,7 +160,11 @@ class GapTracker:
         # repair). Nothing stored after the cursor to compare with: nothing is shown
         # either way, and an unrepaired gap waits for a repair that starts before it.
         self.covered_from = event_id
-        if witness is not None:
+        if witness is not None or self._resumes_at(cursor):
+            # (With no witness, a gap that resumes at the cursor itself gets a strike too:
+            # nothing is stored before it to start a repair from, so no later repair can
+            # show more, and without strikes it would stay open for good. Simulation seed
+            # 212111628: a gap at the stream's only stored id, open for ever, quiet.)
             self._lose_covered(cursor, event_id, definite=False)
 
     def id_read(self, event_id: str) -> None:
@@ -409,6 +413,16 @@ class GapTracker:
             return False
         resume = gap.resume_from(self.order)
         return resume is not None and compare_ids(resume, self.covered_from, self.order) >= 0
+
+    def _resumes_at(self, cursor: str) -> bool:
+        """Whether an open gap this connection may repair resumes at the cursor itself."""
+        for gap in self.gaps.values():
+            resume = gap.resume_from(self.order)
+            if gap.gap_id in self.opened or resume is None:
+                continue
+            if compare_ids(resume, cursor, self.order) == 0:
+                return True
+        return False
 
     def _unread_hole_before(self, cursor: str, witness: str) -> bool:
         """Whether an open gap's hole, not yet re-read, may lie between the cursor and the
