@@ -355,6 +355,19 @@ async def test_a_paused_worker_that_comes_back_is_stopped_by_the_fence() -> None
     assert counts["commits refused by the fence"] >= 1
 
 
+async def test_a_fenced_attempt_that_committed_nothing_takes_its_notice_with_it() -> None:
+    """Seed 546254972: an explicit replay from 6 took a notice before its first event (7..53
+    skipped), was taken for dead before it committed anything, and kept running; the
+    fence refused its commits, the notice's gap among them. Its retry had nothing stored
+    to suspect, and the history lost 8..13 before anyone read them again: lost with the
+    notice, as with a worker that died (the oracle's excuse for those, now for a fenced
+    one too)."""
+    world = World(546254972)
+    await world.run()
+    world.verdict()
+    assert world.tally.counts["presumed-dead attempt stopped by the fence"] >= 1
+
+
 # -- the checker is trusted only after it has been seen failing ----------------------
 
 

@@ -588,15 +588,11 @@ class World:
                     reader.reader_id, reader.start_id, expires
                 )
             if not attempt.committed_any:
-                # It committed nothing, so nothing durable shows that it read anything:
-                # a notice it took died with it, like a notice lost with its connection.
-                # (One that committed leaves a retry suspicion past what it stored.)
-                connection = attempt.connection
-                for notice in connection.announced[: connection.taken]:
-                    notice.read = False
+                attempt.notices_die()
         else:
             attempt.lifetime = self.rng.randint(1, 30)
             attempt.zombie = True
+            attempt.committed_when_revoked = attempt.committed_any or not self.faults.fenced
             if attempt.writer.pending and self.pauses.random() < 0.5:
                 attempt.writer.pending[0].open_at_pause = True
             if self.pauses.random() < self.faults.pause:
@@ -907,6 +903,8 @@ class Attempt:
         """Steps its worker stays paused (a presumed-dead attempt that is not dead)."""
         self.pause = 0
         """How long that pause was (0: none)."""
+        self.committed_when_revoked = True
+        """Whether it had committed anything when its lease was revoked."""
         self.connection: SimConnection
         self.page_coming: StoredPage | None = None
         """A page of stored keys read from the log, not yet handed over (a fetch in
@@ -1092,9 +1090,21 @@ class Attempt:
         if settled.moved.first or self.rng.random() < 0.7:
             self._beat()
 
+    def notices_die(self) -> None:
+        """It committed nothing, so nothing durable shows that it read anything: a notice
+        it took died with it, like a notice lost with its connection. (One that committed
+        leaves a retry suspicion past what it stored.)"""
+        connection = self.connection
+        for notice in connection.announced[: connection.taken]:
+            notice.read = False
+
     def fenced(self) -> None:
         """A commit failed with :class:`WorkerLeaseLostError`: the attempt stops there
-        (its stream reads elsewhere already); its registration goes with it."""
+        (its stream reads elsewhere already); its registration goes with it. Had it
+        committed nothing when it was taken for dead, the notices it took die with it, as
+        a dead attempt's do (seed 546254972: the retry had nothing to suspect)."""
+        if not self.committed_when_revoked:
+            self.notices_die()
         self.writer.pending.clear()
         self.pipeline.abandon()
         self.finished = True
