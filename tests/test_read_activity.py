@@ -347,7 +347,7 @@ async def read_past_a_drop_notice(
     return spec, result
 
 
-async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_repairs_it(
+async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_repair_brings_its_ids_back(
     source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
     spec, result = await read_past_a_drop_notice(source, reader, stream_name)
@@ -388,30 +388,37 @@ async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_lagged_connection_
     assert (result.gaps.open[0].end_id, result.gaps.open[0].announced) == ("108", 7)
     assert result.gaps.totals == GapTotals(open=1)
 
-    # The repair: the lagged route starts before the gap, re-reads it continuously and
-    # proves it closed. The source's standing drops only hit the live tail.
+    # The repair: the lagged route starts one stored id before the gap, re-reads it and
+    # brings the skipped ids back. This gap starts at the stream's first id, with nothing
+    # stored before it: the first row the repair meets (2) lies inside the hole, so a
+    # history that lost ids between 1 and 2 would look the same. The ids are stored, but
+    # the gap is not called repaired on that (a strike: GapClosed(repaired) promises the
+    # whole hole). The source's standing drops only hit the live tail.
     source.inject(stream_name, drop_every=None, disconnect_after=150)
     repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=[gap_id])
     assert (repair.cursor_source, repair.start_cursor, repair.last_cursor) == ("gap", "1", "151")
-    assert repair.outcome is Outcome.DROPPED and repair.drop is None
+    assert repair.outcome is Outcome.DROP_SIGNAL
+    assert repair.drop == DropReport(
+        kind="history_short", detail="the replay started past an open gap"
+    )
     # 2..151 read: 101..107 recovered, 109..151 new, 2..100 and 108 already stored.
     assert repair.counts == ReadCounts(events_read=150, new_rows=50, duplicates=100, recovered=7)
-    assert repair.gaps is not None and repair.gaps.open == []
-    assert repair.gaps.totals == GapTotals(repaired=1, events_recovered=7)
+    assert repair.gaps is not None and repair.gaps.open_ids == [gap_id]
+    assert repair.gaps.totals == GapTotals(open=1, events_recovered=7)
     assert await gap_rows(pg_event_log, stream_name) == [
         {
             "gap_id": gap_id,
             "kind": "comment",
-            "state": "repaired",
+            "state": "open",
             "start_id": "1",
             "end_id": "108",
             "notice_id": "100",
-            "reread_to": "91",  # evidence counts CONFIRM_IDS (16) ids later: 107 - 16
+            "reread_to": None,
             "announced": 7,
             "truncated": False,
             "recovered": 7,
-            "missing": 0,
-            "closed": True,
+            "missing": None,
+            "closed": False,
         }
     ]
     assert await stored_ids(pg_event_log, stream_name) == [
@@ -452,8 +459,12 @@ async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
 async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
 ) -> None:
-    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
+    # 1..10 stored first: a connection starts from a stored id, with others before it.
+    first, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert first.last_cursor == "10"
+    source.inject(stream_name, disconnect_after=50)
     dead, beats = await read(reader, spec, route=Route.EXPLICIT, start_id="10")
     assert dead.last_cursor == "60" == reader.stores.l1.get(stream_name)
     last = beats[-1]
@@ -473,13 +484,21 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
         duplicates=carried.duplicates + 50,
     )
     assert retry_beats[0]["start_cursor"] == "10"  # a third attempt would start there too
-    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 60)
-    # What the dead attempt read was a gap to re-read (it may hide a notice it never
-    # wrote), recorded by the retry and re-read by it up to the floor; it closes once a
-    # read gets one id past it (the retry was cut right at 60).
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 60)
+    # What the dead attempt read is a gap to re-read (it may hide a notice it never
+    # wrote), recorded by the retry. The retry re-read it from the gap's own start, so the
+    # first row it met lies inside the gap: no proof that the history reached the start
+    # (a server that lost 11 would look the same). A repair proves it, from one stored id
+    # before the gap, and closes it once it reads one id past it.
     (suspect,) = await gap_rows(pg_event_log, stream_name)
     assert (suspect["kind"], suspect["start_id"], suspect["notice_id"]) == ("retry", "10", "60")
-    assert (suspect["state"], suspect["reread_to"]) == ("open", "60")
+    assert (suspect["state"], suspect["reread_to"]) == ("open", None)
+    known = [suspect["gap_id"]]
+    source.inject(stream_name, disconnect_after=100)
+    repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=known)
+    assert (repair.cursor_source, repair.start_cursor, repair.last_cursor) == ("gap", "9", "109")
+    (closed,) = await gap_rows(pg_event_log, stream_name)
+    assert (closed["state"], closed["missing"], closed["closed"]) == ("repaired", 0, True)
 
     # Never from before the lagging id: what lies before it is past the replay window.
     await pg_event_log.checkpoints.advance_lagging(
@@ -487,23 +506,13 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     )
     env = ActivityEnvironment()
     env.info = dataclasses.replace(env.info, attempt=3, heartbeat_details=[last])
-    # The workflow knows the open suspicion by now (the retry's result listed it).
-    known = [suspect["gap_id"]]
-    bounded, _ = await read(reader, spec, env=env, route=Route.LIVE, known_gaps=known)
+    bounded, _ = await read(reader, spec, env=env, route=Route.LIVE)
     assert (bounded.cursor_source, bounded.start_cursor, bounded.last_cursor) == (
         "lagging",
-        "60",
-        "110",
+        "109",
+        "209",
     )
-    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 110)
-    # A connection from the newest stored id cannot show the history reached it: the
-    # suspicion waits for a repair, which starts one stored id before it and closes it.
-    (still,) = await gap_rows(pg_event_log, stream_name)
-    assert still["state"] == "open"
-    repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=known)
-    assert (repair.cursor_source, repair.start_cursor) == ("gap", "59")
-    (closed,) = await gap_rows(pg_event_log, stream_name)
-    assert (closed["state"], closed["missing"], closed["closed"]) == ("repaired", 0, True)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 209)
 
 
 async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
