@@ -53,8 +53,9 @@ MiB = 1024 * KiB
 DEFAULT_MAX_RETRY_DELAY = 300.0
 """``max_retry_delay``'s default: 5 minutes, the bound ``Retry-After`` has too."""
 DEFAULT_HEARTBEAT_TIMEOUT = 300.0
-"""``heartbeat_timeout``'s default: a dead worker noticed within 5 minutes, a running
-stream heartbeating every 4 (15 an hour)."""
+"""``heartbeat_timeout``'s default: Temporal's backstop when every worker died (the worker
+leases move a dead worker's streams in seconds, :mod:`durable_sse.ops.liveness`); a running
+stream heartbeats every 4 minutes (15 an hour)."""
 MIN_HEARTBEAT_TIMEOUT = 10.0
 """``heartbeat_timeout``'s lower bound, and the read activity's timeout before it existed."""
 
