@@ -172,12 +172,15 @@ async def test_redis_down_falls_through(
 # -- the lagged route: the repair --------------------------------------------------------
 
 
-async def test_lagged_route_without_a_gap_starts_at_the_lagging_id(
+async def test_lagged_route_without_a_gap_starts_one_stored_id_before_the_lagging_id(
     resolver: CursorResolver, l2: RedisCursors, event_log: Stores, stream_name: str
 ) -> None:
+    """As a repair starts one stored id before its gap: a verified reconnect's suspicion
+    starts at the lagging id, and the first row after the cursor must lie outside it to
+    show that the server's history reaches the cursor (its witness)."""
     await timeline(event_log, stream_name)
     await l2.advance(stream_name, "90", ORDER)  # the caches do not matter here
-    assert where(await resolve(resolver, stream_name, Route.LAGGED)) == ("40", "lagging", "50")
+    assert where(await resolve(resolver, stream_name, Route.LAGGED)) == ("30", "lagging", "40")
 
 
 async def test_lagged_route_with_no_lagging_id_falls_back_to_the_caches(
@@ -216,7 +219,7 @@ async def test_a_repair_resumes_from_what_was_re_read(
     # g1 re-read past g2's start: g2 is now the oldest resume point
     await commit_changes(event_log, stream_name, GapChange(gid(stream_name, "g1"), reread_to="85"))
     assert where(await resolve(resolver, stream_name, Route.LAGGED)) == ("70", "gap", "80")
-    # both closed: back to the lagging id
+    # both closed: back to the lagging id (one stored id before it)
     await commit_changes(
         event_log,
         stream_name,
@@ -224,7 +227,7 @@ async def test_a_repair_resumes_from_what_was_re_read(
         GapChange(gid(stream_name, "g2"), close=True),
     )
     start = await resolve(resolver, stream_name, Route.LAGGED)
-    assert where(start) == ("40", "lagging", "50") and start.context.open_gaps == []
+    assert where(start) == ("30", "lagging", "40") and start.context.open_gaps == []
 
 
 async def test_a_gap_opened_behind_the_lagging_id_is_repaired_from_its_start(

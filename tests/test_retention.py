@@ -578,8 +578,9 @@ async def test_the_first_connection_records_the_streams_order(
 async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves_on(
     event_log: Stores, stream_name: str
 ) -> None:
-    """Issue 24, item 2, the lagged-replay race: a repair started at lagging id 10 is
-    still re-reading (10, 30) when the checkpoint moves the lagging id to 30 and retention
+    """Issue 24, item 2, the lagged-replay race: a repair started one stored id before
+    lagging id 10 (at 9) is still re-reading (9, 30) when the checkpoint moves the lagging
+    id to 30 and retention
     runs. The connection's start holds the fence: what it re-reads is still stored, and
     the gap it opens there (a drop of its own, 13 and 14 not re-sent) closes repaired,
     not falsely unrecoverable, because its ids were stored all along."""
@@ -588,11 +589,11 @@ async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves
     start = await event_log.starts.connection_context(
         stream_name, "numeric", cursor=None, source="none", repair=True, reader=lease("lagged")
     )
-    assert start.cursor == "10"
+    assert start.cursor == "9"  # one stored id before the lagging id: its witness is 10
     await set_lagging(event_log, stream_name, 30)
     run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=FAR)
-    assert (run.deleted, run.keep_from, run.held_by) == (8, "10", HELD_BY_READER)
-    assert run.state.horizon_id == "8"
+    assert (run.deleted, run.keep_from, run.held_by) == (7, "9", HELD_BY_READER)
+    assert run.state.horizon_id == "7"
     later = T0 + 2000 * MINUTE
     replayed = await event_log.writer.insert_batch(
         stream_name, "numeric", [record(str(i), later) for i in (11, 12)]
@@ -613,12 +614,12 @@ async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves
     assert (await event_log.writer.committed(repair)).dropped_by_horizon == 0
     (closed,) = await event_log.gap_store.gaps(stream_name)
     assert (closed.state, closed.missing) == ("repaired", 0)
-    assert (await stored_ids(event_log, stream_name))[0] == "9"
+    assert (await stored_ids(event_log, stream_name))[0] == "8"
     # The connection ends: the lagging id holds the fence again.
     await event_log.readers.release_reader(stream_name, "lagged")
     assert await event_log.readers.readers(stream_name) == []
     run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=FAR)
-    assert (run.deleted, run.keep_from, run.held_by) == (20, "30", HELD_BY_LAGGING)
+    assert (run.deleted, run.keep_from, run.held_by) == (21, "30", HELD_BY_LAGGING)
 
 
 async def test_a_registration_moves_with_the_start_and_an_expired_one_holds_nothing(
