@@ -67,20 +67,21 @@ GC_YOUNG_THRESHOLD = 50_000
 """Allocations between two young collections (Python's default: 700); see
 :func:`tune_collector`."""
 HANDOVER_GRACE = 1.5
-"""Seconds the workflow worker keeps running at shutdown after the connections returned,
-so that it routes their results from its cache (see :class:`WorkerRole`)."""
+"""Seconds the workflow worker keeps running at shutdown after the connections ended, so
+that the results of those that could not move as retries (see :class:`WorkerRole`) are
+routed from its cache."""
 STORE_SLOTS = 100
 """Activity slots beyond the connections: checkpoint, gap and schedule activities."""
 
 
 class WorkerRole(Enum):
     """What one SDK worker of the process runs. The process runs two: one for the
-    workflows, one for the activities, so that at SIGTERM the connections end first
-    (flushed, committed, returned) while this process's workflow cache still routes their
-    results: the next connections start on other workers at once, and no survivor has to
-    replay a history first (with one SDK worker, the survivors replayed every moved
-    stream's history, one after another: seconds at 200 streams). Tests that run a worker
-    inside pytest use one that runs both."""
+    workflows, one for the activities. Connections then start through Temporal's matching
+    on whichever worker polls, not eagerly where the workflow task ran, so they spread over
+    the pool; and at SIGTERM the connections end first (each moves on as a retry from its
+    last cursor; one that cannot returns its result) while this process's workflow cache
+    still routes whatever results come, so no survivor replays a history for them. Tests
+    that run a worker inside pytest use one that runs both."""
 
     ALL = "all"
     WORKFLOWS = "workflows"
@@ -147,7 +148,7 @@ def build_worker(
     progress_interval: float = PROGRESS_INTERVAL,
     retention: float | None = None,
     liveness: WorkerLiveness | None = None,
-    hand_over: Callable[[str, str], Awaitable[None]] | None = None,
+    balance: bool = False,
     deployment: DeploymentVersion | None = None,
     role: WorkerRole = WorkerRole.ALL,
     **options: Any,
@@ -158,8 +159,8 @@ def build_worker(
     ``progress_interval``: seconds between a connection's progress reports (tests shorten
     it). ``retention``: ``DURABLE_SSE_RETENTION``, for streams without their own.
     ``liveness``: the worker's lease (connections run and commit under it; None: none).
-    ``hand_over``: prepares a workflow whose connection this worker hands over to spread
-    the pool's load (``Failover.reset_sticky``; None: connections are never handed over).
+    ``balance``: with ``liveness``, hand connections over when this worker holds more than
+    its share of the pool's (False: connections stay where they start).
     ``role``: what this SDK worker runs (:class:`WorkerRole`)."""
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
@@ -191,13 +192,8 @@ def build_worker(
     )
     if liveness is not None:
         liveness.on_revoked = reader.lease_revoked
-        if hand_over is not None:
-            before = hand_over
-
-            async def shed(count: int, seconds: float) -> int:
-                return await reader.hand_over(count, seconds, before=before)
-
-            liveness.shed = shed
+        if balance:
+            liveness.shed = reader.hand_over
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
@@ -372,7 +368,7 @@ async def run_worker(
         credentials=credentials,
         retention=settings.retention,
         liveness=liveness,
-        hand_over=failover.reset_sticky,
+        balance=True,
         deployment=settings.deployment,
     )
     worker = build_worker(**options, role=WorkerRole.WORKFLOWS)

@@ -145,13 +145,11 @@ class StreamReader:
                 "ended %d connection(s) of revoked worker lease %s", len(tasks), worker_id
             )
 
-    async def hand_over(
-        self, count: int, seconds: float, *, before: Callable[[str, str], Awaitable[None]]
-    ) -> int:
+    async def hand_over(self, count: int, seconds: float) -> int:
         """End ``count`` connections cleanly (flush, commit) and let Temporal retry each at
         once from its last cursor, one every ``seconds / count``, so that they go on
-        wherever the pool has room. Connections on the live route go first.
-        ``before(workflow_id, run_id)`` runs first for each."""
+        wherever the pool has room (no workflow task in between, so the workflow's sticky
+        queue does not matter). Connections on the live route go first."""
         chosen = sorted(
             (c for c in self.running.items() if c[1].streaming),
             key=lambda item: item[1].input.route != Route.LIVE,
@@ -161,9 +159,6 @@ class StreamReader:
         for task, connection in chosen:
             if task.done():
                 continue
-            info = connection.info
-            if info.workflow_id and info.workflow_run_id:
-                await before(info.workflow_id, info.workflow_run_id)
             connection.moving = "handed over to spread the pool's connections over its workers"
             task.cancel()
             done += 1
