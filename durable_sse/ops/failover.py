@@ -35,6 +35,8 @@ VERIFY_AFTER = 2.0
 """Seconds after failing an attempt before looking where its retry went."""
 MAX_FAILS = 8
 """Times one connection's attempt is failed at most (more than a worker's polls)."""
+MAX_LOOKS = 30
+"""Looks at where a moved connection's retry went, :data:`VERIFY_AFTER` apart."""
 
 
 class Failover:
@@ -97,38 +99,47 @@ class Failover:
         error: ApplicationError,
     ) -> None:
         """In the background (the next stream's move does not wait): fail the retry again
-        while the dead worker is the one that took it."""
+        while the dead worker is the one that took it. A retry not started yet is looked
+        at again (under load matching may take longer than :data:`VERIFY_AFTER`): it may
+        still go to one of the dead worker's polls."""
         identity = f"{dead.pid}@{dead.host}"
+        fails = 0
         try:
-            for _ in range(MAX_FAILS):
+            for _ in range(MAX_LOOKS):
                 await asyncio.sleep(VERIFY_AFTER)
-                if not await self._on_worker(connection, identity):
+                where = await self._retry_of(connection)
+                if where is None:
+                    continue  # scheduled, not started yet
+                if where != identity:
                     return
                 logger.info(
                     "stream %s: its retry went to paused worker %s; failing it again",
                     connection.stream,
                     dead.worker_id,
                 )
-                if not await self._fail(handle, error, connection.stream):
+                fails += 1
+                if fails > MAX_FAILS or not await self._fail(handle, error, connection.stream):
                     return
         except RPCError as rpc:
             logger.warning("stream %s: could not follow its retry: %s", connection.stream, rpc)
 
-    async def _on_worker(self, connection: HeldConnection, identity: str) -> bool:
-        """Whether the connection's running attempt was taken by the worker ``identity``."""
+    async def _retry_of(self, connection: HeldConnection) -> str | None:
+        """The identity of the worker that runs the connection's attempt; None while it
+        waits to start; ``""`` when it ended (or cannot be looked at)."""
         assert connection.workflow_id is not None
         handle = self.client.get_workflow_handle(connection.workflow_id, run_id=connection.run_id)
         try:
             description = await handle.describe(rpc_timeout=CALL_TIMEOUT)
         except RPCError:
-            return False
+            return ""
         for pending in description.raw_description.pending_activities:
-            if (
-                pending.activity_id == connection.activity_id
-                and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
-            ):
-                return pending.last_worker_identity == identity
-        return False
+            if pending.activity_id != connection.activity_id:
+                continue
+            if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
+                return pending.last_worker_identity
+            if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
+                return None
+        return ""
 
     async def reset_sticky(self, workflow_id: str, run_id: str) -> None:
         """The workflow's next task goes to the task queue every worker polls, not to the
