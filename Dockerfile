@@ -1,13 +1,13 @@
 # The durable-sse worker (and CLI). Secrets come from the environment at run time.
+# The lean install: what a production worker needs, none of the embedded stack (the `dev`
+# extra: Temporal dev server, redis-server, PostgreSQL), which a worker here never runs.
 FROM python:3.11-slim
 WORKDIR /app
-# What the wheel is built from (pyproject finds every package under these; CI builds a wheel
-# of the same files, installs it in a scratch venv, imports every module: scripts/wheel-check).
+# What the wheel is built from: the durable_sse package (CI builds a wheel of the same files,
+# installs it in a scratch venv, checks its top level, imports every module:
+# scripts/wheel-check).
 COPY pyproject.toml README.md ./
 COPY durable_sse ./durable_sse
-COPY workflows ./workflows
-COPY activities ./activities
-COPY worker.py ./
 COPY examples ./examples
 RUN pip install --no-cache-dir .
 USER nobody

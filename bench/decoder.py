@@ -24,7 +24,7 @@ from httpx_sse._decoders import SSEDecoder as HttpxSSEDecoder
 from httpx_sse._decoders import SSELineDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout
-from durable_sse.sse.decoder import Event, SSEDecoder  # noqa: E402
+from durable_sse.sse.decoder import DecodedEvent, SSEDecoder  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,10 @@ def run_ours(chunks: list[bytes]) -> int:
     count = 0
     for chunk in chunks:
         for item in decoder.feed(chunk):
-            if type(item) is Event:
+            if type(item) is DecodedEvent:
                 count += 1
     for item in decoder.close():
-        if type(item) is Event:
+        if type(item) is DecodedEvent:
             count += 1
     return count
 

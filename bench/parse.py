@@ -20,7 +20,7 @@ import psycopg
 from httpx_sse import aconnect_sse, connect_sse
 
 from bench.common import Figures, Stack, add_source_stream, remove_source_stream
-from durable_sse.sse.decoder import Event, SSEDecoder
+from durable_sse.sse.decoder import DecodedEvent, SSEDecoder
 
 FLUSH_MODES = ("event", "bulk")
 
@@ -54,7 +54,7 @@ async def read_with_ours(url: str, count: int) -> float:
             seen, first = 0, 0.0
             async for chunk in response.aiter_bytes():
                 for item in decoder.feed(chunk):
-                    if type(item) is Event:
+                    if type(item) is DecodedEvent:
                         seen += 1
                         if seen == 1:
                             first = time.perf_counter()

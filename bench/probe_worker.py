@@ -27,7 +27,7 @@ import psycopg  # noqa: E402
 import temporalio.bridge.worker  # noqa: E402
 from redis.asyncio.connection import AbstractConnection  # noqa: E402
 
-import worker as worker_module  # noqa: E402
+from durable_sse import worker as worker_module  # noqa: E402
 from durable_sse.config.settings import Settings  # noqa: E402
 from durable_sse.ops.logs import configure_logging  # noqa: E402
 

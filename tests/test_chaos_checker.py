@@ -8,7 +8,7 @@ events before its first event: 401..800 were skipped, 801 came next. 401..500 ar
 
 from __future__ import annotations
 
-from durable_sse.gaps.model import Gap, GapState
+from durable_sse.gaps.model import GapRecord, GapState
 from durable_sse.source import SourceTruth
 from tests.chaos.checker import Stored, check
 
@@ -29,8 +29,8 @@ def rows(ids: set[int]) -> Stored:
     return Stored(ids=sorted(ids), rows=len(ids), duplicate_rows=0)
 
 
-def gap(start: str, end: str, *, state: str, missing: int | None) -> Gap:
-    return Gap(
+def gap(start: str, end: str, *, state: str, missing: int | None) -> GapRecord:
+    return GapRecord(
         gap_id="g",
         stream="s",
         kind="comment",

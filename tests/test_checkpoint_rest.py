@@ -27,8 +27,8 @@ from durable_sse.ops import control
 from durable_sse.ops.live import LiveStores
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
+from durable_sse.worker import WorkerResources, build_worker
 from tests.test_e2e import capture_history
-from worker import WorkerResources, build_worker
 
 pytestmark = pytest.mark.slow
 

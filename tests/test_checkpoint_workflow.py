@@ -22,9 +22,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.checkpoint import CheckpointActivities
-from activities.retention import RetentionActivities
-from activities.schedule import ScheduleActivities
+from durable_sse.activities.checkpoint import CheckpointActivities
+from durable_sse.activities.retention import RetentionActivities
+from durable_sse.activities.schedule import ScheduleActivities
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     AdvanceInput,
@@ -35,11 +35,11 @@ from durable_sse.contracts import (
     checkpoint_schedule_id,
 )
 from durable_sse.cursor.rest import REST_NOTE, WAKE_NOTE
-from durable_sse.gaps.model import Gap, GapChange
+from durable_sse.gaps.model import GapChange, GapRecord
 from durable_sse.log.records import EventRecord
 from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.stores import Stores
-from workflows.checkpoint import CheckpointAdvanceWorkflow
+from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
 
 POLL_LIMIT = 30.0
 """Safety bound on polling (a hang guard, not a timing assertion)."""
@@ -84,7 +84,7 @@ async def record_gap(event_log: Stores, stream: str, gap: GapChange) -> None:
 
 def opened(stream: str, gap_id: str, start: str, end: str) -> GapChange:
     seen = datetime.now(UTC).isoformat()
-    gap = Gap(gap_id=gap_id, stream=stream, kind="comment", start_id=start, end_id=end)
+    gap = GapRecord(gap_id=gap_id, stream=stream, kind="comment", start_id=start, end_id=end)
     gap.seen_at = seen
     return GapChange(gap_id, opened=gap)
 

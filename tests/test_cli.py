@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.attributes import SearchAttributeActivities
+from durable_sse.activities.attributes import SearchAttributeActivities
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
     CheckpointState,
@@ -42,7 +42,7 @@ from durable_sse.ops import control
 from durable_sse.ops.cli.parser import ENVIRONMENT, EXIT_ERROR, EXIT_USAGE
 from durable_sse.ops.cli.tables import format_status_table
 from durable_sse.ops.dev import summary_line
-from workflows.stream import StreamWorkflow
+from durable_sse.workflows.stream import StreamWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 

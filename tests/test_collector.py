@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 
-from worker import GC_YOUNG_THRESHOLD, tune_collector
+from durable_sse.worker import GC_YOUNG_THRESHOLD, tune_collector
 
 
 def test_the_worker_freezes_what_it_built_and_collects_young_objects_less_often() -> None:

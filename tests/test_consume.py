@@ -30,10 +30,9 @@ from durable_sse.consume import (
     Truncated,
     retention_holds,
 )
+from durable_sse.consume.items import read_items
 from durable_sse.consume.model import Position
-from durable_sse.consume.reader import read_items
-from durable_sse.gaps.model import Gap as GapRecord
-from durable_sse.gaps.model import GapChange
+from durable_sse.gaps.model import GapChange, GapRecord
 from durable_sse.log.records import EventRecord
 from durable_sse.stores import Stores
 from tests.sim.stores import MemoryEventLog

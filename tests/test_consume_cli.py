@@ -18,8 +18,7 @@ import pytest
 
 from durable_sse.consume import Consumer, Group
 from durable_sse.consume import positions as position_rows
-from durable_sse.gaps.model import Gap as GapRecord
-from durable_sse.gaps.model import GapChange
+from durable_sse.gaps.model import GapChange, GapRecord
 from durable_sse.log.records import EventRecord
 from durable_sse.ops.cli.main import main
 from durable_sse.stores import Stores

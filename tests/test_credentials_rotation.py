@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-import worker as worker_module
+from durable_sse import worker as worker_module
 from durable_sse.config.settings import Settings
 from durable_sse.contracts import StreamStatus
 from durable_sse.ownership import stream_workflow_id

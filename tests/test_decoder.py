@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from durable_sse.errors import EventTooLargeError, IdTooLongError, LineTooLongError
 from durable_sse.sse.content_type import is_event_stream
-from durable_sse.sse.decoder import Comment, Event, SSEDecoder
+from durable_sse.sse.decoder import Comment, DecodedEvent, SSEDecoder
 
-Item = Event | Comment
+Item = DecodedEvent | Comment
 
 
 def decode_all(chunks: list[bytes], **options: object) -> tuple[list[Item], str, int | None]:
@@ -60,9 +60,9 @@ def test_items_come_in_stream_order() -> None:
     assert decode_bytes(body) == [
         Comment("before"),
         Comment("inside"),
-        Event("a"),
+        DecodedEvent("a"),
         Comment("after"),
-        Event("b"),
+        DecodedEvent("b"),
     ]
 
 
@@ -75,17 +75,17 @@ def test_event_without_data_commits_its_id_but_is_not_dispatched() -> None:
 def test_id_field_flag_and_inherited_id() -> None:
     items = decode_bytes(b"id: 1\ndata: a\n\ndata: b\n\nid: \0x\ndata: c\n\nid:\ndata: d\n\n")
     assert items == [
-        Event("a", id="1", id_field=True),
-        Event("b", id="1", id_field=False),
-        Event("c", id="1", id_field=False),  # an id with NUL is ignored
-        Event("d", id="", id_field=True),  # an empty id resets
+        DecodedEvent("a", id="1", id_field=True),
+        DecodedEvent("b", id="1", id_field=False),
+        DecodedEvent("c", id="1", id_field=False),  # an id with NUL is ignored
+        DecodedEvent("d", id="", id_field=True),  # an empty id resets
     ]
 
 
 def test_last_event_id_is_committed_only_by_a_blank_line() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b"id: 1\ndata: a\n\nid: 2\ndata: b\n") == [
-        Event("a", id="1", id_field=True)
+        DecodedEvent("a", id="1", id_field=True)
     ]
     assert decoder.last_event_id == "1"
     assert decoder.close() == []
@@ -119,37 +119,37 @@ def test_retry_accepts_only_ascii_digits(value: bytes, expected: int | None) -> 
 
 def test_retry_with_absurdly_many_digits_is_ignored_not_fatal() -> None:
     body = b"retry: 5\nretry: " + b"9" * 10_000 + b"\ndata: x\n\n"
-    assert decode_all([body]) == ([Event("x")], "", 5)
+    assert decode_all([body]) == ([DecodedEvent("x")], "", 5)
 
 
 def test_invalid_utf8_is_replaced() -> None:
-    assert decode_bytes(b"data: a\xffb\xe2\x82\n\n") == [Event("a\ufffdb\ufffd")]
+    assert decode_bytes(b"data: a\xffb\xe2\x82\n\n") == [DecodedEvent("a\ufffdb\ufffd")]
 
 
 def test_crlf_split_across_chunks_is_one_line_end() -> None:
     chunks = [b"data: a\r", b"\n", b"\r", b"\ndata: b\r", b"\r"]
-    assert decode_all(chunks)[0] == [Event("a"), Event("b")]
+    assert decode_all(chunks)[0] == [DecodedEvent("a"), DecodedEvent("b")]
 
 
 def test_cr_dispatches_without_waiting_for_the_next_chunk() -> None:
     decoder = SSEDecoder()
-    assert decoder.feed(b"data: a\r\r") == [Event("a")]
+    assert decoder.feed(b"data: a\r\r") == [DecodedEvent("a")]
 
 
 def test_bom_split_across_chunks_is_stripped() -> None:
-    assert decode_all([b"\xef", b"\xbb", b"\xbfdata: a\n\n"])[0] == [Event("a")]
+    assert decode_all([b"\xef", b"\xbb", b"\xbfdata: a\n\n"])[0] == [DecodedEvent("a")]
 
 
 def test_constructor_last_event_id_applies_to_events_without_id() -> None:
     items, last_event_id, _ = decode_all([b"data: a\n\n"], last_event_id="41")
-    assert items == [Event("a", id="41", id_field=False)]
+    assert items == [DecodedEvent("a", id="41", id_field=False)]
     assert last_event_id == "41"
 
 
 def test_assigning_last_event_id_before_feeding_equals_the_constructor_option() -> None:
     decoder = SSEDecoder()
     decoder.last_event_id = "41"
-    assert decoder.feed(b"data: a\n\n: ping\n\n") == [Event("a", id="41"), Comment("ping")]
+    assert decoder.feed(b"data: a\n\n: ping\n\n") == [DecodedEvent("a", id="41"), Comment("ping")]
     assert decoder.last_event_id == "41"
 
 
@@ -210,7 +210,9 @@ def reference_decode(body: bytes) -> tuple[list[Item], str, int | None]:
                 break
             last_id = id_buffer
             if data:
-                items.append(Event(data.removesuffix("\n"), event_type or "message", last_id))
+                items.append(
+                    DecodedEvent(data.removesuffix("\n"), event_type or "message", last_id)
+                )
             data, event_type = "", ""
             continue
         if line.startswith(":"):
@@ -236,7 +238,9 @@ def without_id_flag(
     result: tuple[list[Item], str, int | None],
 ) -> tuple[list[Item], str, int | None]:
     items, last_id, retry = result
-    flat = [Event(i.data, i.event, i.id) if isinstance(i, Event) else i for i in items]
+    flat = [
+        DecodedEvent(i.data, i.event, i.id) if isinstance(i, DecodedEvent) else i for i in items
+    ]
     return flat, last_id, retry
 
 
@@ -258,7 +262,11 @@ def test_any_chunking_decodes_the_same(body: bytes, cuts: list[int]) -> None:
 def test_bom_mixed_line_ends_and_multibyte_bytewise() -> None:
     sample = b"\xef\xbb\xbfid: 1\r\ndata: \xe2\x82\xac\r\r: c\ndata\n\n"
     whole = decode_all([sample])
-    assert whole[0] == [Event("\u20ac", id="1", id_field=True), Comment("c"), Event("", id="1")]
+    assert whole[0] == [
+        DecodedEvent("\u20ac", id="1", id_field=True),
+        Comment("c"),
+        DecodedEvent("", id="1"),
+    ]
     assert decode_all([sample[i : i + 1] for i in range(len(sample))]) == whole
 
 
@@ -286,7 +294,7 @@ def test_64_mib_line_raises_at_the_cap_with_bounded_memory() -> None:
 
 def test_a_long_line_complete_in_one_chunk_raises_too() -> None:
     decoder = SSEDecoder(max_line_bytes=10)
-    assert decoder.feed(b"data: 1234\n\n") == [Event("1234")]
+    assert decoder.feed(b"data: 1234\n\n") == [DecodedEvent("1234")]
     with pytest.raises(LineTooLongError):
         decoder.feed(b"data: 12345\n\n")
 
@@ -299,9 +307,9 @@ def test_a_long_line_hands_over_what_its_chunk_completed_before_it() -> None:
     with pytest.raises(LineTooLongError) as raised:
         decoder.feed(b"id: 1\ndata: a\n\n: ping\nid: 2\ndata: b\n\nid: 3\ndata: " + b"c" * 40)
     assert raised.value.items == [
-        Event("a", id="1", id_field=True),
+        DecodedEvent("a", id="1", id_field=True),
         Comment("ping"),
-        Event("b", id="2", id_field=True),
+        DecodedEvent("b", id="2", id_field=True),
     ]
     assert decoder.last_event_id == "2"
     with pytest.raises(LineTooLongError) as raised:
@@ -426,7 +434,9 @@ def test_every_other_field_repeated_endlessly_holds_no_memory() -> None:
 def test_event_at_the_cap_passes_and_one_byte_more_raises() -> None:
     cap = 100
     at_cap = b"data: " + b"a" * 49 + b"\ndata: " + b"b" * 50 + b"\n\n"  # 49 + LF + 50
-    assert decode_all([at_cap], max_event_bytes=cap)[0] == [Event("a" * 49 + "\n" + "b" * 50)]
+    assert decode_all([at_cap], max_event_bytes=cap)[0] == [
+        DecodedEvent("a" * 49 + "\n" + "b" * 50)
+    ]
     over = at_cap.replace(b"b" * 50, b"b" * 51)
     with pytest.raises(EventTooLargeError, match=r"max_event_bytes=100\b"):
         decode_all([over], max_event_bytes=cap)
@@ -437,7 +447,7 @@ def test_event_size_counts_utf8_bytes() -> None:
     body = b"data: " + euros.encode() + b"\n\n"
     with pytest.raises(EventTooLargeError):
         decode_all([body], max_event_bytes=101)
-    assert decode_all([body], max_event_bytes=102)[0] == [Event(euros)]
+    assert decode_all([body], max_event_bytes=102)[0] == [DecodedEvent(euros)]
     # the same across chunks (the data is carried as bytes)
     half = len(body) // 2
     with pytest.raises(EventTooLargeError):
@@ -449,7 +459,7 @@ def test_too_large_event_keeps_the_cursor_before_it_and_hands_back_earlier_items
     body = b"id: 1\ndata: ok\n\n: note\nid: 2\ndata: 0123456789\ndata: more\n\n"
     with pytest.raises(EventTooLargeError) as caught:
         decoder.feed(body)
-    assert caught.value.items == [Event("ok", id="1", id_field=True), Comment("note")]
+    assert caught.value.items == [DecodedEvent("ok", id="1", id_field=True), Comment("note")]
     assert decoder.last_event_id == "1"
     assert decoder.event_bytes == 0
 
@@ -493,7 +503,9 @@ def test_event_limit_is_independent_of_chunking(
 
 def test_id_over_max_id_bytes_raises_at_dispatch() -> None:
     decoder = SSEDecoder(max_id_bytes=8)
-    assert decoder.feed(b"id: 12345678\ndata: a\n\n") == [Event("a", id="12345678", id_field=True)]
+    assert decoder.feed(b"id: 12345678\ndata: a\n\n") == [
+        DecodedEvent("a", id="12345678", id_field=True)
+    ]
     # the long id alone does not raise: its event is not complete yet
     assert decoder.feed(b"data: b\nid: 123456789\n") == []
     with pytest.raises(IdTooLongError, match=r"9 bytes exceeded max_id_bytes=8\b") as caught:
@@ -519,7 +531,7 @@ def test_long_id_of_an_event_without_data_raises_too() -> None:
 
 def test_long_id_replaced_before_dispatch_is_fine() -> None:
     items, last_event_id, _ = decode_all([b"id: 123456789\nid: 1\ndata: a\n\n"], max_id_bytes=8)
-    assert items == [Event("a", id="1", id_field=True)]
+    assert items == [DecodedEvent("a", id="1", id_field=True)]
     assert last_event_id == "1"
 
 
@@ -589,21 +601,21 @@ def test_gap_comments_are_visible() -> None:
 
 def test_gap_no_phantom_events_after_an_id() -> None:
     body = b"id: 1\ndata: a\n\n: keep-alive\n\n\n: ping\n\n"
-    ours = [item for item in decode_bytes(body) if isinstance(item, Event)]
-    assert ours == [Event("a", id="1", id_field=True)]
+    ours = [item for item in decode_bytes(body) if isinstance(item, DecodedEvent)]
+    assert ours == [DecodedEvent("a", id="1", id_field=True)]
     theirs = httpx_sse_events(body)
     assert [event.data for event in theirs] == ["a", "", "", ""]  # three phantom events
 
 
 def test_gap_leading_bom_keeps_the_first_event() -> None:
     body = b"\xef\xbb\xbfdata: first\n\ndata: second\n\n"
-    assert decode_bytes(body) == [Event("first"), Event("second")]
+    assert decode_bytes(body) == [DecodedEvent("first"), DecodedEvent("second")]
     assert [event.data for event in httpx_sse_events(body)] == ["second"]
 
 
 def test_gap_body_is_utf8_whatever_charset_is_declared() -> None:
     body = "data: ok\u2026 caf\u00e9\n\n".encode()
-    assert decode_bytes(body) == [Event("ok\u2026 caf\u00e9")]
+    assert decode_bytes(body) == [DecodedEvent("ok\u2026 caf\u00e9")]
     theirs = httpx_sse_events(body, "text/event-stream; charset=windows-1252")
     assert [event.data for event in theirs] == ["ok\u00e2\u20ac\u00a6 caf\u00c3\u00a9"]
 
@@ -649,6 +661,6 @@ def test_large_stream_in_odd_chunks_matches_whole() -> None:
         for n in range(2000)
     )
     whole = decode_all([body])
-    assert len([i for i in whole[0] if isinstance(i, Event)]) == 2000
+    assert len([i for i in whole[0] if isinstance(i, DecodedEvent)]) == 2000
     for size in (1, 7, 4096):
         assert decode_all(list(_chunks(body, size))) == whole

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from durable_sse.sse.content_type import is_event_stream
-from durable_sse.sse.decoder import Comment, Event, SSEDecoder
+from durable_sse.sse.decoder import Comment, DecodedEvent, SSEDecoder
 
 
 def message_body(message: bytes, *, newline: bool = True) -> bytes:
@@ -24,7 +24,7 @@ def message_body(message: bytes, *, newline: bool = True) -> bytes:
 
 @dataclass
 class Decoded:
-    events: list[Event]
+    events: list[DecodedEvent]
     comments: list[str]
     last_event_id: str
     retry: int | None
@@ -32,13 +32,13 @@ class Decoded:
 
 def decode(body: bytes, *, bytewise: bool, last_event_id: str = "") -> Decoded:
     decoder = SSEDecoder(last_event_id=last_event_id)
-    items: list[Event | Comment] = []
+    items: list[DecodedEvent | Comment] = []
     chunks = [body[i : i + 1] for i in range(len(body))] if bytewise else [body]
     for chunk in chunks:
         items += decoder.feed(chunk)
     items += decoder.close()
     return Decoded(
-        events=[item for item in items if isinstance(item, Event)],
+        events=[item for item in items if isinstance(item, DecodedEvent)],
         comments=[item.text for item in items if isinstance(item, Comment)],
         last_event_id=decoder.last_event_id,
         retry=decoder.retry,
@@ -87,7 +87,7 @@ def test_format_data_before_final_empty_line(bytewise: bool) -> None:
     # event id (the reconnect sends none: lastEventId "" on the re-delivered test1).
     body = message_body(b"retry:1000\ndata:test1\n\nid:test\ndata:test2", newline=False)
     decoded = decode(body, bytewise=bytewise)
-    assert decoded.events == [Event("test1", "message", "", False)]
+    assert decoded.events == [DecodedEvent("test1", "message", "", False)]
     assert decoded.last_event_id == ""
     assert decoded.retry == 1000
 
@@ -131,14 +131,14 @@ def test_format_field_id(bytewise: bool) -> None:
     # eventsource/format-field-id.htm: the id "…" (U+2026) is the last event id, sent back
     # on reconnect, and stays in force for the echoed event that has no id field.
     first = decode(LAST_EVENT_ID_FIRST, bytewise=bytewise)
-    assert first.events == [Event("hello", "message", "\u2026", True)]
+    assert first.events == [DecodedEvent("hello", "message", "\u2026", True)]
     assert (first.last_event_id, first.retry) == ("\u2026", 200)
     again = decode(
         last_event_id_echo(first.last_event_id),
         bytewise=bytewise,
         last_event_id=first.last_event_id,
     )
-    assert again.events == [Event("\u2026", "message", "\u2026", False)]
+    assert again.events == [DecodedEvent("\u2026", "message", "\u2026", False)]
 
 
 @bytewise
@@ -179,7 +179,7 @@ def test_format_field_id_null(bytewise: bool) -> None:
     # lastEventId "". (One old revision of the file asserted "\0\0" for the first event,
     # contradicting its own second assertion and the spec; we follow the spec.)
     decoded = decode(b"id: \0\0\nretry: 200\ndata: hello\n\n", bytewise=bytewise)
-    assert decoded.events == [Event("hello", "message", "", False)]
+    assert decoded.events == [DecodedEvent("hello", "message", "", False)]
     assert decoded.last_event_id == ""
 
 

@@ -26,16 +26,16 @@ import sqlalchemy as sa
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-import worker as worker_module
+from durable_sse import worker as worker_module
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
 from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
+from durable_sse.workflows.stream import STREAM_STATE
 from tests.chaos.harness import end_process, wait_until, worker_process
 from tests.test_portable import machine_paths
-from workflows.stream import STREAM_STATE
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_sse.errors import StoreError
-from durable_sse.gaps.model import Gap, GapChange
+from durable_sse.gaps.model import GapChange, GapRecord
 from durable_sse.ids import IdOrder, sort_key
 from durable_sse.log.keys import FOLLOWER_WINDOW, FollowerKeys, data_digest
 from durable_sse.log.records import EventRecord, InsertResult
@@ -881,7 +881,7 @@ async def test_concurrent_advances_end_at_the_newest(event_log: Stores, stream_n
 
 
 def gap_opened(stream: str, gap_id: str, start: str | None, end: str | None, **fields: Any):
-    gap = Gap(
+    gap = GapRecord(
         gap_id=gap_id,
         stream=stream,
         kind="comment",

@@ -18,9 +18,9 @@ from durable_sse.cursor.fence import choose_start, lagging_cap, lagging_target, 
 from durable_sse.gaps.model import (
     MAX_GAPS_IN_SUMMARY,
     SHORT_READS_TO_LOSE,
-    Gap,
     GapChange,
     GapKind,
+    GapRecord,
     GapState,
     GapView,
     StreamContext,
@@ -43,10 +43,10 @@ def gap(
     *,
     notice: str | None = None,
     **fields: object,
-) -> Gap:
+) -> GapRecord:
     fields.setdefault("seen_at", NOW)
     fields.setdefault("kind", GapKind.COMMENT.value)
-    return Gap(
+    return GapRecord(
         gap_id=gap_id,
         stream="s",
         start_id=start,
@@ -71,14 +71,14 @@ class Ids:
 
 
 def apply(
-    record: Gap | None,
+    record: GapRecord | None,
     change: GapChange,
     *,
     lagging: str | None = None,
     new_rows: int = 0,
     stored: Ids | None = None,
     order: str = ORDER,
-) -> Gap | None:
+) -> GapRecord | None:
     return apply_change(
         record,
         change,
@@ -90,7 +90,7 @@ def apply(
     )
 
 
-# -- Gap: bounds ------------------------------------------------------------------------
+# -- Gap: bounds ------------------------------------------------------------------------------
 
 
 def test_a_gap_resumes_after_what_was_re_read() -> None:
@@ -214,7 +214,7 @@ def test_merges_commute_whatever_order_two_attempts_commit_in() -> None:
     ]
     results = set()
     for order in itertools.permutations(changes):
-        record: Gap | None = gap(end=None, notice="29")
+        record: GapRecord | None = gap(end=None, notice="29")
         for change in order:
             record = apply(record, change, new_rows=1)
         assert record is not None
@@ -256,7 +256,7 @@ def test_lost_to_marks_the_gap_truncated_and_moves_the_resume_point() -> None:
 
 
 def test_short_reads_are_strikes_until_enough_in_a_row_lose() -> None:
-    record: Gap | None = gap()
+    record: GapRecord | None = gap()
     for strike in range(1, SHORT_READS_TO_LOSE):
         record = apply(record, GapChange("g", short_to="25"))
         assert record is not None
@@ -476,7 +476,7 @@ def test_the_lagging_id_is_capped_by_the_oldest_open_resume_point() -> None:
     ],
 )
 def test_lagging_target(
-    candidate: str | None, gaps: list[Gap], expected: tuple[str | None, bool, str | None]
+    candidate: str | None, gaps: list[GapRecord], expected: tuple[str | None, bool, str | None]
 ) -> None:
     assert lagging_target(candidate, gaps, ORDER) == expected
 
@@ -511,7 +511,7 @@ def start(
     repair: bool = False,
     lagging: str | None = None,
     floor: str | None = "50",
-    gaps: Iterable[Gap] = (),
+    gaps: Iterable[GapRecord] = (),
 ) -> tuple[str | None, str, str | None]:
     return choose_start(
         cursor=cursor,
@@ -630,7 +630,7 @@ def tracker(
     lagging: str | None = None,
     floor: str | None = None,
     witness: str | None = None,
-    gaps: Iterable[Gap] = (),
+    gaps: Iterable[GapRecord] = (),
     contiguous: bool = False,
     confirm_ids: int = 0,
 ) -> GapTracker:

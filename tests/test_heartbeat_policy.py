@@ -79,7 +79,7 @@ def test_a_starting_connection_takes_the_nudged_interval_only_under_a_roomy_time
 
 
 def test_a_worker_takes_no_more_connections_than_it_can_heartbeat_in_time() -> None:
-    import worker
+    from durable_sse import worker
 
     most = MAX_CONNECTIONS_PER_WORKER
     assert most / heartbeat_interval(most) <= HEARTBEAT_BUDGET  # within the budget

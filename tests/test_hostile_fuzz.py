@@ -25,7 +25,7 @@ from durable_sse.errors import (
     UnsendableIdError,
 )
 from durable_sse.ids import MAX_CONTIGUOUS_DIGITS, IdOrder, contiguous_number, is_newer, sort_key
-from durable_sse.sse.decoder import Comment, Event, SSEDecoder
+from durable_sse.sse.decoder import Comment, DecodedEvent, SSEDecoder
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
 from durable_sse.sse.request import (
     id_header_problem,
@@ -164,7 +164,7 @@ def test_hostile_input_raises_only_documented_errors(
                 count = dropped_count(item.text)
                 assert count is None or 0 <= count < 10**18
             else:
-                assert isinstance(item, Event)
+                assert isinstance(item, DecodedEvent)
                 if item.id_field:
                     assert len(item.id.encode("utf-8", "surrogatepass")) <= limits.id
                 number = contiguous_number(item.id)

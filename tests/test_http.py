@@ -18,7 +18,7 @@ from durable_sse.errors import ConfigError, UnsendableIdError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.redact import redact_url
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.sse.decoder import Event, SSEDecoder
+from durable_sse.sse.decoder import DecodedEvent, SSEDecoder
 from durable_sse.sse.request import (
     id_header_problem,
     last_event_id_header,
@@ -262,12 +262,12 @@ async def test_resume_by_a_non_ascii_id_end_to_end_with_the_demo_source() -> Non
         by_query = with_cursor(source.url("cafe"), "cursor", "café-5", stream="s")
         for url, headers in ((source.url("cafe"), by_header), (by_query, {})):
             decoder = SSEDecoder()
-            events: list[Event] = []
+            events: list[DecodedEvent] = []
             async with client.stream("GET", url, headers=headers) as response:
                 assert response.status_code == 200
                 assert truncation_header(response.headers) == "café-5"
                 async for chunk in response.aiter_raw():
-                    events += [i for i in decoder.feed(chunk) if isinstance(i, Event)]
+                    events += [i for i in decoder.feed(chunk) if isinstance(i, DecodedEvent)]
                     if len(events) >= 3:
                         break
             assert [e.id for e in events[:3]] == ["café-6", "café-7", "café-8"]

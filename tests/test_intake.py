@@ -13,12 +13,12 @@ import pytest
 
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import RECORDED_GAP, Outcome, Route
-from durable_sse.gaps.model import MAX_GAPS_IN_SUMMARY, Gap, GapKind, GapState, StreamContext
+from durable_sse.gaps.model import MAX_GAPS_IN_SUMMARY, GapKind, GapRecord, GapState, StreamContext
 from durable_sse.gaps.transitions import apply_change
 from durable_sse.ids import is_newer, newest, sort_key
 from durable_sse.log.keys import data_digest
-from durable_sse.reader.intake import DROP_GRACE, MAX_BATCH_BYTES, Batch, Intake
-from durable_sse.sse.decoder import Comment, Event
+from durable_sse.reader.intake import DROP_GRACE, MAX_BATCH_BYTES, CommitBatch, Intake
+from durable_sse.sse.decoder import Comment, DecodedEvent
 
 RECEIVED = datetime(2026, 1, 1, tzinfo=UTC)
 NOTICE = Comment("dropped 5 events (slow consumer)")
@@ -36,8 +36,8 @@ def spec(**options: object) -> StreamSpec:
     return StreamSpec(**settings)  # type: ignore[arg-type]
 
 
-def gap(gap_id: str, start: str, end: str | None, *, notice: str | None = None) -> Gap:
-    return Gap(
+def gap(gap_id: str, start: str, end: str | None, *, notice: str | None = None) -> GapRecord:
+    return GapRecord(
         gap_id=gap_id,
         stream="s",
         kind="comment",
@@ -55,7 +55,7 @@ def intake(
     lagging: str | None = None,
     floor: str | None = None,
     witness: str | None = None,
-    gaps: Iterable[Gap] = (),
+    gaps: Iterable[GapRecord] = (),
     known: Iterable[str] | None = None,
     retried: bool = False,
     has_rows: bool = False,
@@ -90,26 +90,26 @@ def intake(
     return made
 
 
-def ev(event_id: int | str, data: str = "d", event: str = "message") -> Event:
-    return Event(data=data, event=event, id=str(event_id), id_field=True)
+def ev(event_id: int | str, data: str = "d", event: str = "message") -> DecodedEvent:
+    return DecodedEvent(data=data, event=event, id=str(event_id), id_field=True)
 
 
-def take(i: Intake, *items: Event | Comment, now: float = 0.0) -> None:
+def take(i: Intake, *items: DecodedEvent | Comment, now: float = 0.0) -> None:
     i.take(list(items), received_at=RECEIVED, now=now)
 
 
-def events(*ids: int) -> list[Event]:
+def events(*ids: int) -> list[DecodedEvent]:
     return [ev(n) for n in ids]
 
 
-def cut(i: Intake) -> list[Batch]:
+def cut(i: Intake) -> list[CommitBatch]:
     """The batches ready so far (taken out, as the activity submits them)."""
     batches = list(i.ready)
     i.ready.clear()
     return batches
 
 
-def ids(batch: Batch) -> list[str]:
+def ids(batch: CommitBatch) -> list[str]:
     return [record.event_id for record in batch.records]
 
 
@@ -156,7 +156,14 @@ def test_batches_are_cut_by_age_when_polled() -> None:
 
 def test_ids_without_an_id_field_ride_along_with_ordinals() -> None:
     i = intake("0", batch_max_events=10)
-    take(i, ev(1), Event(data="a", id="1"), Event(data="b", id="1"), ev(2), Event(data="c"))
+    take(
+        i,
+        ev(1),
+        DecodedEvent(data="a", id="1"),
+        DecodedEvent(data="b", id="1"),
+        ev(2),
+        DecodedEvent(data="c"),
+    )
     i.end()
     [batch] = cut(i)
     assert [(r.event_id, r.event_ord) for r in batch.records] == [
@@ -177,7 +184,7 @@ def test_each_id_is_keyed_once_and_batches_end_at_the_newest_under_the_order(
     # its order decisions are made on those keys, so they must be the store's keys.
     i = intake(None, id_order=order, batch_max_events=10)
     sent = ["a-9", "a-10", "7", "a-10", "é-2", "0012"]
-    take(i, *[ev(n) for n in sent], Event(data="f", id="0012"), Event(data="g"))
+    take(i, *[ev(n) for n in sent], DecodedEvent(data="f", id="0012"), DecodedEvent(data="g"))
     i.end()
     [batch] = cut(i)
     assert [(r.event_id, r.id_key) for r in batch.records] == [
@@ -197,7 +204,7 @@ def test_committed_moves_the_cursor_forward_only_and_counts() -> None:
     assert i.committed(first, new_rows=2) is True and i.cursor == "7"
     assert i.committed(second, new_rows=1) is False and i.cursor == "7"
     assert (i.counts.new_rows, i.counts.duplicates, i.counts.recovered) == (3, 1, 0)
-    assert i.committed(Batch(records=[], last_id=None), new_rows=0) is False
+    assert i.committed(CommitBatch(records=[], last_id=None), new_rows=0) is False
 
 
 # -- drop notices ---------------------------------------------------------------------------
@@ -340,9 +347,9 @@ def test_reused_ids_are_counted_apart_from_duplicates_and_warned_of_once(
     i = intake("5", batch_max_events=10)
     take(
         i,
-        Event(data="b1", id="1", id_field=True),
-        Event(data="f", id="1"),
-        Event(data="b2", id="2", id_field=True),
+        DecodedEvent(data="b1", id="1", id_field=True),
+        DecodedEvent(data="f", id="1"),
+        DecodedEvent(data="b2", id="2", id_field=True),
     )
     i.end()
     [batch] = cut(i)
@@ -351,7 +358,7 @@ def test_reused_ids_are_counted_apart_from_duplicates_and_warned_of_once(
     assert second.digest == data_digest("message", "b2")
     with caplog.at_level(logging.WARNING, logger="durable_sse.reader.intake"):
         assert not i.committed(batch, new_rows=3, reused=["1", "2"])
-        i.committed(Batch(records=batch.records[:1], last_id="1"), new_rows=1, reused=["1"])
+        i.committed(CommitBatch(records=batch.records[:1], last_id="1"), new_rows=1, reused=["1"])
     assert (i.counts.new_rows, i.counts.duplicates, i.counts.ids_reused) == (4, 0, 3)
     assert i.cursor == "5"
     warned = [
@@ -359,7 +366,7 @@ def test_reused_ids_are_counted_apart_from_duplicates_and_warned_of_once(
     ]
     assert len(warned) == 1 and "id '1'" in warned[0] and "stays at the newest id, '5'" in warned[0]
     resumed = intake("1")  # began inside 1's run: the carrier's digest is unknown
-    take(resumed, Event(data="f", id="1"))
+    take(resumed, DecodedEvent(data="f", id="1"))
     resumed.end()
     assert cut(resumed)[0].records[0].digest is None
 
@@ -527,7 +534,7 @@ def test_rows_inside_a_gap_this_connection_opened_are_not_recovered_rows() -> No
 
 def test_a_repair_that_closes_its_gap_is_repaired_in_the_store() -> None:
     """End to end through apply_change: the changes the intake cuts close the record."""
-    record: Gap | None = gap("a", "20", "30")
+    record: GapRecord | None = gap("a", "20", "30")
     i = intake("19", route=Route.LAGGED, floor="40", witness="20", gaps=[gap("a", "20", "30")])
     take(i, *events(20, 21, 22, 23, 29, 30, 31))
     i.end()
@@ -629,9 +636,9 @@ def test_a_retry_whose_first_row_lies_inside_its_own_span_proves_nothing_of_it()
 # -- what a connection received as it ends (issue 24, item 5) -------------------------------
 
 
-def apply_all(batches: list[Batch], *, lagging: str | None = None) -> dict[str, Gap]:
+def apply_all(batches: list[CommitBatch], *, lagging: str | None = None) -> dict[str, GapRecord]:
     """The gap records the batches' changes leave in a store, applied in commit order."""
-    records: dict[str, Gap] = {}
+    records: dict[str, GapRecord] = {}
     for batch in batches:
         for change in batch.gap_changes:
             record = apply_change(
@@ -755,8 +762,8 @@ def test_the_outcome_reported_for_an_ending_with_a_drop_signal_in_it() -> None:
 # -- a reconnect that cannot resume (issue 24, item 8) ---------------------------------------
 
 
-def idless(*data: str) -> list[Event]:
-    return [Event(data=d) for d in data]
+def idless(*data: str) -> list[DecodedEvent]:
+    return [DecodedEvent(data=d) for d in data]
 
 
 def test_a_reconnect_with_no_id_records_its_loss_window_with_its_first_batch() -> None:

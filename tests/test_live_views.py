@@ -35,8 +35,8 @@ from durable_sse.reader.heartbeat_policy import heartbeat_interval
 from durable_sse.reader.reports import PROGRESS_INTERVAL
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
+from durable_sse.worker import WorkerResources, build_worker
 from tests.test_e2e import capture_history
-from worker import WorkerResources, build_worker
 
 pytestmark = pytest.mark.slow
 

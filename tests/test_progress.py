@@ -23,7 +23,7 @@ from durable_sse.contracts import (
 )
 from durable_sse.cursor.l2 import PROGRESS_TTL_MS, RedisCursors, progress_key
 from durable_sse.ops.live import LiveStores, live_status
-from workflows.checkpoint import QUIET_REPORT_EVERY, _first_of_period
+from durable_sse.workflows.checkpoint import QUIET_REPORT_EVERY, _first_of_period
 
 
 @pytest.fixture

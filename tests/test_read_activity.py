@@ -1,6 +1,6 @@
 """The read activity against the real demo SSE source, PostgreSQL and Redis.
 
-Each test runs ``StreamReader.read_stream`` in temporalio's ``ActivityEnvironment`` (no
+Each test runs ``ReadActivities.read_stream`` in temporalio's ``ActivityEnvironment`` (no
 Temporal server): heartbeats are recorded, a retry is an attempt number with the dead
 attempt's heartbeat details, as Temporal hands them over, and cancellation comes as a
 workflow's would. What was written is read back from ``sse_events`` and ``sse_gaps``.
@@ -30,7 +30,7 @@ from temporalio.testing import ActivityEnvironment
 
 import durable_sse.reader.heartbeat_policy as heartbeat_policy
 import durable_sse.reader.reports as reports_module
-from activities.read import StreamReader
+from durable_sse.activities.read import ReadActivities
 from durable_sse.config.secrets import DeclaredSecrets, parse_secret_bindings
 from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
 from durable_sse.contracts import (
@@ -58,7 +58,7 @@ from durable_sse.reader.heartbeat_policy import (
 )
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
-from workflows.stream import READ_MARGIN, READ_RETRY
+from durable_sse.workflows.stream import READ_MARGIN, READ_RETRY
 
 READ_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 """The shortest heartbeat timeout a stream may set (``MIN_HEARTBEAT_TIMEOUT``)."""
@@ -71,10 +71,10 @@ NOTICE = "dropping events: discarded 7 events (slow consumer)"
 
 
 @pytest.fixture
-async def reader(pg_stores: Stores, redis_url: str) -> AsyncIterator[StreamReader]:
+async def reader(pg_stores: Stores, redis_url: str) -> AsyncIterator[ReadActivities]:
     l2 = RedisCursors(redis_url)
     async with httpx.AsyncClient(follow_redirects=False) as http:
-        yield StreamReader(
+        yield ReadActivities(
             http=http,
             stores=replace(pg_stores, l2=l2),
             secrets=DeclaredSecrets(
@@ -109,7 +109,7 @@ class Heartbeats(list[dict[str, Any]]):
 
 
 async def read(
-    reader: StreamReader,
+    reader: ReadActivities,
     spec: StreamSpec,
     *,
     env: ActivityEnvironment | None = None,
@@ -246,7 +246,7 @@ def events(*ids: str, data: str = "x") -> bytes:
 
 
 async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progress(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -272,7 +272,7 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
     # A worker that never saw the stream (L1 empty) resumes from L2, by header.
     await reader.stores.l2.flush()
     assert await reader.stores.l2.get(stream_name) == "100"
-    fresh = StreamReader(http=reader.http, stores=replace(reader.stores, l1=LocalCursors()))
+    fresh = ReadActivities(http=reader.http, stores=replace(reader.stores, l1=LocalCursors()))
     third, beats = await read(fresh, spec)
     assert (third.cursor_source, third.start_cursor, third.last_cursor) == ("l2", "100", "150")
     assert_progress(beats, start="100", last="150")
@@ -285,7 +285,7 @@ async def test_live_connections_resume_from_l1_then_l2_and_heartbeat_their_progr
 
 
 async def test_only_commits_that_store_rows_check_for_a_resting_checkpoint_schedule(
-    source: SSESource, reader: StreamReader, stream_name: str
+    source: SSESource, reader: ReadActivities, stream_name: str
 ) -> None:
     """A connection wakes a resting schedule from its first commit that stores rows, and
     after a pause between such commits (durable_sse/cursor/rest.py). A replay of stored
@@ -310,7 +310,7 @@ async def test_only_commits_that_store_rows_check_for_a_resting_checkpoint_sched
 
 
 async def test_replayed_events_are_stored_once(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=30, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -332,7 +332,7 @@ async def test_replayed_events_are_stored_once(
 
 
 async def read_past_a_drop_notice(
-    source: SSESource, reader: StreamReader, stream_name: str
+    source: SSESource, reader: ReadActivities, stream_name: str
 ) -> tuple[StreamSpec, ReadResult]:
     """A live connection: 1..100, then the source skips 101..107 and says so, then 108,
     and closes (what a connection read ahead as it ended is stored too: an endless
@@ -348,7 +348,7 @@ async def read_past_a_drop_notice(
 
 
 async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_repair_brings_its_ids_back(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     spec, result = await read_past_a_drop_notice(source, reader, stream_name)
 
@@ -430,7 +430,7 @@ async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_repair_brings_its_
 
 
 async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     spec, first = await read_past_a_drop_notice(source, reader, stream_name)
     assert first.gaps is not None
@@ -457,7 +457,7 @@ async def test_a_live_connection_ends_at_once_on_an_open_gap_it_was_not_told_of(
 
 
 async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -516,7 +516,7 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
 
 
 async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -531,7 +531,7 @@ async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
 
 
 async def test_a_retry_takes_heartbeat_details_of_another_version(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     """During a rolling deploy the attempt that died may have run a newer or older
     version: counts it does not know are left out, missing ones are 0."""
@@ -555,7 +555,7 @@ async def test_a_retry_takes_heartbeat_details_of_another_version(
 
 
 async def test_keepalives_do_not_end_the_connection_and_cancel_returns_cancelled(
-    source: SSESource, reader: StreamReader, stream_name: str
+    source: SSESource, reader: ReadActivities, stream_name: str
 ) -> None:
     source.add_stream(
         stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0.1, paused=True)
@@ -574,7 +574,7 @@ async def test_keepalives_do_not_end_the_connection_and_cancel_returns_cancelled
 
 
 async def test_keepalives_more_frequent_than_heartbeats_do_not_silence_them(
-    source: SSESource, reader: StreamReader, stream_name: str, monkeypatch: pytest.MonkeyPatch
+    source: SSESource, reader: ReadActivities, stream_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 25: an idle stream's keep-alives (every 15 s) come more often than a heartbeat
     is due (every 4 minutes): the connection must heartbeat between them, or Temporal
@@ -602,7 +602,7 @@ async def test_keepalives_more_frequent_than_heartbeats_do_not_silence_them(
 
 
 async def test_cancel_mid_batch_flushes_and_loses_nothing(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=200, keepalive=0))
     spec = make_spec(
@@ -625,7 +625,7 @@ async def test_cancel_mid_batch_flushes_and_loses_nothing(
 
 async def test_a_cancel_while_a_connection_that_ended_flushes_ends_it_as_cancelled(
     source: SSESource,
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -663,7 +663,7 @@ async def test_a_cancel_while_a_connection_that_ended_flushes_ends_it_as_cancell
 # -- what the server answers ---------------------------------------------------------------
 
 
-async def test_204_stops(source: SSESource, reader: StreamReader, stream_name: str) -> None:
+async def test_204_stops(source: SSESource, reader: ReadActivities, stream_name: str) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     source.inject(stream_name, action="status", code=204)
     result, _ = await read(reader, make_spec(source.url(stream_name), stream_name))
@@ -672,7 +672,7 @@ async def test_204_stops(source: SSESource, reader: StreamReader, stream_name: s
 
 @pytest.mark.parametrize("code", [429, 503])
 async def test_a_busy_server_is_retry_later_with_its_retry_after(
-    source: SSESource, reader: StreamReader, stream_name: str, code: int
+    source: SSESource, reader: ReadActivities, stream_name: str, code: int
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     source.inject(stream_name, action="status", code=code, retry_after=7)
@@ -686,7 +686,7 @@ async def test_a_busy_server_is_retry_later_with_its_retry_after(
 
 
 async def test_idle_timeout_is_a_plain_drop_with_a_message(
-    source: SSESource, reader: StreamReader, stream_name: str
+    source: SSESource, reader: ReadActivities, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0, paused=True))
     spec = make_spec(source.url(stream_name), stream_name, idle_timeout=0.5)
@@ -696,7 +696,7 @@ async def test_idle_timeout_is_a_plain_drop_with_a_message(
 
 
 async def test_the_servers_retry_field_is_returned(
-    source: SSESource, reader: StreamReader, stream_name: str
+    source: SSESource, reader: ReadActivities, stream_name: str
 ) -> None:
     source.add_stream(
         stream_name, SourceStreamConfig(rate=0, disconnect_after=3, keepalive=0, retry_ms=2500)
@@ -722,7 +722,7 @@ async def test_the_servers_retry_field_is_returned(
 )
 async def test_refusals_are_non_retryable_and_never_leak_the_secret(
     source: SSESource,
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
@@ -746,7 +746,7 @@ async def test_refusals_are_non_retryable_and_never_leak_the_secret(
 
 
 async def test_missing_secret_variable_is_named(
-    source: SSESource, reader: StreamReader, stream_name: str
+    source: SSESource, reader: ReadActivities, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
     spec = make_spec(
@@ -759,7 +759,7 @@ async def test_missing_secret_variable_is_named(
 
 
 async def test_secret_header_is_sent_but_never_returned(
-    source: SSESource, reader: StreamReader, stream_name: str, caplog: pytest.LogCaptureFixture
+    source: SSESource, reader: ReadActivities, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=3))
     spec = make_spec(
@@ -772,7 +772,7 @@ async def test_secret_header_is_sent_but_never_returned(
 
 
 async def test_query_secret_is_sent_from_the_environment_and_never_returned(
-    source: SSESource, reader: StreamReader, stream_name: str, caplog: pytest.LogCaptureFixture
+    source: SSESource, reader: ReadActivities, stream_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=3))
     spec = make_spec(source.url(stream_name), stream_name, query_from_env={"access": "TEST_TOKEN"})
@@ -788,10 +788,10 @@ async def test_query_secret_is_sent_from_the_environment_and_never_returned(
 
 
 async def test_hosts_outside_the_allowlist_are_refused(
-    source: SSESource, reader: StreamReader, stream_name: str
+    source: SSESource, reader: ReadActivities, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0))
-    guarded = StreamReader(
+    guarded = ReadActivities(
         http=reader.http,
         stores=reader.stores,
         allowed_hosts=("events.example.com",),
@@ -802,7 +802,7 @@ async def test_hosts_outside_the_allowlist_are_refused(
     assert "SSE_ALLOWED_HOSTS" in raised.value.message and "'url'" in raised.value.message
 
 
-async def test_unreachable_server_is_retry_later(reader: StreamReader, stream_name: str) -> None:
+async def test_unreachable_server_is_retry_later(reader: ReadActivities, stream_name: str) -> None:
     spec = StreamSpec(
         name=stream_name, url="http://127.0.0.1:9/streams/x?token=abc", connect_timeout=2
     )
@@ -812,7 +812,7 @@ async def test_unreachable_server_is_retry_later(reader: StreamReader, stream_na
 
 
 async def test_malformed_bytes_do_not_crash_and_lose_nothing(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
     source.inject(stream_name, action="malformed")
@@ -829,7 +829,7 @@ async def test_malformed_bytes_do_not_crash_and_lose_nothing(
 
 
 async def test_events_without_ids_are_kept_apart(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     body = b"id: 7\ndata: a\n\ndata: b\n\ndata: c\n\nid\ndata: d\n\ndata: e\n\n"
     async with CannedServer(body) as server:
@@ -842,7 +842,7 @@ async def test_events_without_ids_are_kept_apart(
 
 
 async def test_an_idless_event_after_a_reconnect_is_new_and_a_resent_one_is_not(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 13 case 8: connection 1 stores ``5: a`` and its id-less follower ``b``;
     connection 2 resumes after 5 and reads a new id-less ``c`` (position 1, like ``b``):
@@ -872,7 +872,7 @@ async def test_an_idless_event_after_a_reconnect_is_new_and_a_resent_one_is_not(
 
 
 async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
-    reader: StreamReader, stream_name: str, monkeypatch: pytest.MonkeyPatch
+    reader: ReadActivities, stream_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Response headers may take up to idle_timeout, longer than the heartbeat timeout:
     without heartbeats meanwhile Temporal would time the attempt out and retry it."""
@@ -907,7 +907,7 @@ async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
 
 
 async def test_a_line_over_max_line_bytes_ends_the_connection_with_the_error(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name, max_line_bytes=4096)
@@ -937,7 +937,7 @@ async def test_a_line_over_max_line_bytes_ends_the_connection_with_the_error(
     ids=["event", "id", "5000-digit id"],
 )
 async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     bad_event: bytes,
@@ -959,7 +959,7 @@ async def test_an_event_or_id_over_its_limit_parks_the_stream_before_it(
 
 
 async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(
         stream_name,
@@ -978,7 +978,7 @@ async def test_a_non_ascii_id_resumes_by_header_bytes_and_by_query_parameter(
 
 
 async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     """With Python's ``re`` the old default patterns took ~20 s on this comment, on the
     event loop, and then missed it; RE2 matches it in linear time."""
@@ -1005,7 +1005,7 @@ async def test_a_comment_built_to_make_a_regex_backtrack_is_a_drop_notice(
 
 
 async def test_events_that_came_with_a_notice_are_stored_though_the_server_cannot_resend(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     """The issue's sequence: in one write a drop notice, then events 1..20; the next
     connection gets 204. The first id after the notice ends the connection; the 19 after
@@ -1035,7 +1035,7 @@ async def test_events_that_came_with_a_notice_are_stored_though_the_server_canno
 
 
 async def test_a_notice_among_what_is_taken_as_the_connection_ends_records_its_own_gap(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     """A second notice after the id that ended the connection is another hole: the
     cursor passes it only once its gap is recorded."""
@@ -1058,7 +1058,7 @@ async def test_a_notice_among_what_is_taken_as_the_connection_ends_records_its_o
 
 
 async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     body = events("1", "2", "3") + b"id: 4\ndata: " + b"x" * 2000 + b"\n\n" + events("5")
     async with CannedServer(body) as server:
@@ -1074,7 +1074,7 @@ async def test_a_long_line_keeps_the_events_its_chunk_brought_before_it(
 
 
 async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     metrics: tuple[Runtime, MetricBuffer],
@@ -1123,7 +1123,7 @@ async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
 
 
 async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
@@ -1160,7 +1160,7 @@ def metrics() -> tuple[Runtime, MetricBuffer]:
     [("natural", 2, "AA10"), ("lexicographic", 0, "AA9B")],
 )
 async def test_ids_out_of_order_under_the_id_order_are_counted_and_exported(
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
@@ -1201,7 +1201,7 @@ def generation(prefix: str, first: int, last: int) -> bytes:
 
 
 async def test_a_server_that_restarts_its_id_counter_loses_nothing(
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
@@ -1260,7 +1260,7 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
 
 
 async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24 item 7 on the replay path: a replay from 0, below the newest stored id,
     skips stored keys before they become rows, but not a key stored with other data."""
@@ -1315,7 +1315,7 @@ async def retained(log: Stores, stream: str) -> None:
 
 
 async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     caplog: pytest.LogCaptureFixture,
@@ -1351,7 +1351,7 @@ async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
 
 
 async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
-    source: SSESource, reader: StreamReader, pg_event_log: Stores, stream_name: str
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.1, paused=True))
     spec = make_spec(source.url(stream_name), stream_name)
@@ -1383,7 +1383,7 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
 @pytest.mark.parametrize("retention", [3600.0, None])
 async def test_a_connection_moves_its_retention_hold_only_when_a_retention_applies(
     source: SSESource,
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     stream_name: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -1412,7 +1412,7 @@ async def test_a_connection_moves_its_retention_hold_only_when_a_retention_appli
 
 
 async def test_a_stream_under_another_id_order_parks_before_it_connects(
-    reader: StreamReader, pg_event_log: Stores, stream_name: str
+    reader: ReadActivities, pg_event_log: Stores, stream_name: str
 ) -> None:
     """Issue 24, item 1: its keys were made under ``numeric``; read under ``natural``
     (the default) every new id would key below the horizon and be dropped. The stream
@@ -1448,7 +1448,7 @@ async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
     env.on_heartbeat = beats
     try:
         async with httpx.AsyncClient(follow_redirects=False) as http:
-            reader = StreamReader(http=http, stores=replace(pg_stores, l2=l2), nudges=nudges)
+            reader = ReadActivities(http=http, stores=replace(pg_stores, l2=l2), nudges=nudges)
             task = asyncio.create_task(
                 env.run(
                     reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
@@ -1494,7 +1494,7 @@ async def test_without_redis_a_worker_hears_no_nudges_and_heartbeats_often() -> 
         l2 = RedisCursors("redis://127.0.0.1:1/0")
         stores = Stores.open("sqlite://", l2=l2)
         async with httpx.AsyncClient() as http:
-            reader = StreamReader(http=http, stores=stores, nudges=nudges)
+            reader = ReadActivities(http=http, stores=stores, nudges=nudges)
             assert reader.heartbeat_interval() == HEARTBEAT_INTERVAL
         await stores.close()
     finally:
@@ -1539,7 +1539,7 @@ class Blocker:
 
 async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
     source: SSESource,
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
@@ -1587,7 +1587,7 @@ async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
 
 async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
     source: SSESource,
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
@@ -1627,7 +1627,7 @@ async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
 
 
 async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
-    reader: StreamReader,
+    reader: ReadActivities,
     pg_event_log: Stores,
     pg_url: str,
     stream_name: str,

@@ -22,8 +22,8 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from workflows.checkpoint import CheckpointAdvanceWorkflow
-from workflows.stream import StreamWorkflow
+from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
+from durable_sse.workflows.stream import StreamWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 TEXTS = {path.stem: path.read_text() for path in HISTORIES}

@@ -14,7 +14,7 @@ from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.cursor.resolve import CursorResolver
 from durable_sse.cursor.start import ConnectionStart
-from durable_sse.gaps.model import Gap, GapChange, GapKind
+from durable_sse.gaps.model import GapChange, GapKind, GapRecord
 from durable_sse.log.records import EventRecord
 from durable_sse.stores import Stores
 
@@ -66,7 +66,7 @@ def gid(stream: str, name: str) -> str:
 
 async def open_gap(log: Stores, stream: str, name: str, start: str, end: str) -> None:
     gap_id = gid(stream, name)
-    opened = Gap(
+    opened = GapRecord(
         gap_id=gap_id,
         stream=stream,
         kind=GapKind.COMMENT.value,

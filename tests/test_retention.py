@@ -14,15 +14,15 @@ import sqlalchemy as sa
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.checkpoint import CheckpointActivities
-from activities.retention import RetentionActivities
+from durable_sse.activities.checkpoint import CheckpointActivities
+from durable_sse.activities.retention import RetentionActivities
 from durable_sse.config.durations import effective_retention, parse_retention_setting
 from durable_sse.config.settings import Settings
 from durable_sse.contracts import AdvanceInput, RetentionInput, StreamRef
 from durable_sse.cursor.fence import RunningReader, live_starts, retention_fence
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, IdOrderMismatchError
-from durable_sse.gaps.model import Gap, GapChange
+from durable_sse.gaps.model import GapChange, GapRecord
 from durable_sse.gaps.transitions import opening_past_horizon
 from durable_sse.log.records import EventRecord
 from durable_sse.log.retention import (
@@ -53,8 +53,8 @@ def record(event_id: str, at: datetime, ordinal: int | None = 0, data: str = "x"
     )
 
 
-def gap(stream: str, gap_id: str, start: str | None, end: str | None = None) -> Gap:
-    return Gap(
+def gap(stream: str, gap_id: str, start: str | None, end: str | None = None) -> GapRecord:
+    return GapRecord(
         gap_id=gap_id,
         stream=stream,
         kind="comment",

@@ -33,8 +33,8 @@ from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.ops.metrics import prometheus_runtime
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
+from durable_sse.worker import WorkerResources, build_worker
 from tests.test_e2e import capture_history, metric, scrape
-from worker import WorkerResources, build_worker
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from durable_sse.contracts import (
     Route,
 )
 from durable_sse.gaps.model import GapSummary, GapTotals, GapView
-from workflows.routes import (
+from durable_sse.workflows.routes import (
     BACKOFF_CAP,
     BACKOFF_INITIAL,
     HEALTHY_CONNECTION_SECONDS,

@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.attributes import ANSWER_TTL, SearchAttributeActivities, answer_fresh
+from durable_sse.activities.attributes import ANSWER_TTL, SearchAttributeActivities, answer_fresh
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import STREAM_STATE_ATTRIBUTE, StreamStatus, stream_workflow_id
@@ -23,9 +23,9 @@ from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.worker import WorkerResources, build_worker
+from durable_sse.workflows.stream import STREAM_STATE
 from tests.test_e2e import capture_history
-from worker import WorkerResources, build_worker
-from workflows.stream import STREAM_STATE
 
 pytestmark = pytest.mark.slow
 

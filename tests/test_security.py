@@ -41,8 +41,8 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-import worker as worker_module
-from activities.schedule import ScheduleActivities
+from durable_sse import worker as worker_module
+from durable_sse.activities.schedule import ScheduleActivities
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.config.temporal import PAYLOAD_KEY_ENV as KEY_ENV
@@ -60,8 +60,8 @@ from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.ops.codec import data_converter_from_env, generate_key
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
+from durable_sse.workflows.routes import StreamState
 from tests.chaos.harness import wait_until
-from workflows.routes import StreamState
 
 pytestmark = pytest.mark.slow
 

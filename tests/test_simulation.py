@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from durable_sse.consume import reader
+from durable_sse.consume import items
 from durable_sse.cursor import fence
 from durable_sse.gaps import tracker, transitions
-from durable_sse.gaps.model import Gap, GapState, numeric_span
+from durable_sse.gaps.model import GapRecord, GapState, numeric_span
 from durable_sse.reader import intake
 from tests.sim import stores
 from tests.sim.server import Profile, ScriptedDrop
@@ -398,7 +398,7 @@ def _close_on_any_read(self, gap):  # noqa: ANN001, ANN202
 
 
 def _forget_drop_signals(self, kind, *, announced=None, detail="", **_):  # noqa: ANN001, ANN202
-    return Gap(gap_id="forgotten", stream="sim", kind=kind.value, start_id=None)
+    return GapRecord(gap_id="forgotten", stream="sim", kind=kind.value, start_id=None)
 
 
 def _early_notices_miss_nothing(cursor, first_after, *, floor, stored):  # noqa: ANN001, ANN202
@@ -468,7 +468,7 @@ def _verify_nothing(self, detail):  # noqa: ANN001, ANN202
     return None
 
 
-_merge = reader.merge_items
+_merge = items.merge_items
 
 
 def _merge_without_markers(stream, position, events, markers, **options):  # noqa: ANN001, ANN202

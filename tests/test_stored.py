@@ -13,19 +13,19 @@ from typing import Any
 import httpx
 from temporalio.testing import ActivityEnvironment
 
-from activities.read import StreamReader
+from durable_sse.activities.read import ReadActivities
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import ReadCounts, ReadInput, Route
 from durable_sse.cursor.l1 import LocalCursors
 from durable_sse.cursor.l2 import RedisCursors
-from durable_sse.gaps.model import Gap, GapChange, GapState, StreamContext
+from durable_sse.gaps.model import GapChange, GapRecord, GapState, StreamContext
 from durable_sse.gaps.transitions import apply_change
 from durable_sse.log.keys import CARRIER_KEY, FollowerKeys, data_digest, reused_key
 from durable_sse.log.records import EventRecord, StoredPage
-from durable_sse.reader.intake import SKIPPED_PER_ROW, Batch, Intake
+from durable_sse.reader.intake import SKIPPED_PER_ROW, CommitBatch, Intake
 from durable_sse.reader.stored import StoredAhead
 from durable_sse.source import SourceStreamConfig, SSESource
-from durable_sse.sse.decoder import Event
+from durable_sse.sse.decoder import DecodedEvent
 from durable_sse.stores import Stores
 
 RECEIVED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -35,14 +35,14 @@ def page(*ids: int, full: bool = True) -> StoredPage:
     return StoredPage(keys=[(str(n), CARRIER_KEY) for n in ids], full=full)
 
 
-def ev(event_id: int | str, data: str = "d") -> Event:
-    return Event(data=data, event="message", id=str(event_id), id_field=True)
+def ev(event_id: int | str, data: str = "d") -> DecodedEvent:
+    return DecodedEvent(data=data, event="message", id=str(event_id), id_field=True)
 
 
 def make_intake(
     cursor: str | None,
     *,
-    gaps: list[Gap] | None = None,
+    gaps: list[GapRecord] | None = None,
     floor: str | None = None,
     stored: StoredAhead | None = None,
     **options: object,
@@ -70,7 +70,7 @@ def make_intake(
     return made
 
 
-def read_all(intake: Intake, items: list[Event]) -> list[Batch]:
+def read_all(intake: Intake, items: list[DecodedEvent]) -> list[CommitBatch]:
     intake.take(list(items), received_at=RECEIVED, now=0.0)
     intake.end()
     batches = list(intake.ready)
@@ -78,7 +78,7 @@ def read_all(intake: Intake, items: list[Event]) -> list[Batch]:
     return batches
 
 
-def ids(batch: Batch) -> list[str]:
+def ids(batch: CommitBatch) -> list[str]:
     return [record.event_id for record in batch.records]
 
 
@@ -174,9 +174,9 @@ def test_followers_are_skipped_by_their_key_and_idless_events_never() -> None:
     intake = make_intake("0", stored=ahead)
     items = [
         ev(1),
-        Event(data="a", id="1"),  # the follower stored
-        Event(data="b", id="1"),  # a follower not stored
-        Event(data="no id"),  # never deduplicated, never skipped
+        DecodedEvent(data="a", id="1"),  # the follower stored
+        DecodedEvent(data="b", id="1"),  # a follower not stored
+        DecodedEvent(data="no id"),  # never deduplicated, never skipped
     ]
     [batch] = read_all(intake, items)
     assert [(r.event_id, r.event_ord, r.data) for r in batch.records] == [
@@ -189,7 +189,7 @@ def test_followers_are_skipped_by_their_key_and_idless_events_never() -> None:
 def test_a_repair_proves_and_counts_the_same_with_or_without_skipping() -> None:
     """Skipping makes a replay's batches fewer and their rows only the holes; the gap
     record they leave behind, the counts and the cursor are those of writing everything."""
-    hole = Gap(
+    hole = GapRecord(
         gap_id="g",
         stream="s",
         kind="comment",
@@ -221,7 +221,7 @@ def test_a_repair_proves_and_counts_the_same_with_or_without_skipping() -> None:
             contiguous_ids=True,
             batch_max_events=7,
         )
-        record: Gap | None = hole
+        record: GapRecord | None = hole
         for batch in read_all(intake, [ev(n) for n in range(20, 90)]):
             new_rows = sum(1 for r in batch.records if int(r.event_id) not in stored_ids)
             intake.committed(batch, new_rows=new_rows)
@@ -305,7 +305,7 @@ async def test_a_replay_writes_only_the_holes_and_counts_exactly_beside_another_
     await event_log.writer.insert_batch(
         stream_name, order, [record(str(n)) for n in range(1, 201) if n % 10]
     )
-    gap = Gap(
+    gap = GapRecord(
         gap_id="g1",
         stream=stream_name,
         kind="comment",
@@ -404,7 +404,9 @@ async def test_a_replay_connection_writes_only_the_rows_missing(
     pg_event_log.writer.submit_batch = counting_submit  # type: ignore[method-assign]
     try:
         async with httpx.AsyncClient(follow_redirects=False) as http:
-            reader = StreamReader(http=http, stores=replace(pg_event_log, l1=LocalCursors(), l2=l2))
+            reader = ReadActivities(
+                http=http, stores=replace(pg_event_log, l1=LocalCursors(), l2=l2)
+            )
             env = ActivityEnvironment()
             first = await env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT))
             assert first.counts.new_rows == 2000 and sum(written) == 2000

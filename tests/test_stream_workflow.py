@@ -35,8 +35,8 @@ from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.attributes import SearchAttributeActivities
-from activities.checkpoint import CheckpointActivities
+from durable_sse.activities.attributes import SearchAttributeActivities
+from durable_sse.activities.checkpoint import CheckpointActivities
 from durable_sse.config.replay import ReplaySignal
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import (
@@ -51,13 +51,13 @@ from durable_sse.contracts import (
     StreamRef,
     StreamStatus,
 )
-from durable_sse.gaps.model import Gap, GapChange, GapSummary, GapTotals, GapView
+from durable_sse.gaps.model import GapChange, GapRecord, GapSummary, GapTotals, GapView
 from durable_sse.log.records import EventRecord
 from durable_sse.ops.binaries import temporal_test_server
 from durable_sse.ops.metrics import WorkflowMetrics
 from durable_sse.stores import Stores
-from workflows.checkpoint import CheckpointAdvanceWorkflow
-from workflows.stream import SCHEDULE_TIMER_SUMMARY, StreamState, StreamWorkflow
+from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
+from durable_sse.workflows.stream import SCHEDULE_TIMER_SUMMARY, StreamState, StreamWorkflow
 
 POLL_LIMIT = 30.0
 """Safety bound on polling a query (a hang guard, not a timing assertion)."""
@@ -302,7 +302,7 @@ async def write_gaps(event_log: Stores, stream: str, *changes: GapChange) -> Non
 
 
 def opened(stream: str, gap_id: str, *, start: str, notice: str, end: str | None) -> GapChange:
-    gap = Gap(
+    gap = GapRecord(
         gap_id=gap_id,
         stream=stream,
         kind="comment",

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from temporalio.testing import WorkflowEnvironment
 
-import worker as worker_module
+from durable_sse import worker as worker_module
 from durable_sse.config.settings import Settings
 from durable_sse.config.temporal import load_target
 from durable_sse.errors import ConfigError

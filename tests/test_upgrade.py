@@ -21,9 +21,9 @@ from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus
 from durable_sse.errors import ConfigError
 from durable_sse.ops.upgrade import Routing, stragglers_query
-from workflows.routes import StreamState
-from workflows.status import render_details, stream_status
-from workflows.upgrade import (
+from durable_sse.workflows.routes import StreamState
+from durable_sse.workflows.status import render_details, stream_status
+from durable_sse.workflows.upgrade import (
     CONNECTIONS_SPENT,
     HISTORY_FULL,
     RUN_AGED,

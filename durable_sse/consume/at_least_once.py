@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from durable_sse.consume.delivery import StreamDelivery
+from durable_sse.consume.items import Read
 from durable_sse.consume.model import Batch, Truncated
 from durable_sse.consume.positions import Claim
-from durable_sse.consume.reader import Read
 from durable_sse.consume.transactions import keeps, lease_deadline, make_batch, next_claim
 from durable_sse.errors import LeaseLostError, StoreError
 

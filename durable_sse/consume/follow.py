@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 import sqlalchemy as sa
 
+from durable_sse.consume.items import Read, read_items
 from durable_sse.consume.model import Position
-from durable_sse.consume.reader import Read, read_items
 from durable_sse.consume.wakeup import wakeups_for
 
 POLL_INTERVAL = 5.0

@@ -34,8 +34,8 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
 
+from durable_sse.consume.items import event_row_values, start_position
 from durable_sse.consume.model import Event, Gap, GapClosed, Group, Item, Position, describe_item
-from durable_sse.consume.reader import event_row_values, start_position
 from durable_sse.consume.schema import (
     CONSUMERS_TABLE,
     consumers_table,

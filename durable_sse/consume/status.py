@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_sse.consume import positions
+from durable_sse.consume.items import start_position
 from durable_sse.consume.model import Group, OnMaxHold, OnPoison, Position, Start
-from durable_sse.consume.reader import start_position
 from durable_sse.consume.schema import (
     consumer_tables_exist,
     dead_letters_table,

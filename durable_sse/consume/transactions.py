@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from durable_sse.consume import positions
 from durable_sse.consume.handlers import HandlerCancelled, HandlerRefused
+from durable_sse.consume.items import Read, all_streams, read_items
 from durable_sse.consume.metrics import ConsumerMetrics
 from durable_sse.consume.model import (
     Batch,
@@ -31,7 +32,6 @@ from durable_sse.consume.model import (
     describe_item,
 )
 from durable_sse.consume.positions import Claim, Refused
-from durable_sse.consume.reader import Read, all_streams, read_items
 from durable_sse.consume.schema import create_consumer_tables
 from durable_sse.consume.status import lag_events
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from durable_sse.gaps.model import Gap
+from durable_sse.gaps.model import GapRecord
 from durable_sse.ids import IdOrder, compare_ids
 from durable_sse.log.retention import (
     HELD_BY_GAP,
@@ -27,7 +27,7 @@ from durable_sse.log.retention import (
 )
 
 
-def lagging_cap(open_gaps: Iterable[Gap], order: IdOrder | str) -> tuple[str | None, bool]:
+def lagging_cap(open_gaps: Iterable[GapRecord], order: IdOrder | str) -> tuple[str | None, bool]:
     """The newest id the lagging id may take, and whether any open gap holds it.
 
     ``(None, True)``: an open gap with no start holds it where it is.
@@ -46,9 +46,9 @@ def lagging_cap(open_gaps: Iterable[Gap], order: IdOrder | str) -> tuple[str | N
     return cap, held
 
 
-def oldest_open(open_gaps: Iterable[Gap], order: IdOrder | str) -> Gap | None:
+def oldest_open(open_gaps: Iterable[GapRecord], order: IdOrder | str) -> GapRecord | None:
     """The open gap a repair must start with (the oldest resume point)."""
-    best: Gap | None = None
+    best: GapRecord | None = None
     for gap in open_gaps:
         if not gap.is_open:
             continue
@@ -67,7 +67,7 @@ def choose_start(
     repair: bool,
     lagging_id: str | None,
     floor: str | None,
-    open_gaps: Sequence[Gap],
+    open_gaps: Sequence[GapRecord],
     order: IdOrder | str,
     neighbour: Callable[[str, bool], str | None],
     oldest: Callable[[], str | None] | None = None,
@@ -108,7 +108,7 @@ def choose_start(
 
 
 def lagging_target(
-    candidate: str | None, open_gaps: Iterable[Gap], order: IdOrder | str
+    candidate: str | None, open_gaps: Iterable[GapRecord], order: IdOrder | str
 ) -> tuple[str | None, bool, str | None]:
     """Where the lagging id may move: ``(target, held by a gap, cap)``.
 
@@ -127,7 +127,7 @@ def lagging_target(
 
 def retention_fence(
     lagging_id: str | None,
-    open_gaps: Iterable[Gap],
+    open_gaps: Iterable[GapRecord],
     order: IdOrder | str,
     readers: Iterable[str | None] = (),
 ) -> Fence:

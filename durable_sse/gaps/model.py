@@ -44,7 +44,7 @@ opened while reading new ids keeps the count its notice announced, and its loss 
 announced count minus what repairs recovered inside it; a gap whose size nobody stated
 is unrecoverable with ``missing`` NULL, reported as such (never as 0).
 
-The package, from the record up: this module holds the types (:class:`Gap`,
+The package, from the record up: this module holds the types (:class:`GapRecord`,
 :class:`GapChange`, the summaries the workflow routes on); the reader asks
 :class:`~durable_sse.gaps.tracker.GapTracker` what to write with each batch; the gap store
 (:mod:`durable_sse.gaps.store`) applies those changes with
@@ -105,7 +105,7 @@ class GapKind(StrEnum):
 
 
 @dataclass
-class Gap:
+class GapRecord:
     """One gap record (a row of ``sse_gaps``)."""
 
     gap_id: str
@@ -169,7 +169,7 @@ class GapChange:
     """What one batch's transaction does to one gap record (applied by the store)."""
 
     gap_id: str
-    opened: Gap | None = None
+    opened: GapRecord | None = None
     """Insert this record (its start raised to the stream's lagging id)."""
     end_id: str | None = None
     """The first id read after the signal (set once)."""
@@ -204,7 +204,7 @@ class StoredIds(Protocol):
         ...
 
 
-def numeric_span(gap: Gap) -> tuple[int, int] | None:
+def numeric_span(gap: GapRecord) -> tuple[int, int] | None:
     """``(start, end)`` as integers, for gaps of contiguous-id streams."""
     if gap.start_id is None:
         return _placed_before_end(gap)
@@ -218,7 +218,7 @@ def numeric_span(gap: Gap) -> tuple[int, int] | None:
     return (low, high) if high > low else None
 
 
-def _placed_before_end(gap: Gap) -> tuple[int, int] | None:
+def _placed_before_end(gap: GapRecord) -> tuple[int, int] | None:
     """Where a gap with no start lies once it is counted: a notice before the first event
     of a connection with no cursor and no lagging id closes as it opens, counted as
     announced; its end (the first id after the notice) comes after. With contiguous ids
@@ -279,7 +279,7 @@ class GapSummary:
         return [gap.gap_id for gap in self.open]
 
 
-def summarize(gaps: Sequence[Gap], order: IdOrder | str) -> GapSummary:
+def summarize(gaps: Sequence[GapRecord], order: IdOrder | str) -> GapSummary:
     """The summary of a stream's gap records."""
     totals = GapTotals()
     open_gaps = []
@@ -328,7 +328,7 @@ class StreamContext:
     """Newest stored id when the connection started (None: nothing stored)."""
     witness: str | None = None
     """First stored id after the cursor sent (None: nothing stored after it)."""
-    open_gaps: list[Gap] = field(default_factory=list)
+    open_gaps: list[GapRecord] = field(default_factory=list)
     has_rows: bool = False
     """The stream has stored rows, with ids or without (the floor says which carry one)."""
 

@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_sse.gaps.model import (
-    Gap,
     GapChange,
     GapKind,
+    GapRecord,
     GapState,
     GapSummary,
     GapTotals,
@@ -55,13 +55,15 @@ class GapStore:
             f"read the gaps of stream {stream!r}", self._summary_sync, stream, IdOrder(id_order)
         )
 
-    async def gaps(self, stream: str) -> list[Gap]:
+    async def gaps(self, stream: str) -> list[GapRecord]:
         """Every gap record of the stream, oldest first (tests and the status tools)."""
         return await self._database.run(
             f"read the gaps of stream {stream!r}", self._gaps_sync, stream
         )
 
-    def open_gaps(self, connection: Connection, stream: str, *, lock: bool = False) -> list[Gap]:
+    def open_gaps(
+        self, connection: Connection, stream: str, *, lock: bool = False
+    ) -> list[GapRecord]:
         query = sa.select(gaps_table).where(
             gaps_table.c.stream == stream, gaps_table.c.state == GapState.OPEN.value
         )
@@ -187,7 +189,7 @@ class GapStore:
     ) -> None:
         """Give gaps that open or close in this transaction their place in the stream's
         order, so a consumer meets ``Gap`` and ``GapClosed`` between the events where they
-        happened (:mod:`durable_sse.consume.reader`).
+        happened (:mod:`durable_sse.consume.items`).
 
         The place is the stream's newest ``seq`` now (this transaction's rows included)
         and a *mark*, the next number among the stream's markers. Both only grow: on
@@ -258,7 +260,7 @@ class GapStore:
         summary.totals = totals
         return summary
 
-    def _gaps_sync(self, stream: str) -> list[Gap]:
+    def _gaps_sync(self, stream: str) -> list[GapRecord]:
         with self._database.begin() as connection:
             rows = connection.execute(
                 sa.select(gaps_table)
@@ -317,8 +319,8 @@ class _SqlStoredIds:
         return [span for span in spans if span is not None]
 
 
-def _gap_from_row(row: Any) -> Gap:
-    return Gap(
+def _gap_from_row(row: Any) -> GapRecord:
+    return GapRecord(
         gap_id=row.gap_id,
         stream=row.stream,
         kind=row.kind,
@@ -338,7 +340,7 @@ def _gap_from_row(row: Any) -> Gap:
     )
 
 
-def _gap_values(gap: Gap) -> dict[str, Any]:
+def _gap_values(gap: GapRecord) -> dict[str, Any]:
     return {
         "stream": gap.stream,
         "kind": gap.kind,

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from durable_sse.gaps.model import SHORT_READS_TO_LOSE, Gap, GapChange, GapKind, StreamContext
+from durable_sse.gaps.model import SHORT_READS_TO_LOSE, GapChange, GapKind, GapRecord, StreamContext
 from durable_sse.ids import IdOrder, compare_ids, contiguous_number, newest
 
 CONFIRM_IDS = 16
@@ -75,7 +75,7 @@ class GapTracker:
         self.contiguous = contiguous
         self._new_gap_id = new_gap_id
         self._now = now
-        self.gaps: dict[str, Gap] = {g.gap_id: g for g in context.open_gaps if g.is_open}
+        self.gaps: dict[str, GapRecord] = {g.gap_id: g for g in context.open_gaps if g.is_open}
         self.covered_from: str | None = None
         """Re-read continuously from here (None: this connection proves nothing)."""
         self.clean = True
@@ -88,7 +88,7 @@ class GapTracker:
         self.last_id: str | None = None
         self.opened: list[str] = []
         self._queued: list[GapChange] = []
-        self._awaiting_end: Gap | None = None
+        self._awaiting_end: GapRecord | None = None
         self._first_seen = False
         self._early_notice: str | None = None
         """The gap of a notice that came before the connection's first event."""
@@ -192,7 +192,7 @@ class GapTracker:
         while len(recent) > self.confirm_ids + 1:
             recent.popleft()
 
-    def suspect(self, detail: str) -> Gap | None:
+    def suspect(self, detail: str) -> GapRecord | None:
         """This attempt replaces one that died: record what that one read (from this
         connection's cursor to the newest stored id) as a gap to re-read, so that a
         drop notice it read and never wrote is repaired even if this attempt is cut short
@@ -210,7 +210,7 @@ class GapTracker:
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
         return gap
 
-    def verify(self, detail: str) -> Gap | None:
+    def verify(self, detail: str) -> GapRecord | None:
         """A reconnect of a stream that verifies its reconnects: record what was read
         since the lagging id (up to the newest stored id) as a suspected gap, to be
         re-read and closed on evidence like any gap (:data:`GapKind.SUSPECTED`).
@@ -235,7 +235,7 @@ class GapTracker:
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
         return gap
 
-    def no_resume(self) -> Gap:
+    def no_resume(self) -> GapRecord:
         """This connection reconnects with no id to resume from (see :func:`no_resume`):
         record the loss window as lost, of unknown size; the first id it reads, if any,
         is the window's end."""
@@ -268,7 +268,7 @@ class GapTracker:
         announced: int | None = None,
         detail: str = "",
         read_a_window_ago: str | None = None,
-    ) -> Gap:
+    ) -> GapRecord:
         """A notice or drop event: open a gap now; its end is the next id read.
 
         Its start is the connection's cursor (or first id), or, on a connection that has
@@ -408,7 +408,7 @@ class GapTracker:
 
     # -- internals ------------------------------------------------------------------
 
-    def _covers(self, gap: Gap) -> bool:
+    def _covers(self, gap: GapRecord) -> bool:
         if not self.clean or self.covered_from is None or gap.gap_id in self.opened:
             return False
         resume = gap.resume_from(self.order)
@@ -551,7 +551,7 @@ class GapTracker:
         bound = gap.end_id
         return bound is None or compare_ids(bound, high, self.order) >= 0
 
-    def _overlaps(self, gap: Gap, low: str, high: str) -> bool:
+    def _overlaps(self, gap: GapRecord, low: str, high: str) -> bool:
         resume, bound = gap.resume_from(self.order), gap.bound()
         if resume is not None and compare_ids(high, resume, self.order) <= 0:
             return False
@@ -567,8 +567,8 @@ class GapTracker:
         announced: int | None,
         detail: str,
         lost: bool = False,
-    ) -> Gap:
-        gap = Gap(
+    ) -> GapRecord:
+        gap = GapRecord(
             gap_id=self._new_gap_id(),
             stream=self.stream,
             kind=kind.value,

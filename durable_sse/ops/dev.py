@@ -70,7 +70,7 @@ DEMO_SOURCE_STREAMS = {
 DEMO_TOKEN_STREAM = "guarded"
 """The demo stream behind a token: the source takes only the token in a file of the state
 directory (and the one before), rotated every ``DEMO_TOKEN_ROTATE`` seconds; the worker
-reads it as ``DEMO_TOKEN_FILE`` (README, Credentials that expire)."""
+reads it as ``DEMO_TOKEN_FILE`` (docs/operating.md, "Credentials that expire")."""
 DEMO_TOKEN_ROTATE = 20.0
 DEMO_DROPS = {"noisy": {"drop_every": 400, "drop_count": 25}}
 """Faults switched on once a stream has a lagging id: before one replay window has

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from durable_sse.reader.intake import Batch
+from durable_sse.reader.intake import CommitBatch
 from durable_sse.reader.keepalive import Keepalive
 from durable_sse.reader.metrics import ReaderMetrics
 from durable_sse.reader.pipeline import CommitPipeline, Settled
@@ -76,7 +76,7 @@ class Committer:
         # and a heartbeat in flight would hold the completion back by one more call.
         await self.keepalive.waiting(self._drained())
 
-    def _submit(self, batch: Batch) -> None:
+    def _submit(self, batch: CommitBatch) -> None:
         self.pipeline.submit(batch)
         job = self.pipeline.in_flight[-1].job
         if job is not None:

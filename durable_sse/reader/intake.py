@@ -35,7 +35,7 @@ from durable_sse.ids import contiguous_number, is_newer, key_function, newest
 from durable_sse.log.keys import FollowerKeys, data_digest
 from durable_sse.log.records import EventRecord
 from durable_sse.reader.stored import StoredAhead
-from durable_sse.sse.decoder import Comment, Event
+from durable_sse.sse.decoder import Comment, DecodedEvent
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ replay's batches would otherwise wait on commits, not on reading. Its age still 
 
 
 @dataclass
-class Batch:
+class CommitBatch:
     """Events to commit in one transaction, with the gap changes that go with them."""
 
     records: list[EventRecord]
@@ -128,7 +128,7 @@ class Intake:
             now=now_iso,
         )
         self.counts = ReadCounts()
-        self.ready: deque[Batch] = deque()
+        self.ready: deque[CommitBatch] = deque()
         """Batches cut and waiting to be submitted, in order."""
         self.outcome: Outcome | None = None
         """Set when the connection must end (a drop signal, a finished repair): stop
@@ -221,7 +221,9 @@ class Intake:
                 self.cursor,
             )
 
-    def take(self, items: list[Event | Comment], *, received_at: datetime, now: float) -> None:
+    def take(
+        self, items: list[DecodedEvent | Comment], *, received_at: datetime, now: float
+    ) -> None:
         """Decoded items, in order; ``now`` is a monotonic clock reading.
 
         Every item is taken, also once :attr:`outcome` is set: what was received is
@@ -270,7 +272,7 @@ class Intake:
         self._cut()
         leftover = self.gaps.pending_changes()
         if leftover:
-            self.ready.append(Batch(records=[], last_id=None, gap_changes=leftover))
+            self.ready.append(CommitBatch(records=[], last_id=None, gap_changes=leftover))
         if self._drop_deadline is not None and self.outcome in (None, Outcome.ROTATED):
             self.outcome = Outcome.DROP_SIGNAL  # a notice with no id after it
 
@@ -286,7 +288,7 @@ class Intake:
 
     def committed(
         self,
-        batch: Batch,
+        batch: CommitBatch,
         *,
         new_rows: int,
         reused: Sequence[str] = (),
@@ -376,7 +378,7 @@ class Intake:
         self._signal(GapKind.COMMENT.value, text)
         self._drop_deadline = now + DROP_GRACE
 
-    def _event(self, event: Event, received_at: datetime, now: float) -> None:
+    def _event(self, event: DecodedEvent, received_at: datetime, now: float) -> None:
         event_id = event.id
         follower: bytes | None = None
         key = None
@@ -552,7 +554,7 @@ class Intake:
             self._repaired_at = self._now + DROP_GRACE
         recovered = bool(self._pending_segment - set(self.gaps.opened))
         self.ready.append(
-            Batch(
+            CommitBatch(
                 records=self._pending,
                 last_id=last_id,
                 gap_changes=changes,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from durable_sse.log.records import EventRecord, InsertResult
-from durable_sse.reader.intake import Batch
+from durable_sse.reader.intake import CommitBatch
 from durable_sse.reader.session import Committed, ReadSession
 
 MAX_BATCHES_IN_FLIGHT = 3
@@ -65,7 +65,7 @@ L2's ``submit``, which coalesces and never blocks the stream)."""
 class Settled:
     """One batch whose commit the pipeline applied."""
 
-    batch: Batch
+    batch: CommitBatch
     inserted: InsertResult
     moved: Committed
     seconds: float | None
@@ -74,7 +74,7 @@ class Settled:
 
 @dataclass(eq=False)
 class _InFlight:
-    batch: Batch
+    batch: CommitBatch
     job: Any
     """The writer's job (None: nothing to write, the batch only moves the cursor)."""
     submitted: float = field(default_factory=time.monotonic)
@@ -123,7 +123,7 @@ class CommitPipeline:
         """The writer's job at the head of the line (None: nothing written there)."""
         return self.in_flight[0].job if self.in_flight else None
 
-    def submit(self, batch: Batch) -> None:
+    def submit(self, batch: CommitBatch) -> None:
         """Queue a batch for commit now; it commits after the ones before it.
 
         A batch with nothing to write (a replay's stored events, skipped) has no

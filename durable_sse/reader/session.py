@@ -32,10 +32,10 @@ from durable_sse.cursor.start import ConnectionStart
 from durable_sse.errors import StreamError
 from durable_sse.ids import is_newer
 from durable_sse.log.records import InsertResult, StoredPage
-from durable_sse.reader.intake import Batch, Intake
+from durable_sse.reader.intake import CommitBatch, Intake
 from durable_sse.reader.stored import PAGE_ROWS, StoredAhead
 from durable_sse.sse.client import EOF
-from durable_sse.sse.decoder import Comment, Event, SSEDecoder
+from durable_sse.sse.decoder import Comment, DecodedEvent, SSEDecoder
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,9 @@ class ReadSession:
 
     # -- reading -------------------------------------------------------------------
 
-    def feed(self, chunk: bytes, *, received_at: datetime, now: float) -> list[Event | Comment]:
+    def feed(
+        self, chunk: bytes, *, received_at: datetime, now: float
+    ) -> list[DecodedEvent | Comment]:
         """Decode a chunk and take what it completes; returns the items taken.
 
         A line, event or id the decoder refuses ends the body: what the chunk completed
@@ -179,7 +181,7 @@ class ReadSession:
             items = self.decoder.feed(chunk)
         except StreamError as error:
             self.body_done = True
-            before: list[Event | Comment] = getattr(error, "items", None) or []
+            before: list[DecodedEvent | Comment] = getattr(error, "items", None) or []
             self.started.take(before, received_at=received_at, now=now)
             raise
         self.started.take(items, received_at=received_at, now=now)
@@ -262,7 +264,7 @@ class ReadSession:
 
     # -- commits -------------------------------------------------------------------
 
-    def committed(self, batch: Batch, inserted: InsertResult) -> Committed:
+    def committed(self, batch: CommitBatch, inserted: InsertResult) -> Committed:
         """``batch`` committed (in submission order): what moved."""
         intake = self.started
         first = self.first_id is None and self.start_cursor is None

@@ -43,7 +43,7 @@ DEFAULT_MAX_ID_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class DecodedEvent:
     """One dispatched event."""
 
     data: str
@@ -143,7 +143,7 @@ class SSEDecoder:
         ``max_event_bytes``)."""
         return len(self._carry) if self._carry is not None else 0
 
-    def feed(self, chunk: bytes) -> list[Event | Comment]:
+    def feed(self, chunk: bytes) -> list[DecodedEvent | Comment]:
         """Consume one chunk; return the events and comments it completed, in stream order.
 
         Raises:
@@ -170,7 +170,7 @@ class SSEDecoder:
             return self._process(lines)
         return self._feed_general(chunk)
 
-    def _feed_general(self, chunk: bytes) -> list[Event | Comment]:
+    def _feed_general(self, chunk: bytes) -> list[DecodedEvent | Comment]:
         """Every case: CR line ends, held-over partial lines, a BOM, long lines."""
         if not chunk:
             return []
@@ -216,14 +216,14 @@ class SSEDecoder:
                 self._too_long(self._process([line.decode("utf-8", "replace") for line in before]))
         return self._process(data[:end].decode("utf-8", "replace").split("\n"))
 
-    def close(self) -> list[Event | Comment]:
+    def close(self) -> list[DecodedEvent | Comment]:
         """End of stream: process a final unterminated line, discard an incomplete event.
 
         The last line is still interpreted (so a trailing ``: dropping events`` comment or
         ``retry`` field without a line end is seen), but the event it belongs to has no
         closing blank line and is not dispatched, as the spec requires.
         """
-        items: list[Event | Comment] = []
+        items: list[DecodedEvent | Comment] = []
         if self._pending:
             items = self._process([b"".join(self._pending).decode("utf-8", "replace")])
         self._pending.clear()
@@ -249,7 +249,7 @@ class SSEDecoder:
         self._at_start = False
         return head[len(BOM) :] if head.startswith(BOM) else head
 
-    def _too_long(self, items: list[Event | Comment]) -> None:
+    def _too_long(self, items: list[DecodedEvent | Comment]) -> None:
         self._pending.clear()
         self._pending_len = 0
         self._carry = None
@@ -262,14 +262,14 @@ class SSEDecoder:
             items=items,
         )
 
-    def _process(self, lines: list[str]) -> list[Event | Comment]:
+    def _process(self, lines: list[str]) -> list[DecodedEvent | Comment]:
         """Interpret complete lines.
 
         This is the hot loop: state lives in locals and is written back once, and events
         are built through their slot descriptors (a frozen dataclass's ``__init__`` costs
-        a third of the per-event budget; the result is an ordinary, equal ``Event``).
+        a third of the per-event budget; the result is an ordinary, equal ``DecodedEvent``).
         """
-        out: list[Event | Comment] = []
+        out: list[DecodedEvent | Comment] = []
         data: list[str] = []
         carry = self._carry
         event_type = self._event_type
@@ -291,7 +291,7 @@ class SSEDecoder:
                     else:
                         text = self._join_carried(carry, data, out, last_event_id)
                         carry = None
-                    event = _new_event(Event)
+                    event = _new_event(DecodedEvent)
                     _set_data(event, text)
                     _set_type(event, event_type or "message")
                     _set_id(event, id_buffer)
@@ -340,7 +340,11 @@ class SSEDecoder:
         return out
 
     def _join_carried(
-        self, carry: bytearray, data: list[str], out: list[Event | Comment], last_event_id: str
+        self,
+        carry: bytearray,
+        data: list[str],
+        out: list[DecodedEvent | Comment],
+        last_event_id: str,
     ) -> str:
         """The data of an event that spanned chunks: what was carried, then this chunk's."""
         if data:
@@ -349,7 +353,9 @@ class SSEDecoder:
         self._check_event_size(len(carry), out, last_event_id)
         return carry.decode("utf-8", "surrogatepass")
 
-    def _check_event_size(self, size: int, out: list[Event | Comment], last_event_id: str) -> None:
+    def _check_event_size(
+        self, size: int, out: list[DecodedEvent | Comment], last_event_id: str
+    ) -> None:
         if size > self.max_event_bytes:
             self._fail(
                 EventTooLargeError(
@@ -361,7 +367,9 @@ class SSEDecoder:
                 last_event_id,
             )
 
-    def _check_id(self, event_id: str, out: list[Event | Comment], last_event_id: str) -> None:
+    def _check_id(
+        self, event_id: str, out: list[DecodedEvent | Comment], last_event_id: str
+    ) -> None:
         size = _utf8_len(event_id)
         if size > self.max_id_bytes:
             self._fail(
@@ -393,9 +401,9 @@ def _utf8_len(text: str) -> int:
 
 _new_event = object.__new__
 # The slots' own setters (a frozen dataclass refuses plain assignment), read from the
-# class dict: ``vars(Event)["data"]`` is the very descriptor ``Event.data`` is, but a
-# type checker takes ``Event.data`` for the instance attribute, a str.
-_slots = vars(Event)
+# class dict: ``vars(DecodedEvent)["data"]`` is the very descriptor ``DecodedEvent.data`` is, but a
+# type checker takes ``DecodedEvent.data`` for the instance attribute, a str.
+_slots = vars(DecodedEvent)
 _set_data = _slots["data"].__set__
 _set_type = _slots["event"].__set__
 _set_id = _slots["id"].__set__

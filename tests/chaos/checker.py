@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 import sqlalchemy as sa
 
 from durable_sse.cursor.l2 import cursor_key, parse_value
-from durable_sse.gaps.model import Gap, GapState
+from durable_sse.gaps.model import GapRecord, GapState
 from durable_sse.ids import compare_ids
 from durable_sse.source import SourceTruth
 from durable_sse.stores import Stores
@@ -86,7 +86,9 @@ class Verdict:
         )
 
 
-def check(scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[Gap] = ()) -> Verdict:
+def check(
+    scenario: str, truth: SourceTruth, rows: Stored, gaps: Sequence[GapRecord] = ()
+) -> Verdict:
     """Lost / unexpected / duplicate / out-of-window, from the first id the stream stored.
 
     A stream connects live-only the first time, so ids generated before its first stored

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from temporalio.client import Client, WorkflowHandle
 
-import worker as worker_module
+from durable_sse import worker as worker_module
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id

@@ -23,11 +23,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from durable_sse.consume.items import Read, cap_markers, merge_items
 from durable_sse.consume.model import Event as ConsumedEvent
 from durable_sse.consume.model import Gap as GapItem
 from durable_sse.consume.model import GapClosed as GapClosedItem
 from durable_sse.consume.model import Position
-from durable_sse.consume.reader import Read, cap_markers, merge_items
 from durable_sse.contracts import CheckpointState
 from durable_sse.cursor.fence import (
     RunningReader,
@@ -39,8 +39,8 @@ from durable_sse.cursor.fence import (
 from durable_sse.cursor.readers import ReaderLease
 from durable_sse.cursor.start import ConnectionStart
 from durable_sse.gaps.model import (
-    Gap,
     GapChange,
+    GapRecord,
     GapSummary,
     StreamContext,
     numeric_span,
@@ -89,7 +89,7 @@ class MemoryEventLog:
         self.rows: dict[tuple[str, int | bytes | None], Row] = {}
         self._keys: list[tuple[bytes, str]] = []
         """Sorted ``(sort key, id)`` of rows carrying an id (ord 0)."""
-        self.gaps: dict[str, Gap] = {}
+        self.gaps: dict[str, GapRecord] = {}
         self.lagging_id: str | None = None
         self.seq = 0
         self.commits = 0
@@ -227,7 +227,7 @@ class MemoryEventLog:
             self.closed_markers[gap_id] = (at, mark)
 
     def consumer_read(self, position: Position, *, limit: int) -> Read:
-        """What a consumer reads after ``position`` (``consume.reader.read_items``): the
+        """What a consumer reads after ``position`` (``consume.items.read_items``): the
         rows and markers as the SQL store selects them, merged by the real merge."""
         events = [
             ConsumedEvent(
@@ -293,7 +293,7 @@ class MemoryEventLog:
             mark=mark,
         )
 
-    def _note_counted(self, gap: Gap) -> None:
+    def _note_counted(self, gap: GapRecord) -> None:
         if gap.missing is None:
             return
         if gap.start_id is None:
@@ -363,7 +363,7 @@ class MemoryEventLog:
         digests = [digest for *_, digest in ahead]
         return StoredPage(keys=keys, full=len(keys) >= limit, digests=digests)
 
-    def open_gaps(self) -> list[Gap]:
+    def open_gaps(self) -> list[GapRecord]:
         return [gap for gap in self.gaps.values() if gap.is_open]
 
     async def connection_context(
@@ -393,7 +393,7 @@ class MemoryEventLog:
             lagging_id=self.lagging_id,
             floor=self.floor,
             witness=witness,
-            open_gaps=[Gap(**vars(gap)) for gap in open_gaps],
+            open_gaps=[GapRecord(**vars(gap)) for gap in open_gaps],
             has_rows=bool(self.rows),
         )
         if reader is not None:

@@ -57,9 +57,7 @@ from durable_sse.log.workers import WorkerLeaseLostError
 from durable_sse.reader.pipeline import CommitPipeline, Settled
 from durable_sse.reader.session import ReadSession
 from durable_sse.sse.decoder import Comment
-from tests.sim.server import Profile, SimConnection, SimServer
-from tests.sim.stores import MemoryEventLog, MemoryRedis, MemoryWorkers
-from workflows.routes import (
+from durable_sse.workflows.routes import (
     ConnectionPlan,
     StreamState,
     fold_gaps,
@@ -67,6 +65,8 @@ from workflows.routes import (
     record_result,
     should_interrupt,
 )
+from tests.sim.server import Profile, SimConnection, SimServer
+from tests.sim.stores import MemoryEventLog, MemoryRedis, MemoryWorkers
 
 STEP = 0.05
 """Virtual seconds per step."""
@@ -1136,7 +1136,7 @@ class Attempt:
 
 class SimConsumer:
     """A consumer group (not holding retention) reading the stream while it is written:
-    the real merge (:func:`durable_sse.consume.reader.merge_items`) over the memory
+    the real merge (:func:`durable_sse.consume.items.merge_items`) over the memory
     store's rows and gap markers, a batch at a time at moments the scheduler picks.
 
     The oracle: every event once, in ``seq`` order; a row retention deleted before the

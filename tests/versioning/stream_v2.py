@@ -13,7 +13,7 @@ from temporalio import workflow
 
 # Imported as the worker imports it (not passed through): its own pass-through block
 # puts the modules whose dataclasses cross the boundary in the sandbox's module table.
-from workflows.stream import StreamState, StreamStatus, StreamWorkflow
+from durable_sse.workflows.stream import StreamState, StreamStatus, StreamWorkflow
 
 V2_TIMER = 0.05
 

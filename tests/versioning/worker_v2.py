@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import worker  # noqa: E402 - after the checkout is on the path
+from durable_sse import worker  # noqa: E402 - after the checkout is on the path
 from tests.versioning.stream_v2 import StreamWorkflowV2  # noqa: E402
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "codec-server":
         return codec_server_main(argv[1:])
     if argv and argv[0] == "dev":
-        import worker  # lazy: outside the package; loads every workflow and activity
+        from durable_sse import worker  # lazy: loads every workflow and activity
         from durable_sse.ops.dev import main as dev_main  # lazy: the dev stack (Redis, servers)
 
         return dev_main(argv[1:], run_worker=worker.run_worker)
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    import worker  # lazy: outside the package; loads every workflow and activity
+    from durable_sse import worker  # lazy: loads every workflow and activity
 
     if args.metrics_port is not None:
         os.environ["SSE_METRICS_PORT"] = str(args.metrics_port)

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 from durable_sse.consume import positions
 from durable_sse.consume.follow import follow
+from durable_sse.consume.items import Read, start_position
 from durable_sse.consume.model import Group, Position, Start, item_json
 from durable_sse.consume.positions import Claim, default_owner
-from durable_sse.consume.reader import Read, start_position
 from durable_sse.consume.status import load_group
 from durable_sse.errors import ConfigError, ConsumerError
 from durable_sse.log.schema import events_table

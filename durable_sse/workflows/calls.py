@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
         StreamRef,
     )
     from durable_sse.errors import ConfigError
-    from workflows.routes import StreamState
+    from durable_sse.workflows.routes import StreamState
 
 NON_RETRYABLE_ERRORS = ["StreamRefusedError", "ConfigError"]
 READ_RETRY = RetryPolicy(

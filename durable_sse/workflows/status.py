@@ -13,7 +13,7 @@ import copy
 from durable_sse.config.durations import format_duration
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus
-from workflows.routes import StreamState, display_state
+from durable_sse.workflows.routes import StreamState, display_state
 
 
 def stream_status(

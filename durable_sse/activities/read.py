@@ -65,7 +65,7 @@ registration when the attempt has no ``start_to_close`` timeout to go by (run ou
 workflow); ``workflows/stream.py`` gives the read activity the same margin."""
 
 
-class StreamReader:
+class ReadActivities:
     """Activities that hold SSE connections, built once per worker with its clients."""
 
     def __init__(
@@ -180,7 +180,7 @@ class StreamReader:
 class _ActivityConnection:
     """One execution of ``read_stream``: a :class:`Connection` and what Temporal adds."""
 
-    def __init__(self, reader: StreamReader, input: ReadInput) -> None:
+    def __init__(self, reader: ReadActivities, input: ReadInput) -> None:
         self.reader = reader
         self.input = input
         self.info = info = activity.info()

@@ -11,7 +11,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.config.spec import StreamSpec
     from durable_sse.contracts import Outcome, ReadResult, StreamCounters
     from durable_sse.ops.metrics import WorkflowMetrics
-    from workflows.routes import Decision
+    from durable_sse.workflows.routes import Decision
 
 Suspicions = tuple[int, int, int]
 """``(suspicions, closed, recovered)`` of a stream's counters."""

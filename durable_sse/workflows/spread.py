@@ -14,8 +14,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.calls import StopRequested
-    from workflows.routes import StreamState, schedule_delay
+    from durable_sse.workflows.calls import StopRequested
+    from durable_sse.workflows.routes import StreamState, schedule_delay
 
 SCHEDULE_TIMER_SUMMARY = "checkpoint schedule due"
 

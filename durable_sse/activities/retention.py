@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 
-from activities.checkpoint import _parse_time, refused
+from durable_sse.activities.checkpoint import _parse_time, refused
 from durable_sse.config.durations import effective_retention
 from durable_sse.contracts import RetentionInput, RetentionStatus
 from durable_sse.errors import IdOrderMismatchError

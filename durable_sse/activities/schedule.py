@@ -45,7 +45,7 @@ from durable_sse.cursor.checkpoint import CheckpointStore
 from durable_sse.cursor.rest import REST_NOTE, WAKE_NOTE, paused_by_rest
 from durable_sse.ownership import checkpoint_owner_error, schedule_caller_error
 from durable_sse.stores import Stores
-from workflows.checkpoint import CheckpointAdvanceWorkflow
+from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
 
 logger = logging.getLogger(__name__)
 

@@ -51,10 +51,15 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.errors import ConfigError
     from durable_sse.ops.metrics import WorkflowMetrics
     from durable_sse.ownership import require_stream_owner
-    from workflows import calls
-    from workflows.calls import READ_MARGIN, READ_RETRY, StopRequested
-    from workflows.reports import log_decision, report_suspicions, report_unrecoverable, suspicions
-    from workflows.routes import (
+    from durable_sse.workflows import calls
+    from durable_sse.workflows.calls import READ_MARGIN, READ_RETRY, StopRequested
+    from durable_sse.workflows.reports import (
+        log_decision,
+        report_suspicions,
+        report_unrecoverable,
+        suspicions,
+    )
+    from durable_sse.workflows.routes import (
         HOLD_PARKED,
         ConnectionPlan,
         StreamState,
@@ -65,9 +70,9 @@ with workflow.unsafe.imports_passed_through():
         seconds_until_repair,
         should_interrupt,
     )
-    from workflows.spread import SCHEDULE_TIMER_SUMMARY, SpreadSchedule
-    from workflows.status import render_details, stream_status
-    from workflows.upgrade import RunBudget, bounded_wait, continue_reason
+    from durable_sse.workflows.spread import SCHEDULE_TIMER_SUMMARY, SpreadSchedule
+    from durable_sse.workflows.status import render_details, stream_status
+    from durable_sse.workflows.upgrade import RunBudget, bounded_wait, continue_reason
 
 __all__ = ["READ_MARGIN", "READ_RETRY", "SCHEDULE_TIMER_SUMMARY", "StreamState", "StreamWorkflow"]
 
