@@ -5,3 +5,5 @@
 :mod:`~durable_sse.gaps.transitions` (how a record changes) are pure;
 :mod:`~durable_sse.gaps.store` keeps the records in ``sse_gaps``.
 """
+
+__all__ = ["model", "store", "tracker", "transitions"]
