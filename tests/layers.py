@@ -1,7 +1,7 @@
-"""The import checker behind tests/test_layers.py: plain functions over ``ast``, no imports.
+"""The import checker behind tests/system/test_layers.py: plain functions over ``ast``, no imports.
 
 The rules (rank table, pure modules, allowed lazy imports) are data in
-:class:`Rules`, filled in by tests/test_layers.py from the plan of issue 22; this module only
+:class:`Rules`, filled in by tests/system/test_layers.py from the plan of issue 22; this module only
 reads a package's source files and reports where they break those rules. Nothing here imports
 the package it checks, so a module that pulls in a database driver or a Temporal client costs
 nothing, and a fake package tree written to a temporary folder is checked the same way (that is

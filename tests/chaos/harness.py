@@ -1,6 +1,6 @@
 """Running the real stack in chaos scenarios: workers, streams, waiting, draining.
 
-Small helpers copied in spirit from tests/test_e2e.py (a test module is not imported).
+Small helpers copied in spirit from tests/system/test_e2e.py (a test module is not imported).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Build v2 of ``StreamWorkflow`` for tests/test_versioning.py: today's workflow with a
+"""Build v2 of ``StreamWorkflow`` for tests/system/test_versioning.py: today's workflow with a
 timer before its first command. A v1 history replayed by this code fails its workflow
 task (non-determinism), so a test that sees none knows that no v1 run ever ran on v2.
 

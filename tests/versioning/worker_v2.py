@@ -1,4 +1,4 @@
-"""The worker of build v2 (tests/test_versioning.py): worker.py with ``StreamWorkflow``
+"""The worker of build v2 (tests/system/test_versioning.py): worker.py with ``StreamWorkflow``
 replaced by :class:`tests.versioning.stream_v2.StreamWorkflowV2` before it builds."""
 
 from __future__ import annotations
