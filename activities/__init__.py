@@ -5,20 +5,5 @@ package to site-packages, where an application's own would collide with it); thi
 is not installed and re-exports them for code that runs from a checkout.
 """
 
-from durable_sse.activities import (
-    CheckpointActivities,
-    NudgeActivities,
-    ReadActivities,
-    RetentionActivities,
-    ScheduleActivities,
-    SearchAttributeActivities,
-)
-
-__all__ = [
-    "CheckpointActivities",
-    "NudgeActivities",
-    "ReadActivities",
-    "RetentionActivities",
-    "ScheduleActivities",
-    "SearchAttributeActivities",
-]
+from durable_sse.activities import *  # noqa: F403 - the same names, one list
+from durable_sse.activities import __all__ as __all__

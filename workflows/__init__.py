@@ -5,6 +5,5 @@ package to site-packages, where an application's own would collide with it); thi
 is not installed and re-exports them for code that runs from a checkout.
 """
 
-from durable_sse.workflows import CheckpointAdvanceWorkflow, StreamWorkflow
-
-__all__ = ["CheckpointAdvanceWorkflow", "StreamWorkflow"]
+from durable_sse.workflows import *  # noqa: F403 - the same names, one list
+from durable_sse.workflows import __all__ as __all__
