@@ -1,0 +1,612 @@
+"""The read activity as Temporal runs it: heartbeats and their details, retried attempts,
+cancellation, nudges, and a connection's registration.
+
+Each test runs ``ReadActivities.read_stream`` in temporalio's ``ActivityEnvironment`` (no
+Temporal server) against the real demo SSE source, PostgreSQL and Redis; bytes the demo
+source never sends come from a small canned server (tests/reader/helpers.py). What was
+written is read back from ``sse_events`` and ``sse_gaps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from dataclasses import asdict, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+import durable_sse.reader.heartbeat_policy as heartbeat_policy
+import durable_sse.reader.reports as reports_module
+from durable_sse.activities.read import ReadActivities
+from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
+from durable_sse.contracts import (
+    Outcome,
+    ReadCounts,
+    ReadInput,
+    ReadProgress,
+    ReadResult,
+    Route,
+)
+from durable_sse.cursor.l2 import RedisCursors
+from durable_sse.ids import sort_key
+from durable_sse.ops.nudge import Nudges
+from durable_sse.reader.committer import Committer
+from durable_sse.reader.heartbeat_policy import (
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_SLACK,
+    LONG_TIMEOUT,
+    NUDGED_HEARTBEAT_INTERVAL,
+)
+from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.stores import Stores
+from durable_sse.workflows.stream import READ_MARGIN, READ_RETRY
+from tests.reader.helpers import (
+    GUARD,
+    Heartbeats,
+    events,
+    gap_rows,
+    make_spec,
+    numbers,
+    read,
+    stored,
+    stored_ids,
+)
+
+READ_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+
+
+async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=10, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    # 1..10 stored first: a connection starts from a stored id, with others before it.
+    first, _ = await read(reader, spec, route=Route.EXPLICIT, start_id="0")
+    assert first.last_cursor == "10"
+    source.inject(stream_name, disconnect_after=50)
+    dead, beats = await read(reader, spec, route=Route.EXPLICIT, start_id="10")
+    assert dead.last_cursor == "60" == reader.stores.l1.get(stream_name)
+    last = beats[-1]
+    assert last["start_cursor"] == "10"
+
+    # The attempt "died" after its last heartbeat (it may have read a drop notice it never
+    # wrote): Temporal retries the same input, attempt 2, with those details. L1 says 60,
+    # but the retry re-reads from where the dead attempt began.
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[last])
+    retry, retry_beats = await read(reader, spec, env=env, route=Route.LIVE)
+    assert (retry.cursor_source, retry.start_cursor, retry.last_cursor) == ("retry", "10", "60")
+    carried = ReadCounts(**last["counts"])
+    assert retry.counts == ReadCounts(
+        events_read=carried.events_read + 50,
+        new_rows=carried.new_rows,
+        duplicates=carried.duplicates + 50,
+    )
+    assert retry_beats[0]["start_cursor"] == "10"  # a third attempt would start there too
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 60)
+    # What the dead attempt read is a gap to re-read (it may hide a notice it never
+    # wrote), recorded by the retry. The retry re-read it from the gap's own start, so the
+    # first row it met lies inside the gap: no proof that the history reached the start
+    # (a server that lost 11 would look the same). A repair proves it, from one stored id
+    # before the gap, and closes it once it reads one id past it.
+    (suspect,) = await gap_rows(pg_event_log, stream_name)
+    assert (suspect["kind"], suspect["start_id"], suspect["notice_id"]) == ("retry", "10", "60")
+    assert (suspect["state"], suspect["reread_to"]) == ("open", None)
+    known = [suspect["gap_id"]]
+    source.inject(stream_name, disconnect_after=100)
+    repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=known)
+    assert (repair.cursor_source, repair.start_cursor, repair.last_cursor) == ("gap", "9", "109")
+    (closed,) = await gap_rows(pg_event_log, stream_name)
+    assert (closed["state"], closed["missing"], closed["closed"]) == ("repaired", 0, True)
+
+    # Never from before the lagging id: what lies before it is past the replay window.
+    await pg_event_log.checkpoints.advance_lagging(
+        stream_name, "numeric", window=0, now=datetime.now(UTC)
+    )
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=3, heartbeat_details=[last])
+    bounded, _ = await read(reader, spec, env=env, route=Route.LIVE)
+    assert (bounded.cursor_source, bounded.start_cursor, bounded.last_cursor) == (
+        "lagging",
+        "109",
+        "209",
+    )
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 209)
+
+
+async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=50, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    _, beats = await read(reader, spec)
+    last = beats[-1]
+    assert (last["start_cursor"], last["first_id"]) == (None, "1")
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[last])
+    retry, _ = await read(reader, spec, env=env)
+    assert (retry.cursor_source, retry.start_cursor, retry.last_cursor) == ("retry", "1", "51")
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 51)
+
+
+async def test_a_retry_takes_heartbeat_details_of_another_version(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    """During a rolling deploy the attempt that died may have run a newer or older
+    version: counts it does not know are left out, missing ones are 0."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    details = {
+        "cursor": "25",
+        "start_cursor": "10",
+        "first_id": None,
+        "counts": {"events_read": 15, "new_rows": 15, "counted_by_a_newer_version": 4},
+    }
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[details])
+    retry, _ = await read(reader, spec, env=env)
+    assert (retry.cursor_source, retry.start_cursor, retry.last_cursor) == ("retry", "10", "30")
+    assert retry.counts == ReadCounts(events_read=35, new_rows=35)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 30)
+
+
+async def test_keepalives_do_not_end_the_connection_and_cancel_returns_cancelled(
+    source: SSESource, reader: ReadActivities, stream_name: str
+) -> None:
+    source.add_stream(
+        stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0.1, paused=True)
+    )
+    spec = make_spec(source.url(stream_name), stream_name, idle_timeout=1.0)
+    env = ActivityEnvironment()
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
+    )
+    await asyncio.sleep(2.0)  # twice the idle timeout: only keep-alives arrive
+    assert not task.done()
+    env.cancel()
+    result = await task
+    assert result.outcome is Outcome.CANCELLED
+    assert result.counts == ReadCounts() and result.last_cursor == "0"
+
+
+async def test_keepalives_more_frequent_than_heartbeats_do_not_silence_them(
+    source: SSESource, reader: ReadActivities, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: an idle stream's keep-alives (every 15 s) come more often than a heartbeat
+    is due (every 4 minutes): the connection must heartbeat between them, or Temporal
+    times the attempt out after the heartbeat timeout and starts it again."""
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.3)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.03, paused=True))
+    spec = make_spec(source.url(stream_name), stream_name)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
+    )
+    try:
+        await beats.wait_for(1)  # the start's heartbeat
+        began, first = time.monotonic(), len(beats)
+        await asyncio.sleep(2.0)
+        sent = len(beats) - first
+        elapsed = time.monotonic() - began
+    finally:
+        env.cancel()
+        result = await task
+    assert result.outcome is Outcome.CANCELLED
+    assert sent >= elapsed / 0.3 - 2, f"{sent} heartbeats in {elapsed:.1f} s"
+
+
+async def test_cancel_mid_batch_flushes_and_loses_nothing(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=200, keepalive=0))
+    spec = make_spec(
+        source.url(stream_name), stream_name, batch_max_events=100_000, batch_max_delay=60.0
+    )
+    env = ActivityEnvironment()
+    task = asyncio.create_task(env.run(reader.read_stream, ReadInput(spec=spec, route=Route.LIVE)))
+    async with asyncio.timeout(GUARD):
+        while source.truth(stream_name).generated < 50:
+            await asyncio.sleep(0.05)
+    assert await stored(pg_event_log, stream_name) == []  # the batch is still pending
+    env.cancel()
+    result = await task
+    assert result.outcome is Outcome.CANCELLED
+    rows = await stored_ids(pg_event_log, stream_name)
+    assert result.counts.events_read > 0
+    assert len(rows) == result.counts.events_read == result.counts.new_rows
+    assert rows == numbers(int(rows[0]), int(rows[-1])) and rows[-1] == result.last_cursor
+
+
+async def test_a_cancel_while_a_connection_that_ended_flushes_ends_it_as_cancelled(
+    source: SSESource,
+    reader: ReadActivities,
+    pg_event_log: Stores,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server ended the connection and its last batch is committing when the
+    cancellation comes (a signal, the worker stopping): the flush finishes and the
+    connection returns as cancelled, never a failed activity."""
+    flushing = asyncio.Event()
+    original = Committer.flush
+
+    async def slow_flush(self: Committer) -> None:
+        flushing.set()
+        await asyncio.sleep(0.3)  # the cancellation lands here
+        await original(self)
+
+    monkeypatch.setattr(Committer, "flush", slow_flush)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0))
+    spec = make_spec(
+        source.url(stream_name), stream_name, batch_max_events=100_000, batch_max_delay=60.0
+    )
+    env = ActivityEnvironment()
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
+    )
+    async with asyncio.timeout(GUARD):
+        await flushing.wait()
+    env.cancel()
+    result = await task
+    assert result.outcome is Outcome.CANCELLED
+    assert result.counts.events_read == result.counts.new_rows == 5
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 5)
+    assert result.last_cursor == "5" and result.gaps is not None
+
+
+async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
+    reader: ReadActivities, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Response headers may take up to idle_timeout, longer than the heartbeat timeout:
+    without heartbeats meanwhile Temporal would time the attempt out and retry it."""
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+
+    async def answer_late(reader_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader_.readuntil(b"\r\n\r\n")
+        await beats.wait_for(5)  # the start's heartbeat, then 4 while the server says nothing
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+            b"id: 1\ndata: late\n\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer_late, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        spec = StreamSpec(name=stream_name, url=f"http://127.0.0.1:{port}/late", id_order="numeric")
+        result = await env.run(reader.read_stream, ReadInput(spec=spec))
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.outcome is Outcome.DROPPED and result.counts.new_rows == 1
+    assert [beat["counts"]["events_read"] for beat in beats[:5]] == [0] * 5
+
+
+async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.1, paused=True))
+    spec = make_spec(source.url(stream_name), stream_name)
+    env = ActivityEnvironment()
+    # The timeouts StreamWorkflow gives the read activity.
+    lifetime = timedelta(seconds=spec.max_connection_age + spec.connect_timeout + spec.idle_timeout)
+    env.info = dataclasses.replace(
+        env.info,
+        start_to_close_timeout=lifetime + READ_MARGIN,
+        heartbeat_timeout=READ_HEARTBEAT_TIMEOUT,
+        retry_policy=READ_RETRY,
+    )
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="7"))
+    )
+    async with asyncio.timeout(GUARD):
+        while not (registered := await pg_event_log.readers.readers(stream_name)):
+            await asyncio.sleep(0.05)
+    (running,) = registered
+    assert running.start_id == "7"
+    # Past the attempt's own life, and the wait before a retry would register anew.
+    assert running.expires_at > datetime.now(UTC) + lifetime + READ_MARGIN
+    assert running.expires_at < datetime.now(UTC) + lifetime + timedelta(minutes=5)
+    env.cancel()
+    assert (await task).outcome is Outcome.CANCELLED
+    assert await pg_event_log.readers.readers(stream_name) == []
+
+
+@pytest.mark.parametrize("retention", [3600.0, None])
+async def test_a_connection_moves_its_retention_hold_only_when_a_retention_applies(
+    source: SSESource,
+    reader: ReadActivities,
+    pg_event_log: Stores,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    retention: float | None,
+) -> None:
+    """Issue 25: a hold moved every 20 s is a database write per connection (50 a second
+    at a thousand streams); with no retention anywhere nothing is deleted, and the start's
+    hold is all the fence needs."""
+    monkeypatch.setattr(reports_module, "HOLD_INTERVAL", 0.1)
+    source.add_stream(stream_name, SourceStreamConfig(rate=50, retry_ms=None))
+    spec = make_spec(source.url(stream_name), stream_name, replay_window=1.0, retention=retention)
+    env = ActivityEnvironment()
+    task = asyncio.create_task(
+        env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
+    )
+    try:
+        await asyncio.sleep(3.0)  # reading for over a replay window: a hold could move
+        (running,) = await pg_event_log.readers.readers(stream_name)
+    finally:
+        env.cancel()
+        await task
+    if retention is None:
+        assert running.start_id == "0"
+    else:
+        assert int(running.start_id) > 0
+
+
+async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
+    source: SSESource, pg_stores: Stores, redis_url: str, stream_name: str
+) -> None:
+    """A connection between its (4 s) heartbeats heartbeats as soon as a nudge for its
+    stream arrives through Redis, which is when a requested cancellation reaches it."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.1, paused=True))
+    spec = make_spec(source.url(stream_name), stream_name)
+    l2 = RedisCursors(redis_url)
+    nudges, other_worker = Nudges(redis_url), Nudges(redis_url)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    try:
+        async with httpx.AsyncClient(follow_redirects=False) as http:
+            reader = ReadActivities(http=http, stores=replace(pg_stores, l2=l2), nudges=nudges)
+            task = asyncio.create_task(
+                env.run(
+                    reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
+                )
+            )
+            assert await nudges.listener.wait_live(GUARD)
+            assert reader.heartbeat_interval() == NUDGED_HEARTBEAT_INTERVAL
+            # A connection still starting (no response head yet) keeps the short one
+            # under a short timeout, and takes the long one when the timeout has room.
+            assert reader.heartbeat_interval(streaming=False) == HEARTBEAT_INTERVAL
+            assert reader.heartbeat_interval(streaming=False, timeout=LONG_TIMEOUT - 1) == (
+                HEARTBEAT_INTERVAL
+            )
+            long = DEFAULT_HEARTBEAT_TIMEOUT
+            assert reader.heartbeat_interval(streaming=False, timeout=long) == (
+                long - HEARTBEAT_SLACK
+            )
+            await beats.wait_for(1)  # the start's heartbeat
+            await asyncio.sleep(1.0)
+            quiet = len(beats)
+            assert await other_worker.publish(f"{stream_name}-other") >= 1  # not this stream
+            assert await other_worker.publish(stream_name) >= 1
+            async with asyncio.timeout(NUDGED_HEARTBEAT_INTERVAL / 2):
+                await beats.wait_for(quiet + 1)
+            assert nudges.delivered == 1
+            env.cancel()
+            result = await task
+        assert result.outcome is Outcome.CANCELLED
+    finally:
+        await nudges.close()
+        await other_worker.close()
+        await l2.close()
+
+
+async def test_without_redis_a_worker_hears_no_nudges_and_heartbeats_often() -> None:
+    """Nudges are a shortcut: while they cannot arrive, cancellations come with the
+    short heartbeats, as before nudges existed."""
+    nudges = Nudges("redis://127.0.0.1:1/0", timeout=0.2)
+    nudges.start()
+    try:
+        await asyncio.sleep(0.5)
+        assert not nudges.live
+        l2 = RedisCursors("redis://127.0.0.1:1/0")
+        stores = Stores.open("sqlite://", l2=l2)
+        async with httpx.AsyncClient() as http:
+            reader = ReadActivities(http=http, stores=stores, nudges=nudges)
+            assert reader.heartbeat_interval() == HEARTBEAT_INTERVAL
+        await stores.close()
+    finally:
+        await nudges.close()
+
+
+class Blocker:
+    """A transaction kept open by the test so that the reader's database calls wait on its
+    locks; ``waiting()`` counts the sessions that wait for it (asked on another
+    connection: ``pg_stat_activity`` is a snapshot within a transaction)."""
+
+    def __init__(self, pg_url: str) -> None:
+        self.url = pg_url.replace("+psycopg", "")
+
+    async def __aenter__(self) -> Blocker:
+        self.holder = await psycopg.AsyncConnection.connect(self.url)
+        self.watcher = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.holder.rollback()
+        await self.holder.close()
+        await self.watcher.close()
+
+    async def hold(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        await self.holder.execute(sql, params)
+
+    async def waiting(self) -> int:
+        cursor = await self.watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            (self.holder.info.backend_pid,),
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def until_waited_on(self) -> None:
+        async with asyncio.timeout(GUARD):
+            while not await self.waiting():
+                await asyncio.sleep(0.02)
+
+
+async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
+    source: SSESource,
+    reader: ReadActivities,
+    pg_event_log: Stores,
+    pg_url: str,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit stuck longer than the heartbeat timeout must not let Temporal start a
+    second attempt while the first still holds the stream."""
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=300, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name, batch_max_events=10)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    task: asyncio.Task[ReadResult] | None = None
+    try:
+        async with Blocker(pg_url) as blocker:
+            # Id 25 inserted and not committed: the reader's insert of the batch holding 25
+            # waits for this transaction, and so do the batches after it.
+            await blocker.hold(
+                "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, "
+                "event_type, data, received_at) "
+                "VALUES (%s, '25', 0, '', %s, 'tick', 'held', now())",
+                (stream_name, sort_key("25", "numeric")),
+            )
+            task = asyncio.create_task(
+                env.run(
+                    reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
+                )
+            )
+            await blocker.until_waited_on()
+            blocked_at = len(beats)
+            await beats.wait_for(blocked_at + 3)
+            assert await blocker.waiting()  # those heartbeats came while the commit waited
+            during = beats[blocked_at:]
+        result = await task  # the transaction rolled back: the reader stores 25 itself
+    finally:
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=GUARD)
+    # They carry committed cursors only: never the batch that waits, nor any after it.
+    assert all(beat["start_cursor"] == "0" and int(beat["cursor"]) < 25 for beat in during)
+    assert result.outcome is Outcome.DROPPED
+    assert result.counts == ReadCounts(events_read=300, new_rows=300)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 300)
+
+
+async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
+    source: SSESource,
+    reader: ReadActivities,
+    pg_event_log: Stores,
+    pg_url: str,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Heartbeats while the start is read from the store repeat the dead attempt's
+    details: a third attempt still starts where the first one did."""
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=20, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    dead = asdict(
+        ReadProgress(cursor="25", start_cursor="10", counts=ReadCounts(events_read=15, new_rows=15))
+    )
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[dead])
+    task: asyncio.Task[ReadResult] | None = None
+    try:
+        async with Blocker(pg_url) as blocker:
+            await blocker.hold("LOCK TABLE sse_checkpoints IN ACCESS EXCLUSIVE MODE")
+            task = asyncio.create_task(
+                env.run(reader.read_stream, ReadInput(spec=spec, route=Route.LIVE))
+            )
+            await blocker.until_waited_on()
+            await beats.wait_for(3)
+            assert await blocker.waiting()
+            during = list(beats)
+        result = await task
+    finally:
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=GUARD)
+    assert during == [dead] * len(during)
+    assert (result.cursor_source, result.start_cursor, result.last_cursor) == ("retry", "10", "30")
+    assert result.counts == ReadCounts(events_read=35, new_rows=35)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(11, 30)
+
+
+async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
+    reader: ReadActivities,
+    pg_event_log: Stores,
+    pg_url: str,
+    stream_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 5: while a commit waits on the database the reader reads ahead, up
+    to ``READ_AHEAD_CHUNKS``. A cancellation (a signal, the worker shutting down) stops
+    reading; what was read from the socket by then is received, and is stored."""
+    monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
+    sent = asyncio.Event()
+
+    async def serve(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        for first in range(1, 201, 20):
+            writer.write(events(*numbers(first, first + 19)))
+            await writer.drain()
+            await asyncio.sleep(0.05)  # one chunk per write
+        sent.set()
+        with contextlib.suppress(Exception):
+            await asyncio.sleep(GUARD)  # and stays open: nothing more
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/events"
+    spec = make_spec(url, stream_name, batch_max_events=10)
+    beats = Heartbeats()
+    env = ActivityEnvironment()
+    env.on_heartbeat = beats
+    task: asyncio.Task[ReadResult] | None = None
+    try:
+        async with Blocker(pg_url) as blocker:
+            # Id 25 inserted and not committed: the batch holding 25 waits, and with it
+            # the reader once MAX_BATCHES_IN_FLIGHT batches wait; the rest is read ahead.
+            await blocker.hold(
+                "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, "
+                "event_type, data, received_at) "
+                "VALUES (%s, '25', 0, '', %s, 'tick', 'held', now())",
+                (stream_name, sort_key("25", "numeric")),
+            )
+            task = asyncio.create_task(
+                env.run(reader.read_stream, ReadInput(spec=spec, route=Route.LIVE))
+            )
+            await blocker.until_waited_on()
+            async with asyncio.timeout(GUARD):
+                await sent.wait()
+            await asyncio.sleep(0.5)  # the pump reads the last writes into its queue
+            await beats.wait_for(len(beats) + 2)
+            taken = beats[-1]["counts"]["events_read"]
+            assert taken < 200, "nothing was left in the read-ahead queue: no test"
+            env.cancel()
+            await asyncio.sleep(0.3)
+        result = await task  # the transaction rolled back: the reader stores 25 itself
+    finally:
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=GUARD)
+        server.close()
+    assert result.outcome is Outcome.CANCELLED
+    assert result.counts == ReadCounts(events_read=200, new_rows=200)
+    assert result.last_cursor == "200"
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 200)
