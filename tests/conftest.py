@@ -8,6 +8,7 @@ for the session when none answers) is decided by the tests/services.py plugin.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -77,6 +78,18 @@ def pg_url() -> str:
     return _pg_url()
 
 
+@contextlib.asynccontextmanager
+async def open_stores(url: str) -> AsyncIterator[Stores]:
+    """:class:`Stores` at ``url`` with the schema created, closed on the way out: the body
+    of every stores fixture, whatever its scope or name."""
+    opened = Stores.open(url)
+    await opened.create_schema()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return _redis_url()
@@ -115,19 +128,15 @@ async def stores(
 ) -> AsyncIterator[Stores]:
     """:class:`Stores` with the schema, on PostgreSQL and on a fresh SQLite file (no L2)."""
     url = pg_url if request.param == "postgresql" else f"sqlite:///{tmp_path / 'events.db'}"
-    opened = Stores.open(url)
-    await opened.create_schema()
-    yield opened
-    await opened.close()
+    async with open_stores(url) as opened:
+        yield opened
 
 
 @pytest.fixture
 async def pg_stores(pg_url: str) -> AsyncIterator[Stores]:
     """:class:`Stores` on PostgreSQL, with the schema (no L2)."""
-    opened = Stores.open(pg_url)
-    await opened.create_schema()
-    yield opened
-    await opened.close()
+    async with open_stores(pg_url) as opened:
+        yield opened
 
 
 @pytest.fixture

@@ -1,10 +1,6 @@
 """The read activity as Temporal runs it: heartbeats and their details, retried attempts,
-cancellation, nudges, and a connection's registration.
-
-Each test runs ``ReadActivities.read_stream`` in temporalio's ``ActivityEnvironment`` (no
-Temporal server) against the real demo SSE source, PostgreSQL and Redis; bytes the demo
-source never sends come from a small canned server (tests/reader/helpers.py). What was
-written is read back from ``sse_events`` and ``sse_gaps``.
+cancellation, nudges, and a connection's registration. Through
+``ReadActivities.read_stream`` on the real stores: see tests/reader/helpers.py.
 """
 
 from __future__ import annotations

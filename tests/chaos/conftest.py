@@ -17,6 +17,7 @@ import pytest
 from durable_sse.stores import Stores
 from tests.chaos.checker import Verdict
 from tests.chaos.harness import DEFAULT, LONG, SHORT, Sizes, in_process_worker, unique
+from tests.conftest import open_stores
 
 HEADER = (
     "| scenario | events | faults injected | lost | duplicates | regressions | recovered "
@@ -49,10 +50,8 @@ def seed(seed_index: int) -> int:
 
 @pytest.fixture(scope="module")
 async def chaos_log(pg_url: str) -> AsyncIterator[Stores]:
-    log = Stores.open(pg_url)
-    await log.create_schema()
-    yield log
-    await log.close()
+    async with open_stores(pg_url) as log:
+        yield log
 
 
 @pytest.fixture(scope="module")

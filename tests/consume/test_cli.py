@@ -22,6 +22,7 @@ from durable_sse.gaps.model import GapChange, GapRecord
 from durable_sse.log.records import EventRecord
 from durable_sse.ops.cli.main import main
 from durable_sse.stores import Stores
+from tests.conftest import open_stores
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 CLI = [sys.executable, "-m", "durable_sse.ops.cli"]
@@ -33,10 +34,8 @@ async def log(
 ) -> AsyncIterator[Stores]:
     url = pg_url if request.param == "postgresql" else f"sqlite:///{tmp_path / 'events.db'}"
     monkeypatch.setenv("DATABASE_URL", url)
-    event_log = Stores.open(url)
-    await event_log.create_schema()
-    yield event_log
-    await event_log.close()
+    async with open_stores(url) as event_log:
+        yield event_log
 
 
 def event(event_id: str, data: str, at: datetime) -> EventRecord:

@@ -49,19 +49,6 @@ def group_name() -> str:
     return "g-" + uuid.uuid4().hex[:10]
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def db_url(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> str:
-    return pg_url if request.param == "postgresql" else f"sqlite:///{tmp_path / 'events.db'}"
-
-
-@pytest.fixture
-async def log(db_url: str) -> AsyncIterator[Stores]:
-    event_log = Stores.open(db_url)
-    await event_log.create_schema()
-    yield event_log
-    await event_log.close()
-
-
 async def stored_seqs(log: Stores, stream: str) -> list[int]:
     return [event.seq for event in await log.reads.events(stream, limit=100_000)]
 

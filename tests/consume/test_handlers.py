@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,19 +18,6 @@ import sqlalchemy as sa
 from durable_sse.consume import Batch, Consumer, Group
 from durable_sse.stores import Stores
 from tests.consume.test_consume import group_name, records, running, stored_seqs, until
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def db_url(request: pytest.FixtureRequest, pg_url: str, tmp_path: Path) -> str:
-    return pg_url if request.param == "postgresql" else f"sqlite:///{tmp_path / 'events.db'}"
-
-
-@pytest.fixture
-async def log(db_url: str) -> AsyncIterator[Stores]:
-    event_log = Stores.open(db_url)
-    await event_log.create_schema()
-    yield event_log
-    await event_log.close()
 
 
 @pytest.fixture

@@ -1,8 +1,6 @@
 """A gap's record (durable_sse/gaps/model.py, transitions.py): bounds, merges, strikes,
-counting what is lost, and the summary. Plain tests of pure functions.
-
-Ids are small integers under ``numeric`` (``natural`` where the order matters); a gap
-``(20, 30)`` is the hole strictly after 20 and strictly before 30.
+counting what is lost, and the summary. Plain tests of pure functions; ids and gaps are
+written as helpers.py says.
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """Helpers of the read activity's tests: the activity on real stores, a canned server, and
 reads of what it wrote (``sse_events``, ``sse_gaps``) and heartbeated.
+
+Each test runs ``ReadActivities.read_stream`` in temporalio's ``ActivityEnvironment`` (no
+Temporal server): heartbeats are recorded, a retry is an attempt number with the dead
+attempt's heartbeat details, as Temporal hands them over, and cancellation comes as a
+workflow's would. What was written is read back from ``sse_events`` and ``sse_gaps``.
+Bytes the demo source never sends (an oversized event or id, ids that are no counters,
+a comment built to make a backtracking regex explode) come from a small canned server.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """A connection through the read activity: where it resumes, what each HTTP answer does,
-secrets, allowed hosts, and the limits on lines, events and ids.
-
-Each test runs ``ReadActivities.read_stream`` in temporalio's ``ActivityEnvironment`` (no
-Temporal server) against the real demo SSE source, PostgreSQL and Redis; bytes the demo
-source never sends come from a small canned server (tests/reader/helpers.py). What was
-written is read back from ``sse_events`` and ``sse_gaps``.
+secrets, allowed hosts, and the limits on lines, events and ids. Through
+``ReadActivities.read_stream`` on the real stores: see tests/reader/helpers.py.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Drop notices and the gaps a connection records, through the read activity.
-
-Each test runs ``ReadActivities.read_stream`` in temporalio's ``ActivityEnvironment`` (no
-Temporal server) against the real demo SSE source, PostgreSQL and Redis; bytes the demo
-source never sends come from a small canned server (tests/reader/helpers.py). What was
-written is read back from ``sse_events`` and ``sse_gaps``.
+"""Drop notices and the gaps a connection records, through the read activity. Through
+``ReadActivities.read_stream`` on the real stores: see tests/reader/helpers.py.
 """
 
 from __future__ import annotations

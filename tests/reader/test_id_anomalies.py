@@ -1,10 +1,6 @@
-"""Ids that misbehave, through the read activity: out of order, a restarted counter,
-reused ids, ids past the retention horizon.
-
-Each test runs ``ReadActivities.read_stream`` in temporalio's ``ActivityEnvironment`` (no
-Temporal server) against the real demo SSE source, PostgreSQL and Redis; bytes the demo
-source never sends come from a small canned server (tests/reader/helpers.py). What was
-written is read back from ``sse_events`` and ``sse_gaps``.
+"""Ids that misbehave, through the read activity: out of order, a restarted counter, reused
+ids, ids past the retention horizon. Through ``ReadActivities.read_stream`` on the real
+stores: see tests/reader/helpers.py.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from durable_sse.contracts import StreamStatus
 from durable_sse.ownership import stream_workflow_id
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
+from tests.conftest import open_stores
 
 pytestmark = pytest.mark.slow
 
@@ -96,10 +97,8 @@ async def setup(
 
 @pytest.fixture(scope="module")
 async def log(pg_url: str) -> AsyncIterator[Stores]:
-    stores = Stores.open(pg_url)
-    await stores.create_schema()
-    yield stores
-    await stores.close()
+    async with open_stores(pg_url) as stores:
+        yield stores
 
 
 async def stored_ids(log: Stores, stream: str) -> list[int]:

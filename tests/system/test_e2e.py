@@ -35,6 +35,7 @@ from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from durable_sse.workflows.stream import STREAM_STATE
 from tests.chaos.harness import end_process, wait_until, worker_process
+from tests.conftest import open_stores
 from tests.system.test_portable import machine_paths
 
 pytestmark = pytest.mark.slow
@@ -80,10 +81,8 @@ async def worker(
 
 @pytest.fixture(scope="module")
 async def event_log(pg_url: str) -> AsyncIterator[Stores]:
-    log = Stores.open(pg_url)
-    await log.create_schema()
-    yield log
-    await log.close()
+    async with open_stores(pg_url) as log:
+        yield log
 
 
 async def status_of(handle: WorkflowHandle) -> StreamStatus:

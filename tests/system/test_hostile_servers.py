@@ -32,6 +32,7 @@ from durable_sse.ops import control
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from tests.chaos.harness import in_process_worker, start_stream, status_of, unique, wait_until
+from tests.conftest import open_stores
 
 pytestmark = pytest.mark.slow
 
@@ -116,10 +117,8 @@ async def queue(address: str, pg_url: str, redis_url: str) -> AsyncIterator[str]
 
 @pytest.fixture(scope="module")
 async def log(pg_url: str) -> AsyncIterator[Stores]:
-    event_log = Stores.open(pg_url)
-    await event_log.create_schema()
-    yield event_log
-    await event_log.close()
+    async with open_stores(pg_url) as event_log:
+        yield event_log
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,7 @@ from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from durable_sse.workflows.routes import StreamState
 from tests.chaos.harness import wait_until
+from tests.conftest import open_stores
 
 pytestmark = pytest.mark.slow
 
@@ -166,10 +167,8 @@ async def worker(
 
 @pytest.fixture(scope="module")
 async def event_log(pg_url: str) -> AsyncIterator[Stores]:
-    log = Stores.open(pg_url)
-    await log.create_schema()
-    yield log
-    await log.close()
+    async with open_stores(pg_url) as log:
+        yield log
 
 
 def temporal_cli(address: str, *args: str) -> subprocess.CompletedProcess[str]:

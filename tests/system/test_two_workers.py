@@ -34,6 +34,7 @@ from tests.chaos.harness import (
     wait_until,
     worker_process,
 )
+from tests.conftest import open_stores
 from tests.system.test_portable import machine_paths
 
 pytestmark = pytest.mark.slow
@@ -46,10 +47,8 @@ HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 @pytest.fixture
 async def event_log(pg_url: str) -> AsyncIterator[Stores]:
     """The schema exists before the workers start (each would create it otherwise)."""
-    log = Stores.open(pg_url)
-    await log.create_schema()
-    yield log
-    await log.close()
+    async with open_stores(pg_url) as log:
+        yield log
 
 
 async def nudge_results(handle: WorkflowHandle) -> list[int]:

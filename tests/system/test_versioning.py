@@ -42,6 +42,7 @@ from tests.chaos.harness import (
     status_of,
     wait_until,
 )
+from tests.conftest import open_stores
 
 pytestmark = pytest.mark.slow
 
@@ -54,10 +55,8 @@ GUARD = 90.0
 
 @pytest.fixture
 async def event_log(pg_url: str) -> AsyncIterator[Stores]:
-    log = Stores.open(pg_url)
-    await log.create_schema()
-    yield log
-    await log.close()
+    async with open_stores(pg_url) as log:
+        yield log
 
 
 def versioned_worker(

@@ -40,6 +40,7 @@ from durable_sse.log.records import EventRecord
 from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.stores import Stores
 from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
+from tests.conftest import open_stores
 
 POLL_LIMIT = 30.0
 """Safety bound on polling (a hang guard, not a timing assertion)."""
@@ -55,10 +56,8 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 
 @pytest.fixture(scope="module")
 async def event_log(pg_url: str) -> AsyncIterator[Stores]:
-    log = Stores.open(pg_url)
-    await log.create_schema()
-    yield log
-    await log.close()
+    async with open_stores(pg_url) as log:
+        yield log
 
 
 async def persist(event_log: Stores, stream: str, ids: range, received_at: datetime) -> None:

@@ -11,6 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.ops.binaries import temporal_test_server
 from durable_sse.stores import Stores
+from tests.conftest import open_stores
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,5 @@ def drain_metrics(metrics: MetricBuffer) -> None:
 
 @pytest.fixture
 async def event_log(tmp_path: Path) -> AsyncIterator[Stores]:
-    log = Stores.open(f"sqlite:///{tmp_path / 'events.db'}")
-    await log.create_schema()
-    yield log
-    await log.close()
+    async with open_stores(f"sqlite:///{tmp_path / 'events.db'}") as log:
+        yield log

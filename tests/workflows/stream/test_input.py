@@ -1,8 +1,5 @@
 """StreamWorkflow's input and payloads: continue-as-new keeps the state, plain JSON input,
-bad inputs and replay payloads refused, the history budget.
-
-On the time-skipping test server, with a scripted ``read_stream`` and the real checkpoint
-activities on SQLite (tests/workflows/stream/helpers.py says how).
+bad inputs and replay payloads refused, the history budget. See helpers.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """StreamWorkflow's routes: the checkpoint schedule's first window, drop signals, repairs
-(throttled, cut short, made good from the store) and replays.
-
-On the time-skipping test server, with a scripted ``read_stream`` and the real checkpoint
-activities on SQLite (tests/workflows/stream/helpers.py says how).
+(throttled, cut short, made good from the store) and replays. See helpers.py.
 """
 
 from __future__ import annotations

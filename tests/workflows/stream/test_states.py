@@ -1,8 +1,5 @@
 """StreamWorkflow's states: refusals, 204, backoff, a server's retry, pause, stop, an idle
-run's continue-as-new.
-
-On the time-skipping test server, with a scripted ``read_stream`` and the real checkpoint
-activities on SQLite (tests/workflows/stream/helpers.py says how).
+run's continue-as-new. See helpers.py.
 """
 
 from __future__ import annotations

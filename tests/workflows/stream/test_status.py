@@ -1,8 +1,5 @@
 """StreamWorkflow's status: unrecoverable gaps counted and exported, open gaps and
-counters in the status, the Web UI's details.
-
-On the time-skipping test server, with a scripted ``read_stream`` and the real checkpoint
-activities on SQLite (tests/workflows/stream/helpers.py says how).
+counters in the status, the Web UI's details. See helpers.py.
 """
 
 from __future__ import annotations
