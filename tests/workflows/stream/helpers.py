@@ -294,3 +294,17 @@ async def timers(handle: WorkflowHandle, *, schedule: bool = False) -> list[floa
         if event.HasField("timer_started_event_attributes")
         and (SCHEDULE_TIMER_SUMMARY.encode() in event.user_metadata.summary.data) == schedule
     ]
+
+
+def drop_signal(last_cursor: str, read: ReadCounts, summary: GapSummary) -> Step:
+    """A connection that ends on a drop notice (the comment) at ``last_cursor``, having read
+    ``read``, with the store's gap summary ``summary``."""
+    return Step(
+        result=ReadResult(
+            Outcome.DROP_SIGNAL,
+            last_cursor=last_cursor,
+            counts=read,
+            drop=COMMENT,
+            gaps=summary,
+        )
+    )

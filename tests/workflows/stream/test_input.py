@@ -22,11 +22,11 @@ from durable_sse.contracts import (
 from durable_sse.stores import Stores
 from durable_sse.workflows.stream import StreamState, StreamWorkflow
 from tests.workflows.stream.helpers import (
-    COMMENT,
     POLL_LIMIT,
     STOP,
     Step,
     counts,
+    drop_signal,
     gaps,
     new_spec,
     routes,
@@ -41,15 +41,7 @@ async def test_continue_as_new_keeps_state_and_counters(
 ) -> None:
     g1 = view("g1", "1", end="6")
     steps = [
-        Step(
-            result=ReadResult(
-                Outcome.DROP_SIGNAL,
-                last_cursor="5",
-                counts=counts(5),
-                drop=COMMENT,
-                gaps=gaps(g1),
-            )
-        ),
+        drop_signal("5", counts(5), gaps(g1)),
         # The repair, cut short by a disconnect.
         Step(
             result=ReadResult(

@@ -30,6 +30,7 @@ from tests.workflows.stream.helpers import (
     activity_types,
     counts,
     details_of,
+    drop_signal,
     gaps,
     new_spec,
     routes,
@@ -154,15 +155,7 @@ async def test_drop_signal_repairs_and_a_second_drop_inside_the_interval_is_thro
     spec = new_spec()  # lagged_reconnect_interval = 60 s
     g1, g2 = view("g1", "4", end="11"), view("g2", "15", end="21")
     steps = [
-        Step(
-            result=ReadResult(
-                Outcome.DROP_SIGNAL,
-                last_cursor="10",
-                counts=counts(10),
-                drop=COMMENT,
-                gaps=gaps(g1),
-            )
-        ),
+        drop_signal("10", counts(10), gaps(g1)),
         # The repair: re-reads g1, which the store now shows repaired.
         Step(
             result=ReadResult(
@@ -175,15 +168,7 @@ async def test_drop_signal_repairs_and_a_second_drop_inside_the_interval_is_thro
             )
         ),
         # 58 s after the repair started: a second drop signal, inside the interval.
-        Step(
-            result=ReadResult(
-                Outcome.DROP_SIGNAL,
-                last_cursor="20",
-                counts=counts(8),
-                drop=COMMENT,
-                gaps=gaps(g2, repaired=1),
-            )
-        ),
+        drop_signal("20", counts(8), gaps(g2, repaired=1)),
         # Live, until the interval allows the next lagged reconnect (~2 s real).
         Step(
             hold=True,
@@ -336,15 +321,7 @@ async def test_a_finished_repair_leaves_no_resume_behind(
 
     refusal = ApplicationError("HTTP 403", type="StreamRefusedError", non_retryable=True)
     steps = [
-        Step(
-            result=ReadResult(
-                Outcome.DROP_SIGNAL,
-                last_cursor="10",
-                counts=counts(10),
-                drop=COMMENT,
-                gaps=gaps(view("g1", "3", end="11")),
-            )
-        ),
+        drop_signal("10", counts(10), gaps(view("g1", "3", end="11"))),
         # The repair closed g1 and ended by itself.
         Step(
             result=ReadResult(
@@ -462,15 +439,7 @@ async def test_an_explicit_replay_past_an_open_gap_yields_to_the_repair(
     spec = new_spec(lagged_reconnect_interval=1.0)
     g1 = view("g1", "3")
     steps = [
-        Step(
-            result=ReadResult(
-                Outcome.DROP_SIGNAL,
-                last_cursor="10",
-                counts=counts(10),
-                drop=COMMENT,
-                gaps=gaps(g1),
-            )
-        ),
+        drop_signal("10", counts(10), gaps(g1)),
         # The repair, interrupted by the replay signal.
         Step(
             hold=True,

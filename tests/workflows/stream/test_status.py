@@ -22,6 +22,7 @@ from tests.workflows.stream.helpers import (
     Step,
     counts,
     details_of,
+    drop_signal,
     gaps,
     new_spec,
     routes,
@@ -43,15 +44,7 @@ async def test_unrecoverable_gap_is_counted_and_exported_as_metrics(
     env: WorkflowEnvironment, event_log: Stores, metrics: MetricBuffer
 ) -> None:
     steps = [
-        Step(
-            result=ReadResult(
-                Outcome.DROP_SIGNAL,
-                last_cursor="10",
-                counts=counts(10),
-                drop=COMMENT,
-                gaps=gaps(view("g1", "2", end="11")),
-            )
-        ),
+        drop_signal("10", counts(10), gaps(view("g1", "2", end="11"))),
         # The history no longer reaches the gap: the store closed it, 7 events lost.
         Step(
             result=ReadResult(
