@@ -1,7 +1,7 @@
 """Group commit ordering and failure rules, with a plain writer (no database).
 
 The writer stands in for a transaction: it "writes" its jobs, waits its turn, and then
-records the commit; the real transactions are tested in test_eventlog.py.
+records the commit; the real transactions are tested in tests/log/test_writes.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ live progress it writes (coalesced, refreshed, written last at its end), the ret
 hold it moves only when a retention applies, and the wake of a resting checkpoint
 schedule (once after a pause, again only after a failed wake's retry delay). The same
 reports against the real stores, through the read activity: test_progress,
-test_checkpoint_rest, test_read_activity (the hold)."""
+test_checkpoint_rest, tests/reader/test_connection.py (the hold)."""
 
 from __future__ import annotations
 
