@@ -11,7 +11,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "durable_sse"
+PACKAGE = Path(__file__).resolve().parents[2] / "durable_sse"
 
 
 def public_classes(package: Path) -> dict[str, list[str]]:
