@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
+from durable_sse.source import SSESource
 from durable_sse.stores import Stores
 from tests.chaos.checker import Verdict
-from tests.chaos.harness import DEFAULT, LONG, SHORT, Sizes, in_process_worker, unique
+from tests.chaos.harness import DEFAULT, LONG, SHORT, Chaos, Sizes, in_process_worker, unique
 from tests.conftest import open_stores
 
 HEADER = (
@@ -74,3 +76,18 @@ def verdicts() -> Iterator[list[Verdict]]:
     if target:
         with Path(target).open("a") as out:
             out.write(table + "\n")
+
+
+@pytest.fixture
+def chaos(
+    temporal: WorkflowEnvironment,
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    source: SSESource,
+    chaos_log: Stores,
+    sizes: Sizes,
+    verdicts: list[Verdict],
+) -> Chaos:
+    """What every scenario works with, in one place."""
+    return Chaos(temporal, address, pg_url, redis_url, source, chaos_log, sizes, verdicts)

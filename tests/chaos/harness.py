@@ -1,6 +1,8 @@
-"""Running the real stack in chaos scenarios: workers, streams, waiting, draining.
+"""Running the real stack in chaos scenarios: workers, streams, waiting, draining, verdicts.
 
 Small helpers copied in spirit from tests/system/test_e2e.py (a test module is not imported).
+``Chaos`` bundles what every scenario works with (the ``chaos`` fixture), so a scenario
+reads as its steps: a new stream, a sampler, start, faults, drain, the verdict.
 """
 
 from __future__ import annotations
@@ -14,19 +16,20 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
 
 from durable_sse import worker as worker_module
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
-from durable_sse.source import SSESource
+from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
-from tests.chaos.checker import stored
+from tests.chaos.checker import CursorSampler, Verdict, check, stored
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,3 +233,108 @@ async def read_results(handle: WorkflowHandle) -> list[dict[str, object]]:
             if scheduled.get(attributes.scheduled_event_id) and attributes.result.payloads:
                 results.append(json.loads(attributes.result.payloads[0].data))
     return results
+
+
+def assert_clean(verdict: Verdict, sampler: CursorSampler) -> None:
+    assert verdict.stored > 0, "nothing stored"
+    assert verdict.lost == 0, f"{verdict.lost} lost, first {verdict.first_lost}"
+    assert verdict.unexpected == 0
+    assert verdict.duplicate_rows == 0
+    assert sampler.regressions == [], sampler.regressions[:5]
+    assert sampler.ahead == [], sampler.ahead[:5]
+    assert sampler.samples > 10
+
+
+@dataclass
+class Chaos:
+    """The stack a scenario runs on, the source it reads, and the report it adds a row to."""
+
+    temporal: WorkflowEnvironment
+    address: str
+    pg_url: str
+    redis_url: str
+    source: SSESource
+    log: Stores
+    sizes: Sizes
+    verdicts: list[Verdict]
+
+    def new_stream(self, prefix: str, **config: object) -> str:
+        """A fresh source stream at the scenario's rate; ``config`` overrides its settings."""
+        name = unique(prefix)
+        values: dict[str, object] = {"rate": self.sizes.rate, "keepalive": 0.5, "retry_ms": None}
+        values.update(config)
+        self.source.add_stream(name, SourceStreamConfig(**values))  # type: ignore[arg-type]
+        return name
+
+    def sampler(
+        self, name: str, *, redis_url: str | None = None, every: float = 0.1
+    ) -> CursorSampler:
+        """Watch the stream's Redis cursor and checkpoint for regressions."""
+        return CursorSampler(self.log, redis_url or self.redis_url, name, every=every)
+
+    async def start(
+        self, name: str, task_queue: str, *, url: str | None = None, **overrides: object
+    ) -> WorkflowHandle:
+        """Start the stream's workflow on ``task_queue``, reading ``url`` (the source's)."""
+        spec = chaos_spec(name, url or self.source.url(name), **overrides)
+        return await start_stream(self.temporal.client, spec, task_queue)
+
+    def in_process_worker(
+        self, task_queue: str, redis_url: str
+    ) -> AbstractAsyncContextManager[None]:
+        return in_process_worker(self.address, self.pg_url, redis_url, task_queue)
+
+    def worker_process(
+        self, task_queue: str, log: Path, *, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return worker_process(
+            self.address, self.pg_url, self.redis_url, task_queue, log, extra_env=extra_env
+        )
+
+    async def flowing(self, name: str, count: int, timeout: float = 60) -> None:
+        """Wait until ``count`` events of the stream are stored."""
+
+        async def check_count() -> bool:
+            return (await stored(self.log, name)).rows >= count
+
+        await wait_until(check_count, timeout=timeout, what=f"{name} to store {count} events")
+
+    async def ready_for_a_gap(self, name: str) -> None:
+        """1,000+ events stored and a lagging id exists (a replay has somewhere to start)."""
+
+        async def ready() -> bool:
+            checkpoint = await self.log.checkpoints.get_checkpoint(name)
+            return bool(checkpoint and checkpoint.lagging_id) and (
+                (await stored(self.log, name)).rows >= 1000
+            )
+
+        await wait_until(ready, timeout=60, what="1,000 events and a lagging id")
+
+    async def drain(
+        self, handle: WorkflowHandle, name: str, *, timeout: float = 120
+    ) -> StreamStatus:
+        """``drain_and_stop`` at the scenario's sizes."""
+        return await drain_and_stop(
+            handle, self.source, self.log, name, timeout=timeout, min_events=self.sizes.min_events
+        )
+
+    async def verdict(
+        self, scenario: str, faults: str, name: str, sampler: CursorSampler, status: StreamStatus
+    ) -> Verdict:
+        """Check the stream against the source's truth, add the row to the report, print it."""
+        log = self.log
+        verdict = check(
+            scenario,
+            self.source.truth(name),
+            await stored(log, name),
+            await log.gap_store.gaps(name),
+        )
+        verdict.faults = faults
+        verdict.regressions = sampler.regression_count
+        verdict.cursor_ahead = len(sampler.ahead)
+        verdict.samples = sampler.samples
+        verdict.recovered = status.counters.events_recovered
+        verdict.reread = status.counters.duplicates
+        self.verdicts.append(verdict)
+        print(f"\n{verdict}")
+        return verdict

@@ -1,0 +1,125 @@
+"""Chaos scenarios of the worker: the reading worker SIGKILLed or SIGTERMed and replaced,
+and a paused worker that comes back to write again (two writers of one cursor).
+
+Each scenario runs a source stream through Temporal, worker processes, PostgreSQL and
+Redis while faults are injected, drains the stream, and compares the source's ground
+truth with ``sse_events`` (:mod:`tests.chaos.checker`), as in tests/chaos/test_network.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHandle
+
+from tests.chaos.checker import CursorSampler, Verdict, stored
+from tests.chaos.harness import Chaos, assert_clean, end_process, reader_pid, unique, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+# -- 3 and 4. killing workers ---------------------------------------------------------------
+
+
+async def kill_readers(
+    how: signal.Signals, chaos: Chaos, tmp_path: Path
+) -> tuple[Verdict, CursorSampler, list[int]]:
+    """Kill whichever worker process runs the reader ``sizes.kills`` times; one replaces it."""
+    sizes = chaos.sizes
+    name = chaos.new_stream(how.name.lower())
+    task_queue = unique(how.name.lower())
+    processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
+    rereads: list[int] = []
+    try:
+        async with chaos.sampler(name) as sampler:
+            handle = await chaos.start(name, task_queue)
+            await chaos.flowing(name, 200, timeout=90)
+            for kill in range(sizes.kills):
+                await asyncio.sleep(max(1.0, sizes.seconds / sizes.kills))
+                pid = await _wait_reader(handle)
+                victim = next(p for p in processes if p.pid == pid)
+                before = await _duplicates(chaos, handle)
+                victim.send_signal(how)
+                await asyncio.to_thread(victim.wait, 60)
+                processes.remove(victim)
+                processes.append(chaos.worker_process(task_queue, tmp_path / f"r{kill}.log"))
+                await _wait_reader(handle, other_than=pid)
+                at_kill = (await stored(chaos.log, name)).rows
+                await chaos.flowing(name, at_kill + int(sizes.rate), timeout=90)
+                rereads.append(await _duplicates(chaos, handle) - before)
+            status = await chaos.drain(handle, name)
+    finally:
+        for process in processes:
+            end_process(process)
+    faults = f"{sizes.kills} x {how.name} of the reading worker (2 workers)"
+    scenario = "3 SIGKILL" if how is signal.SIGKILL else "4 SIGTERM"
+    verdict = await chaos.verdict(scenario, faults, name, sampler, status)
+    print(f"{scenario}: events re-read per kill: {rereads}")
+    return verdict, sampler, rereads
+
+
+async def _wait_reader(handle: WorkflowHandle, other_than: int | None = None) -> int:
+    found: list[int] = []
+
+    async def running() -> bool:
+        pid = await reader_pid(handle)
+        if pid is None or pid == other_than:
+            return False
+        found.append(pid)
+        return True
+
+    await wait_until(running, timeout=90, what="a worker process to run the reader")
+    return found[-1]
+
+
+async def _duplicates(chaos: Chaos, handle: WorkflowHandle) -> int:
+    """Rows re-read so far: the workflow's count plus the running attempt's heartbeat."""
+    from durable_sse.ops.control import stream_status
+
+    status = await stream_status(chaos.temporal.client, handle.id.split(":", 1)[1])
+    in_flight = status.get("in_flight") or {}
+    return int(status["counters"]["duplicates"]) + int(in_flight.get("duplicates", 0))
+
+
+async def test_3_sigkill_worker(chaos: Chaos, tmp_path: Path) -> None:
+    verdict, sampler, rereads = await kill_readers(signal.SIGKILL, chaos, tmp_path)
+    assert_clean(verdict, sampler)
+    assert len(rereads) == chaos.sizes.kills
+
+
+async def test_4_sigterm_worker(chaos: Chaos, tmp_path: Path) -> None:
+    verdict, sampler, rereads = await kill_readers(signal.SIGTERM, chaos, tmp_path)
+    assert_clean(verdict, sampler)
+    assert rereads == [0] * chaos.sizes.kills, f"re-read after a graceful stop: {rereads}"
+
+
+# -- 9. two writers of one cursor -------------------------------------------------------------
+
+
+async def test_9_paused_worker_comes_back(chaos: Chaos, tmp_path: Path) -> None:
+    name = chaos.new_stream("stop")
+    task_queue = unique("stop")
+    processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
+    rounds = 2
+    try:
+        async with chaos.sampler(name, every=0.05) as sampler:
+            handle = await chaos.start(name, task_queue)
+            await chaos.ready_for_a_gap(name)
+            for _ in range(rounds):
+                pid = await _wait_reader(handle)
+                os.kill(pid, signal.SIGSTOP)
+                await _wait_reader(handle, other_than=pid)  # heartbeat timeout: a new attempt
+                await asyncio.sleep(2)
+                os.kill(pid, signal.SIGCONT)  # the old attempt writes again
+                await asyncio.sleep(3)
+            status = await chaos.drain(handle, name)
+    finally:
+        for process in processes:
+            end_process(process)
+    faults = f"{rounds} x SIGSTOP past the heartbeat timeout, then SIGCONT"
+    verdict = await chaos.verdict("9 two writers", faults, name, sampler, status)
+    assert_clean(verdict, sampler)
