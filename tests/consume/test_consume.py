@@ -35,6 +35,7 @@ from durable_sse.consume.model import Position
 from durable_sse.gaps.model import GapChange, GapRecord
 from durable_sse.log.records import EventRecord
 from durable_sse.stores import Stores
+from tests.log.helpers import gap_opened
 from tests.sim.stores import MemoryEventLog
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -246,17 +247,7 @@ def _waiting_on_gap_row(pg_url: str, stream: str) -> bool:
 
 
 def gap_change(stream: str, gap_id: str, start: str, end: str | None) -> GapChange:
-    opened = GapRecord(
-        gap_id=gap_id,
-        stream=stream,
-        kind="comment",
-        start_id=start,
-        end_id=end,
-        notice_id=start,
-        seen_at=T0.isoformat(),
-        announced=0,
-    )
-    return GapChange(gap_id, opened=opened, contiguous=True)
+    return gap_opened(stream, gap_id, start, end, announced=0)
 
 
 async def submit(log: Stores, stream: str, events: list, *changes: GapChange) -> None:

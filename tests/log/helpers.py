@@ -107,7 +107,17 @@ def hold_the_lanes(log: Stores, *, taken: int = 0) -> list[Any]:
     ]
 
 
-def gap_opened(stream: str, gap_id: str, start: str | None, end: str | None, **fields: Any):
+def gap_opened(
+    stream: str,
+    gap_id: str,
+    start: str | None,
+    end: str | None,
+    *,
+    contiguous: bool = True,
+    **fields: Any,
+) -> GapChange:
+    """A comment gap opened after ``start`` and before ``end`` (noticed at ``start``, seen
+    at T0, unless ``fields`` say otherwise)."""
     gap = GapRecord(
         gap_id=gap_id,
         stream=stream,
@@ -115,10 +125,16 @@ def gap_opened(stream: str, gap_id: str, start: str | None, end: str | None, **f
         start_id=start,
         end_id=end,
         notice_id=fields.pop("notice_id", start),
-        seen_at=T0.isoformat(),
+        seen_at=fields.pop("seen_at", T0.isoformat()),
         **fields,
     )
-    return GapChange(gap_id, opened=gap, contiguous=True)
+    return GapChange(gap_id, opened=gap, contiguous=contiguous)
+
+
+async def persist(log: Stores, stream: str, ids: range, received_at: datetime) -> None:
+    """Store one event per id in ``ids`` (data ``e<id>``), received at ``received_at``."""
+    records = [record(str(i), at=received_at, data=f"e{i}") for i in ids]
+    await log.writer.insert_batch(stream, "numeric", records)
 
 
 async def commit(

@@ -37,7 +37,15 @@ ORDER = "numeric"
 LIVE = ConnectionPlan(route=Route.LIVE)
 
 
-def view(gap_id: str = "g1", start: str = "40", end: str | None = "50", resume: str | None = None):
+def view(
+    gap_id: str = "g1",
+    start: str = "40",
+    end: str | None = "50",
+    resume: str | None = None,
+    *,
+    seen_at: str = NOW.isoformat(),
+) -> GapView:
+    """An open comment gap after ``start`` and before ``end``, resuming from ``resume``."""
     return GapView(
         gap_id=gap_id,
         kind="comment",
@@ -45,7 +53,7 @@ def view(gap_id: str = "g1", start: str = "40", end: str | None = "50", resume: 
         end_id=end,
         resume_from=resume or start,
         announced=None,
-        seen_at=NOW.isoformat(),
+        seen_at=seen_at,
     )
 
 

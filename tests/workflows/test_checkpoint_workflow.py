@@ -36,11 +36,11 @@ from durable_sse.contracts import (
 )
 from durable_sse.cursor.rest import REST_NOTE, WAKE_NOTE
 from durable_sse.gaps.model import GapChange, GapRecord
-from durable_sse.log.records import EventRecord
 from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.stores import Stores
 from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
 from tests.conftest import open_stores
+from tests.log.helpers import persist
 
 POLL_LIMIT = 30.0
 """Safety bound on polling (a hang guard, not a timing assertion)."""
@@ -58,20 +58,6 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 async def event_log(pg_url: str) -> AsyncIterator[Stores]:
     async with open_stores(pg_url) as log:
         yield log
-
-
-async def persist(event_log: Stores, stream: str, ids: range, received_at: datetime) -> None:
-    records = [
-        EventRecord(
-            event_id=str(i),
-            event_ord=0,
-            event_type="message",
-            data=f"e{i}",
-            received_at=received_at,
-        )
-        for i in ids
-    ]
-    await event_log.writer.insert_batch(stream, "numeric", records)
 
 
 async def record_gap(event_log: Stores, stream: str, gap: GapChange) -> None:

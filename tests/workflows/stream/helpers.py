@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from temporalio import activity
@@ -48,6 +49,7 @@ from durable_sse.gaps.model import GapSummary, GapTotals, GapView
 from durable_sse.stores import Stores
 from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
 from durable_sse.workflows.stream import SCHEDULE_TIMER_SUMMARY, StreamState, StreamWorkflow
+from tests.workflows import route_helpers
 
 POLL_LIMIT = 30.0
 
@@ -240,6 +242,22 @@ async def wait_for(
         await asyncio.sleep(0.05)
 
 
+def on_state(
+    state: str, seen: list[StreamStatus], *signals: str
+) -> Callable[[WorkflowHandle], Awaitable[None]]:
+    """A ``during`` for ``run_stream``: wait until the status says ``state`` and keep it in
+    ``seen``, then send ``signals`` in turn, keeping the status after each but the last."""
+
+    async def during(handle: WorkflowHandle) -> None:
+        seen.append(await wait_for(handle, lambda s: s.state == state))
+        for index, name in enumerate(signals):
+            await handle.signal(name)
+            if index < len(signals) - 1:
+                seen.append(await handle.query(StreamWorkflow.status))
+
+    return during
+
+
 async def details_of(handle: WorkflowHandle) -> str:
     """The Web UI's current details (markdown)."""
     metadata = await handle.query("__temporal_workflow_metadata")
@@ -247,15 +265,7 @@ async def details_of(handle: WorkflowHandle) -> str:
 
 
 def view(gap_id: str, start: str, *, end: str | None = None, resume: str | None = None) -> GapView:
-    return GapView(
-        gap_id=gap_id,
-        kind="comment",
-        start_id=start,
-        end_id=end,
-        resume_from=resume or start,
-        announced=None,
-        seen_at=SEEN_AT,
-    )
+    return route_helpers.view(gap_id, start, end, resume, seen_at=SEEN_AT)
 
 
 def gaps(*open_gaps: GapView, **totals: int) -> GapSummary:
@@ -308,3 +318,40 @@ def drop_signal(last_cursor: str, read: ReadCounts, summary: GapSummary) -> Step
             gaps=summary,
         )
     )
+
+
+def connection(
+    outcome: Outcome,
+    last_cursor: str | None,
+    read: ReadCounts | None = None,
+    summary: GapSummary | None = None,
+    *,
+    start: str | None = None,
+    error: str | None = None,
+    retry_ms: int | None = None,
+    **step: Any,
+) -> Step:
+    """A connection from ``start`` that ends with ``outcome`` at ``last_cursor``, having
+    read ``read``, with the store's gap summary ``summary``; ``step`` adds to the step (a
+    probe, ``store_gaps``, a signal). A CANCELLED one keeps reading until the workflow
+    cancels it."""
+    result = ReadResult(
+        outcome,
+        start_cursor=start,
+        last_cursor=last_cursor,
+        counts=read or ReadCounts(),
+        gaps=summary,
+        error=error,
+        retry_ms=retry_ms,
+    )
+    if outcome is Outcome.CANCELLED:
+        return Step(hold=True, cancelled=result, **step)
+    return Step(result=result, **step)
+
+
+dropped = partial(connection, Outcome.DROPPED)
+"""A connection that the server ends (a disconnect)."""
+rotated = partial(connection, Outcome.ROTATED)
+"""A connection that the reader ends by itself (a rotation, a repair whose gaps closed)."""
+read_until_cancelled = partial(connection, Outcome.CANCELLED)
+"""A connection that keeps reading until the workflow cancels it."""

@@ -27,8 +27,10 @@ from tests.workflows.stream.helpers import (
     Step,
     counts,
     drop_signal,
+    dropped,
     gaps,
     new_spec,
+    on_state,
     routes,
     run_stream,
     view,
@@ -43,33 +45,10 @@ async def test_continue_as_new_keeps_state_and_counters(
     steps = [
         drop_signal("5", counts(5), gaps(g1)),
         # The repair, cut short by a disconnect.
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="1",
-                last_cursor="3",
-                counts=counts(2, new=0),
-                gaps=gaps(view("g1", "1", end="6", resume="3")),
-            )
-        ),
+        dropped("3", counts(2, new=0), gaps(view("g1", "1", end="6", resume="3")), start="1"),
         # --- continue-as-new: the open gap and the cut repair carry over
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="2",
-                last_cursor="7",
-                counts=counts(4, new=2),
-                gaps=gaps(repaired=1, events_recovered=2),
-            )
-        ),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                last_cursor="8",
-                counts=counts(1),
-                gaps=gaps(repaired=1, events_recovered=2),
-            )
-        ),
+        dropped("7", counts(4, new=2), gaps(repaired=1, events_recovered=2), start="2"),
+        dropped("8", counts(1), gaps(repaired=1, events_recovered=2)),
         # --- continue-as-new
     ]
     start = StreamState(max_connections_per_run=2, schedule_spread=0.0)
@@ -107,11 +86,7 @@ async def test_unknown_setting_in_json_input_parks(
     env: WorkflowEnvironment, event_log: Stores
 ) -> None:
     seen: list[StreamStatus] = []
-
-    async def stop_when_parked(handle: WorkflowHandle) -> None:
-        seen.append(await wait_for(handle, lambda s: s.state == "parked"))
-        await handle.signal(StreamWorkflow.stop)
-
+    stop_when_parked = on_state("parked", seen, "stop")
     spec = new_spec()
     raw = {"name": spec.name, "url": spec.url, "replay_windw": 5}
     run = await run_stream(env, event_log, [], spec=spec, raw_input=raw, during=stop_when_parked)
@@ -128,11 +103,7 @@ async def test_replay_since_that_is_not_a_time_is_ignored_loudly(
         handle = env.client.get_workflow_handle(f"sse-stream:{spec.name}")
         await handle.signal("replay", ReplaySignal(since="yesterday"))
 
-    steps = [
-        Step(
-            result=ReadResult(Outcome.DROPPED, last_cursor="4", counts=counts(4)), probe=bad_replay
-        )
-    ]
+    steps = [dropped("4", counts(4), probe=bad_replay)]
     run = await run_stream(env, event_log, steps, spec=spec)
     assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LIVE]
     assert "yesterday" in (run.status.last_error or "")
@@ -166,11 +137,7 @@ async def test_bad_json_input_parks_with_one_line_and_stop_ends_it(
     the input is never validated by the data converter, so a bad one parks the stream
     instead of failing workflow tasks forever; nothing runs, and stop ends it."""
     seen: list[StreamStatus] = []
-
-    async def stop_when_parked(handle: WorkflowHandle) -> None:
-        seen.append(await wait_for(handle, lambda s: s.state == "parked"))
-        await handle.signal(StreamWorkflow.stop)
-
+    stop_when_parked = on_state("parked", seen, "stop")
     spec = new_spec()
     raw = {"name": spec.name, "url": spec.url, **changes}
     raw = {key: value for key, value in raw.items() if value is not None}

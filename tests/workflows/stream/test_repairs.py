@@ -20,10 +20,10 @@ from durable_sse.contracts import (
     Route,
     StreamStatus,
 )
-from durable_sse.gaps.model import GapChange, GapRecord
-from durable_sse.log.records import EventRecord
+from durable_sse.gaps.model import GapChange
 from durable_sse.stores import Stores
 from durable_sse.workflows.stream import StreamState, StreamWorkflow
+from tests.log.helpers import commit, gap_opened, persist
 from tests.workflows.stream.helpers import (
     COMMENT,
     Step,
@@ -31,8 +31,11 @@ from tests.workflows.stream.helpers import (
     counts,
     details_of,
     drop_signal,
+    dropped,
     gaps,
     new_spec,
+    read_until_cancelled,
+    rotated,
     routes,
     run_stream,
     timers,
@@ -41,39 +44,22 @@ from tests.workflows.stream.helpers import (
 )
 
 
-async def persist(event_log: Stores, stream: str, ids: range, received_at: datetime) -> None:
-    records = [
-        EventRecord(
-            event_id=str(i),
-            event_ord=0,
-            event_type="message",
-            data=f"e{i}",
-            received_at=received_at,
-        )
-        for i in ids
-    ]
-    await event_log.writer.insert_batch(stream, "numeric", records)
-
-
 async def write_gaps(event_log: Stores, stream: str, *changes: GapChange) -> None:
     """Commit gap changes alone, the way the reader commits them with a batch."""
-    await event_log.writer.committed(
-        event_log.writer.submit_batch(stream, "numeric", [], gap_changes=changes)
-    )
+    await commit(event_log, stream, [], *changes)
 
 
 def opened(stream: str, gap_id: str, *, start: str, notice: str, end: str | None) -> GapChange:
-    gap = GapRecord(
-        gap_id=gap_id,
-        stream=stream,
-        kind="comment",
-        start_id=start,
-        end_id=end,
+    return gap_opened(
+        stream,
+        gap_id,
+        start,
+        end,
+        contiguous=False,
         notice_id=notice,
         seen_at=datetime.now(UTC).isoformat(),
         detail="dropping events",
     )
-    return GapChange(gap_id, opened=gap)
 
 
 async def activity_types_but_nudges(handle: WorkflowHandle) -> list[str]:
@@ -157,35 +143,12 @@ async def test_drop_signal_repairs_and_a_second_drop_inside_the_interval_is_thro
     steps = [
         drop_signal("10", counts(10), gaps(g1)),
         # The repair: re-reads g1, which the store now shows repaired.
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="3",
-                last_cursor="12",
-                counts=counts(9, new=2),
-                gaps=gaps(repaired=1),
-                retry_ms=58_000,
-            )
-        ),
+        dropped("12", counts(9, new=2), gaps(repaired=1), start="3", retry_ms=58_000),
         # 58 s after the repair started: a second drop signal, inside the interval.
         drop_signal("20", counts(8), gaps(g2, repaired=1)),
         # Live, until the interval allows the next lagged reconnect (~2 s real).
-        Step(
-            hold=True,
-            probe=look,
-            cancelled=ReadResult(
-                Outcome.CANCELLED, last_cursor="26", counts=counts(6), gaps=gaps(g2, repaired=1)
-            ),
-        ),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="14",
-                last_cursor="30",
-                counts=counts(16, new=4),
-                gaps=gaps(repaired=2),
-            )
-        ),
+        read_until_cancelled("26", counts(6), gaps(g2, repaired=1), probe=look),
+        dropped("30", counts(16, new=4), gaps(repaired=2), start="14"),
     ]
     run = await run_stream(env, event_log, steps, spec=spec)
 
@@ -260,24 +223,15 @@ async def test_a_repair_cut_short_resumes_at_once_and_the_gap_holds_the_checkpoi
                 Outcome.DROP_SIGNAL, last_cursor="12", counts=counts(4), drop=COMMENT
             ),
         ),
-        Step(
+        dropped(
+            "8",
+            counts(4, new=1),
+            start="4",
+            error="connection reset",
             probe=repair_cut,
             store_gaps=True,
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="4",
-                last_cursor="8",
-                counts=counts(4, new=1),
-                error="connection reset",
-            ),
         ),
-        Step(
-            probe=repair_done,
-            store_gaps=True,
-            result=ReadResult(
-                Outcome.ROTATED, start_cursor="7", last_cursor="12", counts=counts(5, new=2)
-            ),
-        ),
+        rotated("12", counts(5, new=2), start="7", probe=repair_done, store_gaps=True),
         Step(probe=live_again, hold=True, signal="stop"),
     ]
     run = await run_stream(env, event_log, steps, spec=spec)
@@ -323,23 +277,9 @@ async def test_a_finished_repair_leaves_no_resume_behind(
     steps = [
         drop_signal("10", counts(10), gaps(view("g1", "3", end="11"))),
         # The repair closed g1 and ended by itself.
-        Step(
-            result=ReadResult(
-                Outcome.ROTATED,
-                start_cursor="2",
-                last_cursor="12",
-                counts=counts(10, new=3),
-                gaps=gaps(repaired=1),
-            )
-        ),
+        rotated("12", counts(10, new=3), gaps(repaired=1), start="2"),
         Step(probe=suspect_then_refused, error=refusal),
-        Step(
-            probe=repair,
-            store_gaps=True,
-            result=ReadResult(
-                Outcome.DROPPED, start_cursor="11", last_cursor="16", counts=counts(5)
-            ),
-        ),
+        dropped("16", counts(5), start="11", probe=repair, store_gaps=True),
     ]
     run = await run_stream(env, event_log, steps, spec=spec, during=resume_when_parked)
 
@@ -377,13 +317,7 @@ async def test_a_result_lost_to_a_cancel_is_made_good_from_the_store(
 
     steps = [
         Step(hold=True, probe=gap_then_lost, signal="pause", reraise=True),
-        Step(
-            probe=repair,
-            store_gaps=True,
-            result=ReadResult(
-                Outcome.DROPPED, start_cursor="2", last_cursor="12", counts=counts(10, new=2)
-            ),
-        ),
+        dropped("12", counts(10, new=2), start="2", probe=repair, store_gaps=True),
     ]
     run = await run_stream(env, event_log, steps, spec=spec, during=resume_when_paused)
 
@@ -417,11 +351,7 @@ async def test_a_recorded_gap_the_workflow_did_not_know_starts_the_repair(
                 gaps=gaps(view("g7", "20", end="31")),
             )
         ),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED, last_cursor="45", counts=counts(25, new=10), gaps=gaps(repaired=1)
-            )
-        ),
+        dropped("45", counts(25, new=10), gaps(repaired=1)),
     ]
     run = await run_stream(env, event_log, steps)
     assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LAGGED, Route.LIVE]
@@ -441,47 +371,18 @@ async def test_an_explicit_replay_past_an_open_gap_yields_to_the_repair(
     steps = [
         drop_signal("10", counts(10), gaps(g1)),
         # The repair, interrupted by the replay signal.
-        Step(
-            hold=True,
+        read_until_cancelled(
+            "5",
+            counts(3, new=0),
+            gaps(view("g1", "3", resume="5")),
+            start="2",
             signal="replay",
             signal_arg=ReplaySignal(from_id="8"),
-            cancelled=ReadResult(
-                Outcome.CANCELLED,
-                start_cursor="2",
-                last_cursor="5",
-                counts=counts(3, new=0),
-                gaps=gaps(view("g1", "3", resume="5")),
-            ),
         ),
         # The replay from 8, interrupted when the interval allows the repair.
-        Step(
-            hold=True,
-            cancelled=ReadResult(
-                Outcome.CANCELLED,
-                start_cursor="8",
-                last_cursor="9",
-                counts=counts(1, new=0),
-                gaps=gaps(view("g1", "3", resume="5")),
-            ),
-        ),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="4",
-                last_cursor="10",
-                counts=counts(6, new=2),
-                gaps=gaps(repaired=1),
-            )
-        ),
-        Step(
-            result=ReadResult(
-                Outcome.ROTATED,
-                start_cursor="9",
-                last_cursor="11",
-                counts=counts(2, new=1),
-                gaps=gaps(repaired=1),
-            )
-        ),
+        read_until_cancelled("9", counts(1, new=0), gaps(view("g1", "3", resume="5")), start="8"),
+        dropped("10", counts(6, new=2), gaps(repaired=1), start="4"),
+        rotated("11", counts(2, new=1), gaps(repaired=1), start="9"),
     ]
     run = await run_stream(env, event_log, steps, spec=spec)
     assert routes(run) == [
@@ -508,34 +409,14 @@ async def test_replay_signal_variants(env: WorkflowEnvironment, event_log: Store
     steps = [
         # replay with no arguments: the lagged route, up to the live cursor
         Step(hold=True, signal="replay", cancelled=read_ten),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="3",
-                last_cursor="10",
-                counts=counts(7, new=0),
-                gaps=gaps(),
-            )
-        ),
+        dropped("10", counts(7, new=0), gaps(), start="3"),
         # from_id, with a reader that re-raises the cancellation (ActivityError path)
         Step(hold=True, signal="replay", signal_arg=ReplaySignal(from_id="4"), reraise=True),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED, start_cursor="4", last_cursor="7", counts=counts(3, new=0)
-            )
-        ),
-        Step(
-            result=ReadResult(
-                Outcome.ROTATED, start_cursor="7", last_cursor="10", counts=counts(3, new=0)
-            )
-        ),
+        dropped("7", counts(3, new=0), start="4"),
+        rotated("10", counts(3, new=0), start="7"),
         # since: resolved to the newest id persisted at or before it
         Step(hold=True, signal="replay", signal_arg=ReplaySignal(since=since)),
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED, start_cursor="5", last_cursor="10", counts=counts(5, new=0)
-            )
-        ),
+        dropped("10", counts(5, new=0), start="5"),
     ]
     run = await run_stream(env, event_log, steps, spec=spec)
     assert routes(run) == [

@@ -32,6 +32,8 @@ from tests.workflows.stream.helpers import (
     counts,
     details_of,
     new_spec,
+    on_state,
+    read_until_cancelled,
     routes,
     run_stream,
     timers,
@@ -41,11 +43,7 @@ from tests.workflows.stream.helpers import (
 
 async def test_no_content_stops_until_resumed(env: WorkflowEnvironment, event_log: Stores) -> None:
     seen: list[StreamStatus] = []
-
-    async def resume_when_stopped(handle: WorkflowHandle) -> None:
-        seen.append(await wait_for(handle, lambda s: s.state == "stopped-by-server"))
-        await handle.signal(StreamWorkflow.resume)
-
+    resume_when_stopped = on_state("stopped-by-server", seen, "resume")
     steps = [Step(result=ReadResult(Outcome.NO_CONTENT, status_code=204))]
     run = await run_stream(env, event_log, steps, during=resume_when_stopped)
     assert seen[0].last_outcome == "no_content"
@@ -54,11 +52,7 @@ async def test_no_content_stops_until_resumed(env: WorkflowEnvironment, event_lo
 
 async def test_refusal_parks_until_resumed(env: WorkflowEnvironment, event_log: Stores) -> None:
     seen: list[StreamStatus] = []
-
-    async def resume_when_parked(handle: WorkflowHandle) -> None:
-        seen.append(await wait_for(handle, lambda s: s.state == "parked"))
-        await handle.signal(StreamWorkflow.resume)
-
+    resume_when_parked = on_state("parked", seen, "resume")
     refusal = ApplicationError(
         "HTTP 401 from the server", type="StreamRefusedError", non_retryable=True
     )
@@ -107,13 +101,7 @@ async def test_invalid_spec_parks_and_stop_completes(
     env: WorkflowEnvironment, event_log: Stores
 ) -> None:
     seen: list[StreamStatus] = []
-
-    async def stop_when_parked(handle: WorkflowHandle) -> None:
-        seen.append(await wait_for(handle, lambda s: s.state == "parked"))
-        await handle.signal(StreamWorkflow.resume)  # cannot help: still parked
-        seen.append(await handle.query(StreamWorkflow.status))
-        await handle.signal(StreamWorkflow.stop)
-
+    stop_when_parked = on_state("parked", seen, "resume", "stop")  # the resume cannot help
     spec = new_spec(url="ftp://example.com/feed")
     run = await run_stream(env, event_log, [], spec=spec, during=stop_when_parked)
     assert "'url'" in (seen[0].last_error or "")
@@ -126,13 +114,7 @@ async def test_a_workflow_whose_id_names_another_stream_parks_and_touches_nothin
     env: WorkflowEnvironment, event_log: Stores
 ) -> None:
     seen: list[StreamStatus] = []
-
-    async def stop_when_parked(handle: WorkflowHandle) -> None:
-        seen.append(await wait_for(handle, lambda s: s.state == "parked"))
-        await handle.signal(StreamWorkflow.resume)  # cannot help: still parked
-        seen.append(await handle.query(StreamWorkflow.status))
-        await handle.signal(StreamWorkflow.stop)
-
+    stop_when_parked = on_state("parked", seen, "resume", "stop")  # the resume cannot help
     spec = new_spec()
     other = f"sse-stream:other-{uuid.uuid4().hex[:8]}"
     run = await run_stream(
@@ -194,9 +176,7 @@ async def test_pause_then_resume_resumes_live(env: WorkflowEnvironment, event_lo
         details.append(await details_of(handle))
         await handle.signal(StreamWorkflow.resume)
 
-    steps = [
-        Step(hold=True, signal="pause", cancelled=ReadResult(Outcome.CANCELLED, last_cursor="3"))
-    ]
+    steps = [read_until_cancelled("3", signal="pause")]
     run = await run_stream(env, event_log, steps, during=resume_when_paused)
     assert [r for r, _ in routes(run)] == [Route.LIVE, Route.LIVE]
     assert run.status.live_cursor == "3"

@@ -23,8 +23,10 @@ from tests.workflows.stream.helpers import (
     counts,
     details_of,
     drop_signal,
+    dropped,
     gaps,
     new_spec,
+    read_until_cancelled,
     routes,
     run_stream,
     view,
@@ -46,15 +48,7 @@ async def test_unrecoverable_gap_is_counted_and_exported_as_metrics(
     steps = [
         drop_signal("10", counts(10), gaps(view("g1", "2", end="11"))),
         # The history no longer reaches the gap: the store closed it, 7 events lost.
-        Step(
-            result=ReadResult(
-                Outcome.DROPPED,
-                start_cursor="1",
-                last_cursor="15",
-                counts=counts(5),
-                gaps=gaps(unrecoverable=1, events_unrecoverable=7),
-            )
-        ),
+        dropped("15", counts(5), gaps(unrecoverable=1, events_unrecoverable=7), start="1"),
     ]
     run = await run_stream(env, event_log, steps)
     c = run.status.counters
@@ -128,22 +122,18 @@ async def test_status_shows_open_gaps_counters_and_details(
                 ),
             )
         ),
-        Step(
-            hold=True,
-            cancelled=ReadResult(
-                Outcome.CANCELLED,
-                start_cursor="4",
-                last_cursor="8",
-                counts=counts(4, new=0),
-                gaps=gaps(
-                    view("g1", "5", resume="8"),
-                    repaired=3,
-                    unrecoverable=3,
-                    events_unrecoverable=9,
-                    unknown_size=1,
-                    events_recovered=14,
-                ),
+        read_until_cancelled(
+            "8",
+            counts(4, new=0),
+            gaps(
+                view("g1", "5", resume="8"),
+                repaired=3,
+                unrecoverable=3,
+                events_unrecoverable=9,
+                unknown_size=1,
+                events_recovered=14,
             ),
+            start="4",
         ),
     ]
     spec = new_spec()
