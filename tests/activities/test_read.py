@@ -45,7 +45,6 @@ from durable_sse.stores import Stores
 from durable_sse.workflows.stream import READ_MARGIN, READ_RETRY
 from tests.reader.helpers import (
     GUARD,
-    Heartbeats,
     events,
     gap_rows,
     make_spec,
@@ -53,6 +52,7 @@ from tests.reader.helpers import (
     read,
     stored,
     stored_ids,
+    watched,
 )
 
 READ_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
@@ -181,9 +181,7 @@ async def test_keepalives_more_frequent_than_heartbeats_do_not_silence_them(
     monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.3)
     source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0.03, paused=True))
     spec = make_spec(source.url(stream_name), stream_name)
-    beats = Heartbeats()
-    env = ActivityEnvironment()
-    env.on_heartbeat = beats
+    env, beats = watched()
     task = asyncio.create_task(
         env.run(reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0"))
     )
@@ -265,9 +263,7 @@ async def test_a_server_slow_to_answer_does_not_silence_heartbeats(
     """Response headers may take up to idle_timeout, longer than the heartbeat timeout:
     without heartbeats meanwhile Temporal would time the attempt out and retry it."""
     monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
-    beats = Heartbeats()
-    env = ActivityEnvironment()
-    env.on_heartbeat = beats
+    env, beats = watched()
 
     async def answer_late(reader_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader_.readuntil(b"\r\n\r\n")
@@ -361,9 +357,7 @@ async def test_a_nudge_makes_a_quiet_connection_heartbeat_at_once(
     spec = make_spec(source.url(stream_name), stream_name)
     l2 = RedisCursors(redis_url)
     nudges, other_worker = Nudges(redis_url), Nudges(redis_url)
-    beats = Heartbeats()
-    env = ActivityEnvironment()
-    env.on_heartbeat = beats
+    env, beats = watched()
     try:
         async with httpx.AsyncClient(follow_redirects=False) as http:
             reader = ReadActivities(http=http, stores=replace(pg_stores, l2=l2), nudges=nudges)
@@ -440,6 +434,16 @@ class Blocker:
     async def hold(self, sql: str, params: tuple[Any, ...] = ()) -> None:
         await self.holder.execute(sql, params)
 
+    async def insert_uncommitted(self, stream: str, event_id: str) -> None:
+        """Insert ``event_id`` and keep the transaction open: the reader's insert of the
+        batch holding that id waits for it, and so do the batches after it."""
+        await self.hold(
+            "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, "
+            "event_type, data, received_at) "
+            "VALUES (%s, %s, 0, '', %s, 'tick', 'held', now())",
+            (stream, event_id, sort_key(event_id, "numeric")),
+        )
+
     async def waiting(self) -> int:
         cursor = await self.watcher.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
@@ -468,20 +472,13 @@ async def test_heartbeats_go_on_while_a_commit_waits_on_the_database(
     monkeypatch.setattr(heartbeat_policy, "HEARTBEAT_INTERVAL", 0.05)
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=300, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name, batch_max_events=10)
-    beats = Heartbeats()
-    env = ActivityEnvironment()
-    env.on_heartbeat = beats
+    env, beats = watched()
     task: asyncio.Task[ReadResult] | None = None
     try:
         async with Blocker(pg_url) as blocker:
             # Id 25 inserted and not committed: the reader's insert of the batch holding 25
             # waits for this transaction, and so do the batches after it.
-            await blocker.hold(
-                "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, "
-                "event_type, data, received_at) "
-                "VALUES (%s, '25', 0, '', %s, 'tick', 'held', now())",
-                (stream_name, sort_key("25", "numeric")),
-            )
+            await blocker.insert_uncommitted(stream_name, "25")
             task = asyncio.create_task(
                 env.run(
                     reader.read_stream, ReadInput(spec=spec, route=Route.EXPLICIT, start_id="0")
@@ -519,9 +516,7 @@ async def test_a_retried_attempt_heartbeats_its_start_while_the_store_is_slow(
     dead = asdict(
         ReadProgress(cursor="25", start_cursor="10", counts=ReadCounts(events_read=15, new_rows=15))
     )
-    beats = Heartbeats()
-    env = ActivityEnvironment()
-    env.on_heartbeat = beats
+    env, beats = watched()
     env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[dead])
     task: asyncio.Task[ReadResult] | None = None
     try:
@@ -571,20 +566,13 @@ async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/events"
     spec = make_spec(url, stream_name, batch_max_events=10)
-    beats = Heartbeats()
-    env = ActivityEnvironment()
-    env.on_heartbeat = beats
+    env, beats = watched()
     task: asyncio.Task[ReadResult] | None = None
     try:
         async with Blocker(pg_url) as blocker:
             # Id 25 inserted and not committed: the batch holding 25 waits, and with it
             # the reader once MAX_BATCHES_IN_FLIGHT batches wait; the rest is read ahead.
-            await blocker.hold(
-                "INSERT INTO sse_events (stream, event_id, event_ord, follower_key, id_key, "
-                "event_type, data, received_at) "
-                "VALUES (%s, '25', 0, '', %s, 'tick', 'held', now())",
-                (stream_name, sort_key("25", "numeric")),
-            )
+            await blocker.insert_uncommitted(stream_name, "25")
             task = asyncio.create_task(
                 env.run(reader.read_stream, ReadInput(spec=spec, route=Route.LIVE))
             )

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from temporalio.runtime import MetricBuffer
 from temporalio.testing import ActivityEnvironment
 
 from durable_sse.activities.read import ReadActivities
@@ -66,6 +67,14 @@ class Heartbeats(list[dict[str, Any]]):
                 await self._more.wait()
 
 
+def watched(env: ActivityEnvironment | None = None) -> tuple[ActivityEnvironment, Heartbeats]:
+    """An activity environment (``env``, or a new one) whose heartbeats are kept."""
+    beats = Heartbeats()
+    env = env or ActivityEnvironment()
+    env.on_heartbeat = beats
+    return env, beats
+
+
 async def read(
     reader: ReadActivities,
     spec: StreamSpec,
@@ -73,11 +82,18 @@ async def read(
     env: ActivityEnvironment | None = None,
     **fields: Any,
 ) -> tuple[ReadResult, Heartbeats]:
-    beats = Heartbeats()
-    env = env or ActivityEnvironment()
-    env.on_heartbeat = beats
+    env, beats = watched(env)
     result = await env.run(reader.read_stream, ReadInput(spec=spec, **fields))
     return result, beats
+
+
+def metric_total(buffer: MetricBuffer, name: str, stream: str) -> float:
+    """The sum of the stream's updates of metric ``name`` that ``buffer`` holds."""
+    return sum(
+        update.value
+        for update in buffer.retrieve_updates()
+        if update.metric.name == name and update.attributes.get("stream") == stream
+    )
 
 
 async def query(log: Stores, sql: str, **params: Any) -> list[tuple[Any, ...]]:

@@ -28,6 +28,7 @@ from tests.reader.helpers import (
     events,
     gap_rows,
     make_spec,
+    metric_total,
     numbers,
     query,
     read,
@@ -272,13 +273,7 @@ async def test_a_reconnect_of_a_stream_without_ids_records_its_loss_window(
         ("no_resume", "unrecoverable", None, None)
     ] * 2
     assert len(await stored(pg_event_log, stream_name)) == 6
-    exported = [
-        update.value
-        for update in buffer.retrieve_updates()
-        if update.metric.name == "durable_sse_reconnects_without_cursor"
-        and update.attributes.get("stream") == stream_name
-    ]
-    assert sum(exported) == 2
+    assert metric_total(buffer, "durable_sse_reconnects_without_cursor", stream_name) == 2
 
 
 async def test_contiguous_ids_that_are_no_counters_are_counted_not_fatal(

@@ -22,6 +22,7 @@ from tests.reader.helpers import (
     CannedServer,
     events,
     make_spec,
+    metric_total,
     read,
     retained,
     stored_ids,
@@ -57,13 +58,7 @@ async def test_ids_out_of_order_under_the_id_order_are_counted_and_exported(
     assert result.counts == ReadCounts(events_read=4, new_rows=4, ids_out_of_order=out_of_order)
     assert result.last_cursor == cursor
     assert await stored_ids(pg_event_log, stream_name) == ["10A", "9A", "AA10", "AA9B"]
-    exported = [
-        update.value
-        for update in buffer.retrieve_updates()
-        if update.metric.name == "durable_sse_ids_out_of_order"
-        and update.attributes.get("stream") == stream_name
-    ]
-    assert sum(exported) == out_of_order
+    assert metric_total(buffer, "durable_sse_ids_out_of_order", stream_name) == out_of_order
     warned = [r for r in caplog.records if "ids_out_of_order" in r.getMessage()]
     assert len(warned) == min(out_of_order, 1)  # once per connection
 
@@ -123,13 +118,7 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
     ]
     assert len(warned) == 2  # once per connection that met reused ids
     assert "id '1'" in warned[0] and "'5'" in warned[0]
-    exported = [
-        update.value
-        for update in buffer.retrieve_updates()
-        if update.metric.name == "durable_sse_ids_reused"
-        and update.attributes.get("stream") == stream_name
-    ]
-    assert sum(exported) == 5
+    assert metric_total(buffer, "durable_sse_ids_reused", stream_name) == 5
 
 
 async def test_a_replay_over_reused_ids_stores_them_and_skips_what_is_stored(
@@ -195,11 +184,5 @@ async def test_ids_the_horizon_drops_are_counted_logged_once_and_exported(
     assert (await stored_ids(pg_event_log, stream_name))[-2:] == ["41", "42"]
     logged = [r.getMessage() for r in caplog.records if "retention horizon" in r.getMessage()]
     assert len(logged) == 1 and "'tick-a'" in logged[0] and "'28'" in logged[0]
-    exported = [
-        update.value
-        for update in buffer.retrieve_updates()
-        if update.metric.name == "durable_sse_dropped_by_horizon"
-        and update.attributes.get("stream") == stream_name
-    ]
-    assert sum(exported) == 3
+    assert metric_total(buffer, "durable_sse_dropped_by_horizon", stream_name) == 3
     assert await pg_event_log.readers.readers(stream_name) == []

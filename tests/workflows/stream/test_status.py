@@ -17,6 +17,7 @@ from durable_sse.contracts import (
 from durable_sse.ops.metrics import WorkflowMetrics
 from durable_sse.stores import Stores
 from durable_sse.workflows.stream import StreamWorkflow
+from tests.reader.helpers import metric_total
 from tests.workflows.stream.helpers import (
     COMMENT,
     Step,
@@ -32,14 +33,6 @@ from tests.workflows.stream.helpers import (
     view,
     wait_for,
 )
-
-
-def metric_total(buffer: MetricBuffer, name: str, stream: str) -> float:
-    return sum(
-        update.value
-        for update in buffer.retrieve_updates()
-        if update.metric.name == name and update.attributes.get("stream") == stream
-    )
 
 
 async def test_unrecoverable_gap_is_counted_and_exported_as_metrics(
