@@ -52,6 +52,12 @@ async def stored(log: Stores, stream: str) -> list[tuple[Any, ...]]:
     )
 
 
+async def event_ids(log: Stores, stream: str) -> list[str]:
+    """The ids of a stream's stored events, in insertion (seq) order."""
+    sql = "SELECT event_id FROM sse_events WHERE stream = :s ORDER BY seq"
+    return [row[0] for row in await query(log, sql, s=stream)]
+
+
 async def execute(log: Stores, *statements: str) -> None:
     def run() -> None:
         with log.database.engine.begin() as connection:

@@ -35,6 +35,7 @@ from durable_sse.log.retention import (
     choose_deletions,
 )
 from durable_sse.stores import Stores
+from tests.log.helpers import event_ids
 from tests.sim.stores import MemoryEventLog
 
 T0 = datetime(2026, 11, 1, 12, 0, 0, tzinfo=UTC)
@@ -62,18 +63,6 @@ def gap(stream: str, gap_id: str, start: str | None, end: str | None = None) -> 
         end_id=end,
         seen_at=T0.isoformat(),
     )
-
-
-async def stored_ids(log: Stores, stream: str) -> list[str]:
-    def run() -> list[str]:
-        with log.database.engine.connect() as connection:
-            rows = connection.execute(
-                sa.text("SELECT event_id FROM sse_events WHERE stream = :s ORDER BY seq"),
-                {"s": stream},
-            )
-            return [row[0] for row in rows]
-
-    return await asyncio.to_thread(run)
 
 
 async def minutely(log: Stores, stream: str, ids: range, *, start: datetime = T0) -> None:
@@ -253,14 +242,14 @@ async def test_deletes_in_bounded_batches_and_never_the_lagging_id_nor_the_row_b
     assert (first.deleted, first.batches, first.complete) == (20, 2, False)
     assert seen == [10]  # awaited between the two batches (the activity heartbeats there)
     assert (first.keep_from, first.held_by) == ("30", HELD_BY_LAGGING)
-    assert (await stored_ids(event_log, stream_name))[0] == "21"
+    assert (await event_ids(event_log, stream_name))[0] == "21"
 
     second = await event_log.prune.apply_retention(
         stream_name, "numeric", cutoff=cutoff, batch_rows=10, max_batches=5
     )
     assert (second.deleted, second.complete) == (8, True)
     # The row before the fence stays too: a repair of a gap there would start from it.
-    assert await stored_ids(event_log, stream_name) == [str(i) for i in range(29, 41)]
+    assert await event_ids(event_log, stream_name) == [str(i) for i in range(29, 41)]
     state = second.state
     assert (state.deleted_rows, state.horizon_id, state.oldest_kept_id) == (28, "28", "29")
     assert state.oldest_kept_at == T0 + 29 * MINUTE
@@ -276,7 +265,7 @@ async def test_rows_younger_than_the_retention_stay(event_log: Stores, stream_na
         stream_name, "numeric", cutoff=T0 + 12 * MINUTE + timedelta(seconds=30), batch_rows=5
     )
     assert run.deleted == 12 and run.complete
-    assert (await stored_ids(event_log, stream_name))[0] == "13"
+    assert (await event_ids(event_log, stream_name))[0] == "13"
 
 
 async def test_an_open_gap_keeps_its_start_row_the_row_before_and_everything_after(
@@ -288,7 +277,7 @@ async def test_an_open_gap_keeps_its_start_row_the_row_before_and_everything_aft
     await open_gap(event_log, stream_name, "8", "12")
     run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert (run.deleted, run.keep_from, run.held_by) == (6, "8", HELD_BY_GAP)
-    assert (await stored_ids(event_log, stream_name))[0] == "7"
+    assert (await event_ids(event_log, stream_name))[0] == "7"
     # The row before it stays too: the repair starts there, so that its first event
     # shows whether the server's history still reaches the gap (the witness is 8).
     repair = await event_log.starts.connection_context(
@@ -350,7 +339,7 @@ async def test_re_sent_ids_older_than_the_horizon_are_dropped_and_counted_apart(
     )
     # The id-less event and 21 are new; a follower of the deleted id 8 is dropped.
     assert (fresh.new_rows, fresh.duplicates, fresh.dropped_by_horizon) == (2, 0, 1)
-    ids = await stored_ids(event_log, stream_name)
+    ids = await event_ids(event_log, stream_name)
     assert ids == [*map(str, range(9, 16)), "18", "19", "20", "16", "17", "", "21"]
 
 
@@ -369,7 +358,7 @@ async def test_batches_of_one_group_keep_their_order_when_the_horizon_drops_rows
         (80, 0, 8),
         (80, 0, 0),
     ]
-    ids = await stored_ids(event_log, stream_name)
+    ids = await event_ids(event_log, stream_name)
     assert ids == [str(i) for i in [*range(9, 21), *range(100, 260)]]
 
 
@@ -425,7 +414,7 @@ async def test_a_stream_without_a_lagging_id_keeps_its_ids(
     await minutely(event_log, stream_name, range(1, 6))
     run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert (run.deleted, run.held_by) == (0, HELD_BY_NO_LAGGING)
-    assert len(await stored_ids(event_log, stream_name)) == 5
+    assert len(await event_ids(event_log, stream_name)) == 5
 
 
 async def test_a_stream_without_ids_loses_its_old_rows_only(
@@ -438,7 +427,7 @@ async def test_a_stream_without_ids_loses_its_old_rows_only(
         stream_name, "numeric", cutoff=T0 + 6 * MINUTE, batch_rows=4
     )
     assert (run.deleted, run.batches, run.complete) == (6, 2, True)
-    assert len(await stored_ids(event_log, stream_name)) == 4
+    assert len(await event_ids(event_log, stream_name)) == 4
 
 
 async def test_other_streams_are_untouched(event_log: Stores, stream_name: str) -> None:
@@ -448,7 +437,7 @@ async def test_other_streams_are_untouched(event_log: Stores, stream_name: str) 
         await set_lagging(event_log, name, 8)
     run = await event_log.prune.apply_retention(stream_name, "numeric", cutoff=T0 + 100 * MINUTE)
     assert run.deleted == 6
-    assert len(await stored_ids(event_log, other)) == 10
+    assert len(await event_ids(event_log, other)) == 10
     assert (await event_log.prune.retention_state(other)).deleted_rows == 0
     resent = await event_log.writer.insert_batch(other, "numeric", [record("1", T0)])
     assert resent.duplicates == 1  # the other stream has no horizon: plain dedup
@@ -510,7 +499,7 @@ async def test_a_stream_under_another_id_order_is_refused_and_nothing_changes(
     and change nothing."""
     await retained(event_log, stream_name, stored)
     before = (
-        await stored_ids(event_log, stream_name),
+        await event_ids(event_log, stream_name),
         await event_log.checkpoints.get_checkpoint(stream_name),
         await event_log.prune.retention_state(stream_name),
     )
@@ -523,7 +512,7 @@ async def test_a_stream_under_another_id_order_is_refused_and_nothing_changes(
     with pytest.raises(IdOrderMismatchError):
         await event_log.prune.apply_retention(stream_name, other, cutoff=FAR + 1000 * MINUTE)
     after = (
-        await stored_ids(event_log, stream_name),
+        await event_ids(event_log, stream_name),
         await event_log.checkpoints.get_checkpoint(stream_name),
         await event_log.prune.retention_state(stream_name),
     )
@@ -559,7 +548,7 @@ async def test_the_checkpoint_activities_refuse_another_order_loudly(
     errors = [r for r in caplog.records if r.levelname == "ERROR" and "refused" in r.getMessage()]
     assert len(errors) == 2
     assert (await event_log.prune.retention_state(stream_name)).deleted_rows == 28
-    assert len(await stored_ids(event_log, stream_name)) == 12
+    assert len(await event_ids(event_log, stream_name)) == 12
 
 
 async def test_the_first_connection_records_the_streams_order(
@@ -614,7 +603,7 @@ async def test_a_lagged_replay_keeps_what_it_re_reads_while_the_lagging_id_moves
     assert (await event_log.writer.committed(repair)).dropped_by_horizon == 0
     (closed,) = await event_log.gap_store.gaps(stream_name)
     assert (closed.state, closed.missing) == ("repaired", 0)
-    assert (await stored_ids(event_log, stream_name))[0] == "8"
+    assert (await event_ids(event_log, stream_name))[0] == "8"
     # The connection ends: the lagging id holds the fence again.
     await event_log.readers.release_reader(stream_name, "lagged")
     assert await event_log.readers.readers(stream_name) == []
@@ -673,7 +662,7 @@ async def test_a_gap_committed_mid_run_keeps_its_start_row(
     )
     assert (run.deleted, run.keep_from, run.held_by) == (10, "12", HELD_BY_GAP)
     assert run.state.horizon_id == "10"
-    assert (await stored_ids(event_log, stream_name))[0] == "11"  # the row before it too
+    assert (await event_ids(event_log, stream_name))[0] == "11"  # the row before it too
     (recorded,) = await event_log.gap_store.gaps(stream_name)
     assert (recorded.start_id, recorded.state) == ("12", "open")
 
@@ -712,7 +701,7 @@ async def test_ids_the_horizon_drops_are_counted_apart_from_duplicates(
     )
     assert (result.new_rows, result.duplicates, result.dropped_by_horizon) == (1, 1, 2)
     assert (result.dropped_id, result.horizon_id) == ("tick-a", "28")
-    assert (await stored_ids(event_log, stream_name))[-1] == "41"
+    assert (await event_ids(event_log, stream_name))[-1] == "41"
 
 
 async def test_the_simulations_store_deletes_what_the_real_one_deletes(
@@ -762,7 +751,7 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
 
     async def agree() -> None:
         kept = [row.event_id for row in memory.rows.values()]
-        assert await stored_ids(event_log, stream_name) == kept
+        assert await event_ids(event_log, stream_name) == kept
         state = await event_log.prune.retention_state(stream_name)
         horizon = memory.horizon[1] if memory.horizon is not None else None
         assert (state.horizon_id, state.deleted_rows) == (horizon, memory.deleted_rows)
@@ -770,7 +759,7 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
     await both_run(gap_mid_run=True)
     await agree()
     # The row before the gap's start (a repair starts there) and everything after it.
-    assert (await stored_ids(event_log, stream_name))[0] == "7"
+    assert (await event_ids(event_log, stream_name))[0] == "7"
     close = GapChange("g", close=True, contiguous=True)
     await event_log.writer.committed(
         event_log.writer.submit_batch(stream_name, "numeric", [], gap_changes=[close])
@@ -780,7 +769,7 @@ async def test_the_simulations_store_deletes_what_the_real_one_deletes(
     memory.release_reader("r")
     await both_run(gap_mid_run=False)
     await agree()
-    assert (await stored_ids(event_log, stream_name))[0] == "29"
+    assert (await event_ids(event_log, stream_name))[0] == "29"
     later = [record(str(i), FAR) for i in (*range(5, 35), 41)]
     real = await event_log.writer.insert_batch(stream_name, "numeric", later)
     simulated = memory.commit(later, [], now=FAR)
