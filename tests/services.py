@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import FrameType
 
 import psycopg
@@ -143,3 +145,24 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _saved_env.clear()
         signal.signal(signal.SIGTERM, _saved_sigterm)  # type: ignore[arg-type]
         _saved_sigterm = None
+
+
+def throwaway_redis(binary: str | Path, port: int, directory: Path) -> subprocess.Popen[bytes]:
+    """A redis-server on 127.0.0.1:``port`` that persists nothing (it comes back empty)."""
+    return subprocess.Popen(
+        [
+            str(binary),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

@@ -18,6 +18,7 @@ from durable_sse.ops.binaries import redis_server as redis_binary
 from tests import services
 from tests.chaos.checker import stored
 from tests.chaos.harness import Chaos, assert_clean, end_process, free_port, read_results, unique
+from tests.services import throwaway_redis
 
 pytestmark = pytest.mark.slow
 
@@ -31,22 +32,7 @@ async def test_7_redis_down_then_back_empty(chaos: Chaos, tmp_path: Path) -> Non
     redis_url = f"redis://127.0.0.1:{port}/0"
 
     def start_redis() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [
-                redis_binary(),
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(tmp_path),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        return throwaway_redis(redis_binary(), port, tmp_path)
 
     server = start_redis()
     name = chaos.new_stream("redis")

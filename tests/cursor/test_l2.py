@@ -20,6 +20,7 @@ from durable_sse.cursor.l2 import (
     cursor_value,
 )
 from durable_sse.ids import IdOrder, compare_ids, sort_key
+from tests.services import throwaway_redis
 
 REDIS_SERVER = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "redis-server"
 TTL_MS = 7 * 86_400_000
@@ -449,23 +450,7 @@ async def _wait_for_redis(url: str) -> None:
 
 def _start_redis(port: int, directory: Path) -> subprocess.Popen[bytes]:
     assert REDIS_SERVER.exists(), f"{REDIS_SERVER} is missing"
-    return subprocess.Popen(
-        [
-            str(REDIS_SERVER),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(directory),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    return throwaway_redis(REDIS_SERVER, port, directory)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
