@@ -151,6 +151,19 @@ async def commit(
     )
 
 
+async def refuse_inserts(log: Stores, trigger: str, when: str) -> str:
+    """A PostgreSQL trigger that refuses ('refused by the test') every row of
+    ``sse_events`` matching ``when`` (SQL on ``NEW``); returns the statement dropping it."""
+    await execute(
+        log,
+        "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+        f"CREATE TRIGGER {trigger} BEFORE INSERT ON sse_events FOR EACH ROW "
+        f"WHEN ({when}) EXECUTE FUNCTION durable_sse_test_refuse()",
+    )
+    return f"DROP TRIGGER {trigger} ON sse_events"
+
+
 async def query_commit(log: Stores, sql: str) -> None:
     def run() -> None:
         with log.database.engine.begin() as connection:

@@ -18,6 +18,7 @@ from tests.log.helpers import (
     execute,
     gap_opened,
     record,
+    refuse_inserts,
 )
 
 
@@ -99,19 +100,13 @@ async def test_a_gap_is_recorded_with_its_batch_or_not_at_all(
     """Invariant 5: the gap record commits in the batch's own transaction."""
     log = pg_event_log
     trigger = f"refuse_{stream_name.replace('-', '_')}"
-    await execute(
-        log,
-        "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
-        "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
-        f"CREATE TRIGGER {trigger} BEFORE INSERT ON sse_events FOR EACH ROW "
-        f"WHEN (NEW.stream = '{stream_name}' AND NEW.event_id = '9') "
-        "EXECUTE FUNCTION durable_sse_test_refuse()",
-    )
+    when = f"NEW.stream = '{stream_name}' AND NEW.event_id = '9'"
+    drop = await refuse_inserts(log, trigger, when)
     try:
         with pytest.raises(StoreError, match="refused by the test"):
             await commit(log, stream_name, [record("9")], gap_opened(stream_name, "a", "5", "9"))
     finally:
-        await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
+        await execute(log, drop)
     assert await log.gap_store.gaps(stream_name) == []
     assert await commit(log, stream_name, [record("9")], gap_opened(stream_name, "a", "5", "9"))
     (gap,) = await log.gap_store.gaps(stream_name)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,24 +85,39 @@ SCHEMA_2_ROWS = (
 )
 
 
+@asynccontextmanager
+async def an_empty_database(backend: str, pg_url: str, sqlite_file: Path) -> AsyncIterator[Stores]:
+    """An event log on an empty database to build an old schema in: a PostgreSQL schema
+    of its own (dropped afterwards), or ``sqlite_file``."""
+    admin = Stores.open(pg_url)
+    schema = "dsse_" + uuid.uuid4().hex[:10]
+    if backend == "postgresql":
+        await query_commit(admin, f"CREATE SCHEMA {schema}")
+        url = f"{pg_url}?options=-csearch_path%3D{schema}"
+    else:
+        url = f"sqlite:///{sqlite_file}"
+    old = Stores.open(url)
+    try:
+        yield old
+    finally:
+        await old.close()
+        if backend == "postgresql":
+            await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
+        await admin.close()
+
+
 @pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
 async def test_a_schema_2_database_with_rows_is_migrated(
     backend: str, pg_url: str, tmp_path: Path
 ) -> None:
     """Version 2 to 3: every row stays, reads back as before and still deduplicates; new
     rows store NUL exactly."""
-    admin = Stores.open(pg_url)
-    schema = "dsse_" + uuid.uuid4().hex[:10]
     key1, key2 = (sort_key(n, IdOrder.NUMERIC).hex() for n in ("1", "2"))
     if backend == "postgresql":
-        await query_commit(admin, f"CREATE SCHEMA {schema}")
-        url = f"{pg_url}?options=-csearch_path%3D{schema}"
         keys = {"key1": f"'\\x{key1}'::bytea", "key2": f"'\\x{key2}'::bytea", "blob": "BYTEA"}
     else:
-        url = f"sqlite:///{tmp_path / 'v2.db'}"
         keys = {"key1": f"X'{key1}'", "key2": f"X'{key2}'", "blob": "BLOB"}
-    old = Stores.open(url)
-    try:
+    async with an_empty_database(backend, pg_url, tmp_path / "v2.db") as old:
         ddl = [*SCHEMA_2[backend], *(s.format(**keys) for s in SCHEMA_2_COMMON)]
         await execute(old, *ddl, *(s.format(**keys) for s in SCHEMA_2_ROWS))
         await old.create_schema()
@@ -141,11 +158,6 @@ async def test_a_schema_2_database_with_rows_is_migrated(
         checkpoint = await old.checkpoints.get_checkpoint("old")
         assert checkpoint is not None and checkpoint.lagging_id == "1"
         assert await event_indexes(old) == LEAN_INDEXES[backend]
-    finally:
-        await old.close()
-        if backend == "postgresql":
-            await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
-        await admin.close()
 
 
 SCHEMA_3 = {
@@ -185,28 +197,22 @@ async def test_a_schema_3_database_with_rows_is_migrated(
     """Version 3 to 4: ``digest`` is added, NULL on every stored row, and NULL means
     unknown: those rows' ids sent again with other data are duplicates, as before. Rows
     stored after the migration tell a reused id from a re-sent event."""
-    admin = Stores.open(pg_url)
-    schema = "dsse_" + uuid.uuid4().hex[:10]
     key1, key2 = (sort_key(n, IdOrder.NUMERIC).hex() for n in ("1", "2"))
     ping = FollowerKeys().follower("message", "ping", 1).hex()
     if backend == "postgresql":
-        await query_commit(admin, f"CREATE SCHEMA {schema}")
-        url = f"{pg_url}?options=-csearch_path%3D{schema}"
 
         def blob(hexed: str) -> str:
             return f"'\\x{hexed}'::bytea"
 
         common = [s.format(blob="BYTEA") for s in SCHEMA_2_COMMON[3:]]
     else:
-        url = f"sqlite:///{tmp_path / 'v3.db'}"
 
         def blob(hexed: str) -> str:
             return f"X'{hexed}'"
 
         common = [s.format(blob="BLOB") for s in SCHEMA_2_COMMON[3:]]
     keys = {"key1": blob(key1), "key2": blob(key2), "ping": blob(ping), "empty": blob("")}
-    old = Stores.open(url)
-    try:
+    async with an_empty_database(backend, pg_url, tmp_path / "v3.db") as old:
         await execute(
             old,
             *SCHEMA_3[backend],
@@ -236,11 +242,6 @@ async def test_a_schema_3_database_with_rows_is_migrated(
             InsertResult(0, 2)
         )
         assert await event_indexes(old) == LEAN_INDEXES[backend]
-    finally:
-        await old.close()
-        if backend == "postgresql":
-            await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
-        await admin.close()
 
 
 LEAN_INDEXES = {

@@ -54,6 +54,18 @@ def reader(worker_id: str | None, *, stream: str, activity_id: str = "7") -> Rea
     )
 
 
+async def hold_connections(stores: Stores, worker_id: str, prefix: str, count: int) -> None:
+    """Register ``count`` connections of ``worker_id``, one per stream ``<prefix>-<i>``."""
+    for index in range(count):
+        await stores.starts.connection_context(
+            f"{prefix}-{index}",
+            "numeric",
+            cursor=None,
+            source="none",
+            reader=reader(worker_id, stream=f"{prefix}-{index}"),
+        )
+
+
 async def stored_ids(stores: Stores, stream: str) -> list[str]:
     return [row.event_id for row in await stores.reads.events(stream)]
 
@@ -173,14 +185,7 @@ async def test_watchdogs_move_a_dead_workers_connections_exactly_once(
     leases = WorkerLeases(stores.database, ttl=0.3)
     dead = worker_name()
     await leases.acquire(dead, pool=POOL, host="dead-host", pid=1, boot_id="b")
-    for index in range(3):
-        await stores.starts.connection_context(
-            f"{stream_name}-{index}",
-            "numeric",
-            cursor=None,
-            source="none",
-            reader=reader(dead, stream=f"{stream_name}-{index}"),
-        )
+    await hold_connections(stores, dead, stream_name, 3)
     moved: list[tuple[str, str]] = []
 
     async def move(connection: HeldConnection, lease: WorkerLease) -> None:
@@ -267,12 +272,5 @@ async def test_connection_counts_are_per_live_worker_of_the_pool(
     busy, idle, elsewhere = worker_name(), worker_name(), worker_name()
     for worker, its_pool in ((busy, pool), (idle, pool), (elsewhere, POOL)):
         await stores.workers.acquire(worker, pool=its_pool, host="h", pid=1, boot_id="b")
-    for index in range(3):
-        await stores.starts.connection_context(
-            f"{stream_name}-{index}",
-            "numeric",
-            cursor=None,
-            source="none",
-            reader=reader(busy, stream=f"{stream_name}-{index}"),
-        )
+    await hold_connections(stores, busy, stream_name, 3)
     assert await stores.workers.connection_counts(pool) == {busy: 3, idle: 0}

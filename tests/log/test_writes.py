@@ -19,6 +19,7 @@ from tests.log.helpers import (
     hold_the_lanes,
     query,
     record,
+    refuse_inserts,
     stored,
 )
 
@@ -382,14 +383,7 @@ async def test_a_batch_after_a_failed_one_is_never_committed(
     log = pg_event_log
     refused = f"{stream_name}-refused"
     trigger = f"refuse_{stream_name.replace('-', '_')}"
-    await execute(
-        log,
-        "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
-        "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
-        f"CREATE TRIGGER {trigger} BEFORE INSERT ON sse_events FOR EACH ROW "
-        f"WHEN (NEW.stream = '{refused}' AND NEW.event_id = '1') "
-        "EXECUTE FUNCTION durable_sse_test_refuse()",
-    )
+    drop = await refuse_inserts(log, trigger, f"NEW.stream = '{refused}' AND NEW.event_id = '1'")
     try:
         broken = log.writer.submit_batch(refused, "numeric", [record("1")])  # a lane of its own
         fillers = hold_the_lanes(log, taken=1)
@@ -402,7 +396,7 @@ async def test_a_batch_after_a_failed_one_is_never_committed(
             await log.writer.committed(following)
         assert await log.writer.committed(other) == InsertResult(1, 0)
     finally:
-        await execute(log, f"DROP TRIGGER {trigger} ON sse_events")
+        await execute(log, drop)
     assert await stored(log, refused) == []
     assert await log.reads.floor(refused) is None
 
@@ -410,14 +404,7 @@ async def test_a_batch_after_a_failed_one_is_never_committed(
 async def refuse_rows(log: Stores, name: str, stream: str) -> str:
     """A trigger that refuses every row of ``stream``; returns the statement dropping it."""
     if log.database.dialect == "postgresql":
-        await execute(
-            log,
-            "CREATE OR REPLACE FUNCTION durable_sse_test_refuse() RETURNS trigger "
-            "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
-            f"CREATE TRIGGER {name} BEFORE INSERT ON sse_events FOR EACH ROW "
-            f"WHEN (NEW.stream = '{stream}') EXECUTE FUNCTION durable_sse_test_refuse()",
-        )
-        return f"DROP TRIGGER {name} ON sse_events"
+        return await refuse_inserts(log, name, f"NEW.stream = '{stream}'")
     await execute(
         log,
         f"CREATE TRIGGER {name} BEFORE INSERT ON sse_events FOR EACH ROW "
