@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from durable_sse.ops.embedded.leftovers import servers_under
+from tests.ops.helpers import alive
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +52,50 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def alive(pid: int) -> bool:
+def ctrl_c(process: subprocess.Popen[bytes], *, timeout: float) -> None:
+    """Send SIGINT, as Ctrl-C does, and wait; kill it if it is not gone in ``timeout`` s."""
+    process.send_signal(signal.SIGINT)
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+
+
+def assert_stopped_cleanly(
+    process: subprocess.Popen[bytes], children: set[int], output: Path
+) -> None:
+    """``dev`` exited 0 after Ctrl-C, and none of its ``children`` survived it."""
+    assert process.returncode == 0, output.read_text()
+    survivors = [pid for pid in children if alive(pid)]
+    assert survivors == [], f"children survived Ctrl-C: {survivors}"
+
+
+def start_dev(
+    cwd: Path,
+    state: Path,
+    output: Path,
+    *options: str,
+    temporal_port: int | None = None,
+    ui_port: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """``durable-sse dev`` in ``cwd`` keeping its state in ``state``, printing to ``output``:
+    with none of the stores' addresses in its environment, it starts its own."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TEMPORAL_ADDRESS", "REDIS_URL", "DATABASE_URL")
+    }
+    ports = {
+        "--temporal-port": temporal_port or free_port(),
+        "--ui-port": ui_port or free_port(),
+        "--source-port": free_port(),
+    }
+    command = [sys.executable, "-m", "durable_sse.ops.cli", "dev", *options, "--dir", str(state)]
+    for option, port in ports.items():
+        command += [option, str(port)]
+    with output.open("wb") as out:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def rows(database: Path, table: str = "sse_events") -> int:
@@ -98,36 +137,11 @@ def listed(temporal_port: int, query: str) -> set[str]:
 
 
 def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TEMPORAL_ADDRESS", "REDIS_URL", "DATABASE_URL")
-    }
     ui_port = free_port()
     temporal_port = free_port()
     state = tmp_path / "state"
     output = tmp_path / "dev.out"
-    with output.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "durable_sse.ops.cli",
-                "dev",
-                "--dir",
-                str(state),
-                "--temporal-port",
-                str(temporal_port),
-                "--ui-port",
-                str(ui_port),
-                "--source-port",
-                str(free_port()),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process = start_dev(tmp_path, state, output, temporal_port=temporal_port, ui_port=ui_port)
     try:
         deadline = time.monotonic() + 90
         database = state / "durable-sse.db"
@@ -176,15 +190,8 @@ def test_dev_brings_up_the_stack_and_ctrl_c_stops_everything(tmp_path: Path) -> 
         children |= descendants(process.pid)
         assert children, "dev started no child processes (Temporal, Redis)"
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-    assert process.returncode == 0, output.read_text()
-    survivors = [pid for pid in children if alive(pid)]
-    assert survivors == [], f"children survived Ctrl-C: {survivors}"
+        ctrl_c(process, timeout=40)
+    assert_stopped_cleanly(process, children, output)
     assert not list(state.glob("*.pid"))
 
 
@@ -197,39 +204,13 @@ def pg_rows(url: str) -> int:
 
 
 def test_dev_postgres_runs_the_demo_on_an_embedded_postgresql_and_ctrl_c_stops_it() -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TEMPORAL_ADDRESS", "REDIS_URL", "DATABASE_URL")
-    }
     # Not pytest's tmp_path: as root PostgreSQL runs as nobody, who must reach its data.
     home = Path(tempfile.mkdtemp(prefix="durable-sse-dev-")).resolve()
     home.chmod(0o711)
     state = home / "state"
     output = home / "dev.out"
     try:
-        with output.open("wb") as out:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "durable_sse.ops.cli",
-                    "dev",
-                    "--postgres",
-                    "--dir",
-                    str(state),
-                    "--temporal-port",
-                    str(free_port()),
-                    "--ui-port",
-                    str(free_port()),
-                    "--source-port",
-                    str(free_port()),
-                ],
-                cwd=home,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        process = start_dev(home, state, output, "--postgres")
         try:
             deadline = time.monotonic() + 90
             url = None
@@ -254,15 +235,8 @@ def test_dev_postgres_runs_the_demo_on_an_embedded_postgresql_and_ctrl_c_stops_i
             children |= descendants(process.pid)
             assert servers_under(state), "no embedded PostgreSQL runs under the state dir"
         finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                raise
-        assert process.returncode == 0, output.read_text()
-        survivors = [pid for pid in children if alive(pid)]
-        assert survivors == [], f"children survived Ctrl-C: {survivors}"
+            ctrl_c(process, timeout=60)
+        assert_stopped_cleanly(process, children, output)
         assert servers_under(state) == []
         assert not (state / "postgres" / "data" / "postmaster.pid").exists()
         assert (state / "postgres" / "data" / "PG_VERSION").is_file()  # kept, like SQLite

@@ -26,17 +26,10 @@ from durable_sse.ops.embedded.leftovers import servers_under, sweep_stale
 from durable_sse.ops.embedded.postgres import EmbeddedPostgres
 from durable_sse.ops.embedded.redis import EmbeddedRedis
 from durable_sse.ops.embedded.services import embedded_services, start_services
+from tests.ops.helpers import alive
 from tests.services import DEFAULT_PG_URL, DEFAULT_REDIS_URL, services_to_embed
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def uid_of(pid: int) -> int:
