@@ -216,10 +216,17 @@ class GapTracker:
         re-read and closed on evidence like any gap (:data:`GapKind.SUSPECTED`).
 
         A suspicion still open from an earlier reconnect already covers the span up to
-        its own end: the new one starts there, so suspicions never overlap. None when
-        there is nothing to suspect (no lagging id yet, nothing stored after it).
+        its own end: the new one starts there, so suspicions never overlap. With no
+        lagging id yet, the span starts at this connection's cursor (a repair's starts
+        before the gaps it re-reads; a live one's is the newest stored id: nothing to
+        suspect). None when there is nothing to suspect (nothing stored after the start).
         """
         start = self.context.lagging_id
+        if start is None:
+            # Simulation seed 19597293: a connection cut while it repaired, before the
+            # stream had a lagging id, lost a late notice with it; the skip it spoke of
+            # lay past every gap's end, and nothing suspected it.
+            start = self.cursor
         for gap in self.context.open_gaps:
             if gap.is_open and gap.kind == GapKind.SUSPECTED:
                 start = newest([start, gap.bound()], self.order)

@@ -209,6 +209,17 @@ def test_a_verified_reconnect_suspects_what_was_read_since_the_lagging_id() -> N
     assert tracker("30", lagging="30", floor="30").verify("x") is None
 
 
+def test_with_no_lagging_id_a_repair_suspects_from_its_cursor() -> None:
+    """Simulation seed 19597293: a repair cut before the stream had a lagging id lost a
+    late notice about an id past every open gap's end; the next (verified) repair must
+    suspect what was read from its cursor on, or that skip is never counted."""
+    open_gap = gap("g1", "16", "84")
+    t = tracker("15", floor="88", gaps=[open_gap])
+    suspicion = t.verify("a reconnect")
+    assert suspicion is not None
+    assert (suspicion.start_id, suspicion.end_id) == ("15", "88")
+
+
 def test_a_suspicion_starts_where_an_open_one_ends() -> None:
     older = gap("s1", "30", "70", kind=GapKind.SUSPECTED.value)
     t = tracker("90", lagging="30", floor="90", gaps=[older])
