@@ -34,9 +34,12 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL = 2.0
 """Seconds between two looks at the deployment's routing: a stream moves within about
 this long of the switch, plus a workflow task and its connection's flush."""
-RESWEEPS = (10.0, 60.0)
+RESWEEPS = (5.0, 15.0, 30.0, 60.0)
 """Seconds after a sweep to look again for stragglers (a stream started on the old
-version during the switch, a signal lost to a restart)."""
+version during the switch, an update it took while busy, a list that did not show it
+yet): each look is one list call, no Temporal action, so a straggler waits seconds, not a
+minute (CI: one of eight streams still on the old version 60 s after the switch, when
+the looks were at 10 s and 60 s)."""
 SIGNAL_CONCURRENCY = 50
 UPDATE_TIMEOUT = 30.0
 VERSION_ATTRIBUTE = "TemporalWorkerDeploymentVersion"
