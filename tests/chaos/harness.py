@@ -114,20 +114,38 @@ def chaos_spec(name: str, url: str, **overrides: object) -> StreamSpec:
     return StreamSpec(name=name, url=url, **values)  # type: ignore[arg-type]
 
 
+def steady_spec(source: SSESource, name: str, **overrides: object) -> StreamSpec:
+    """A stream of the demo source that keeps one connection (no rotation) and commits
+    small batches quickly, numeric ids."""
+    values: dict[str, object] = {
+        "id_order": "numeric",
+        "max_connection_age": 3600.0,
+        "batch_max_delay": 0.05,
+    }
+    values.update(overrides)
+    return StreamSpec(name=name, url=source.url(name), **values)  # type: ignore[arg-type]
+
+
 @asynccontextmanager
 async def in_process_worker(
-    address: str, pg_url: str, redis_url: str, task_queue: str
+    address: str,
+    pg_url: str,
+    redis_url: str,
+    task_queue: str | None = None,
+    *,
+    tune_gc: bool = True,
+    **env: str,
 ) -> AsyncIterator[None]:
-    settings = Settings.from_env(
-        {
-            "TEMPORAL_ADDRESS": address,
-            "DATABASE_URL": pg_url,
-            "REDIS_URL": redis_url,
-            "SSE_TASK_QUEUE": task_queue,
-        }
-    )
+    """A worker in this process on ``task_queue`` (the default one when None); ``env``
+    adds worker variables (``SSE_SECRETS``, ...)."""
+    variables = {"TEMPORAL_ADDRESS": address, "DATABASE_URL": pg_url, "REDIS_URL": redis_url}
+    if task_queue is not None:
+        variables["SSE_TASK_QUEUE"] = task_queue
+    settings = Settings.from_env({**variables, **env})
     stop = asyncio.Event()
-    task = asyncio.create_task(worker_module.run_worker(settings, stop=stop, handle_signals=False))
+    task = asyncio.create_task(
+        worker_module.run_worker(settings, stop=stop, handle_signals=False, tune_gc=tune_gc)
+    )
     try:
         yield
     finally:
@@ -143,7 +161,9 @@ def worker_process(
     log: Path,
     *,
     extra_env: dict[str, str] | None = None,
+    script: Path | None = None,
 ) -> subprocess.Popen[bytes]:
+    """A worker process (``worker.py``, or ``script``) on ``task_queue``, logging to ``log``."""
     env = {
         **os.environ,
         "TEMPORAL_ADDRESS": address,
@@ -154,7 +174,11 @@ def worker_process(
     }
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, str(ROOT / "worker.py")], env=env, stdout=out, stderr=out, cwd=ROOT
+            [sys.executable, str(script or ROOT / "worker.py")],
+            env=env,
+            stdout=out,
+            stderr=out,
+            cwd=ROOT,
         )
 
 
@@ -246,8 +270,9 @@ def assert_clean(verdict: Verdict, sampler: CursorSampler) -> None:
 
 
 @dataclass
-class Chaos:
-    """The stack a scenario runs on, the source it reads, and the report it adds a row to."""
+class Stack:
+    """The real stack a test runs on: Temporal, PostgreSQL, Redis, the demo source, and the
+    event log (the system tests' ``stack`` fixture; ``Chaos`` adds the scenario's sizes)."""
 
     temporal: WorkflowEnvironment
     address: str
@@ -255,6 +280,36 @@ class Chaos:
     redis_url: str
     source: SSESource
     log: Stores
+
+    def in_process_worker(
+        self, task_queue: str, redis_url: str
+    ) -> AbstractAsyncContextManager[None]:
+        return in_process_worker(self.address, self.pg_url, redis_url, task_queue)
+
+    def worker_process(
+        self,
+        task_queue: str,
+        log: Path,
+        *,
+        extra_env: dict[str, str] | None = None,
+        script: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A worker process on ``task_queue`` against this stack, logging to ``log``."""
+        return worker_process(
+            self.address,
+            self.pg_url,
+            self.redis_url,
+            task_queue,
+            log,
+            extra_env=extra_env,
+            script=script,
+        )
+
+
+@dataclass
+class Chaos(Stack):
+    """The stack a scenario runs on, its sizes, and the report it adds a row to."""
+
     sizes: Sizes
     verdicts: list[Verdict]
 
@@ -278,18 +333,6 @@ class Chaos:
         """Start the stream's workflow on ``task_queue``, reading ``url`` (the source's)."""
         spec = chaos_spec(name, url or self.source.url(name), **overrides)
         return await start_stream(self.temporal.client, spec, task_queue)
-
-    def in_process_worker(
-        self, task_queue: str, redis_url: str
-    ) -> AbstractAsyncContextManager[None]:
-        return in_process_worker(self.address, self.pg_url, redis_url, task_queue)
-
-    def worker_process(
-        self, task_queue: str, log: Path, *, extra_env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
-        return worker_process(
-            self.address, self.pg_url, self.redis_url, task_queue, log, extra_env=extra_env
-        )
 
     async def flowing(self, name: str, count: int, timeout: float = 60) -> None:
         """Wait until ``count`` events of the stream are stored."""

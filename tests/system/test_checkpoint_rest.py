@@ -20,14 +20,14 @@ from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, Sche
 from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.config.settings import Settings
-from durable_sse.config.spec import StreamSpec
-from durable_sse.contracts import StreamStatus, checkpoint_schedule_id, stream_workflow_id
+from durable_sse.contracts import checkpoint_schedule_id
 from durable_sse.cursor.rest import REST_NOTE, WAKE_NOTE
 from durable_sse.ops import control
 from durable_sse.ops.live import LiveStores
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from durable_sse.worker import WorkerResources, build_worker
+from tests.chaos.harness import start_stream, steady_spec
 from tests.system.test_e2e import capture_history
 
 pytestmark = pytest.mark.slow
@@ -78,21 +78,8 @@ async def test_an_idle_stream_rests_its_schedule_and_its_next_event_wakes_it(
     client, queue, stores = running
     name = "rest-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=20, keepalive=0.5, retry_ms=None))
-    spec = StreamSpec(
-        name=name,
-        url=source.url(name),
-        id_order="numeric",
-        replay_window=2.0,
-        max_connection_age=3600.0,
-        batch_max_delay=0.05,
-    )
-    stream = await client.start_workflow(
-        "StreamWorkflow",
-        spec,
-        id=stream_workflow_id(name),
-        task_queue=queue,
-        result_type=StreamStatus,
-    )
+    spec = steady_spec(source, name, replay_window=2.0)
+    stream = await start_stream(client, spec, queue)
     schedule = client.get_schedule_handle(checkpoint_schedule_id(name))
 
     async def lagging() -> str | None:

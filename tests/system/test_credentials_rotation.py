@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-import sqlalchemy as sa
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
@@ -37,6 +36,7 @@ from durable_sse.ownership import stream_workflow_id
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from tests.conftest import open_stores
+from tests.log.helpers import event_ids
 
 pytestmark = pytest.mark.slow
 
@@ -102,14 +102,7 @@ async def log(pg_url: str) -> AsyncIterator[Stores]:
 
 
 async def stored_ids(log: Stores, stream: str) -> list[int]:
-    def query() -> list[int]:
-        with log.database.engine.connect() as connection:
-            rows = connection.execute(
-                sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
-            )
-            return [int(row[0]) for row in rows]
-
-    return await asyncio.to_thread(query)
+    return [int(event_id) for event_id in await event_ids(log, stream)]
 
 
 async def status_of(handle: WorkflowHandle) -> StreamStatus:

@@ -26,16 +26,15 @@ import sqlalchemy as sa
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_sse import worker as worker_module
-from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
 from durable_sse.contracts import StreamStatus, stream_workflow_id
 from durable_sse.ops.binaries import temporal_dev_server
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from durable_sse.workflows.stream import STREAM_STATE
-from tests.chaos.harness import end_process, wait_until, worker_process
+from tests.chaos.harness import Stack, end_process, start_stream, wait_until, worker_process
 from tests.conftest import open_stores
+from tests.log.helpers import event_ids
 from tests.system.test_portable import machine_paths
 
 pytestmark = pytest.mark.slow
@@ -43,6 +42,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TASK_QUEUE = "sse-consumer"
+WORKER_SECRETS = "E2E_HEADER@127.0.0.1,E2E_QUERY@127.0.0.1"
+"""The ``SSE_SECRETS`` of the module's worker (tests/system/conftest.py)."""
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 
 
@@ -58,28 +59,6 @@ async def temporal() -> AsyncIterator[WorkflowEnvironment]:
 
 
 @pytest.fixture(scope="module")
-async def worker(
-    temporal: WorkflowEnvironment, address: str, pg_url: str, redis_url: str
-) -> AsyncIterator[None]:
-    """One in-process worker on the default task queue, like a user's."""
-    settings = Settings.from_env(
-        {
-            "TEMPORAL_ADDRESS": address,
-            "DATABASE_URL": pg_url,
-            "REDIS_URL": redis_url,
-            "SSE_SECRETS": "E2E_HEADER@127.0.0.1,E2E_QUERY@127.0.0.1",
-        }
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        worker_module.run_worker(settings, stop=stop, handle_signals=False, tune_gc=False)
-    )
-    yield
-    stop.set()
-    await task
-
-
-@pytest.fixture(scope="module")
 async def event_log(pg_url: str) -> AsyncIterator[Stores]:
     async with open_stores(pg_url) as log:
         yield log
@@ -90,14 +69,7 @@ async def status_of(handle: WorkflowHandle) -> StreamStatus:
 
 
 async def stored_ids(log: Stores, stream: str) -> list[int]:
-    def query() -> list[int]:
-        with log.database.engine.connect() as connection:
-            rows = connection.execute(
-                sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
-            )
-            return [int(row[0]) for row in rows]
-
-    return await asyncio.to_thread(query)
+    return [int(event_id) for event_id in await event_ids(log, stream)]
 
 
 def assert_complete_and_unique(ids: list[int]) -> None:
@@ -157,13 +129,7 @@ def read_routes(history: object) -> list[str]:
 
 
 async def start(client: Client, spec: StreamSpec, task_queue: str = TASK_QUEUE) -> WorkflowHandle:
-    return await client.start_workflow(
-        "StreamWorkflow",
-        spec,
-        id=stream_workflow_id(spec.name),
-        task_queue=task_queue,
-        result_type=StreamStatus,
-    )
+    return await start_stream(client, spec, task_queue)
 
 
 def gap_spec(source: SSESource, name: str) -> StreamSpec:
@@ -191,13 +157,21 @@ async def ready_for_a_gap(handle: WorkflowHandle, log: Stores, name: str) -> Non
     await wait_until(ready, timeout=60, what="1,000 events and a lagging id")
 
 
+async def started_for_a_gap(
+    temporal: WorkflowEnvironment, source: SSESource, log: Stores, prefix: str
+) -> tuple[str, WorkflowHandle]:
+    """A new 400 ev/s stream on the module's worker, once it is ready for a gap."""
+    name = f"{prefix}-" + uuid.uuid4().hex[:8]
+    source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
+    handle = await start(temporal.client, gap_spec(source, name))
+    await ready_for_a_gap(handle, log, name)
+    return name, handle
+
+
 async def test_drop_notice_gap_is_repaired_exactly_once(
     temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: Stores
 ) -> None:
-    name = "gap-" + uuid.uuid4().hex[:8]
-    source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
-    handle = await start(temporal.client, gap_spec(source, name))
-    await ready_for_a_gap(handle, event_log, name)
+    name, handle = await started_for_a_gap(temporal, source, event_log, "gap")
 
     source.inject(name, action="drop", count=50)
 
@@ -235,10 +209,7 @@ async def test_drop_notice_gap_is_repaired_exactly_once(
 async def test_disconnect_during_replay_resumes_the_replay(
     temporal: WorkflowEnvironment, worker: None, source: SSESource, event_log: Stores
 ) -> None:
-    name = "cut-" + uuid.uuid4().hex[:8]
-    source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
-    handle = await start(temporal.client, gap_spec(source, name))
-    await ready_for_a_gap(handle, event_log, name)
+    name, handle = await started_for_a_gap(temporal, source, event_log, "cut")
 
     source.inject(name, slow=0.004)  # the replay now takes seconds: time to cut it
     source.inject(name, action="drop", count=50)
@@ -269,46 +240,40 @@ async def test_disconnect_during_replay_resumes_the_replay(
 
 
 async def test_sigkilled_worker_is_replaced_without_loss_or_duplicates(
-    temporal: WorkflowEnvironment,
-    address: str,
-    pg_url: str,
-    redis_url: str,
-    source: SSESource,
-    event_log: Stores,
-    tmp_path: Path,
+    stack: Stack, tmp_path: Path
 ) -> None:
     name = "kill-" + uuid.uuid4().hex[:8]
     task_queue = "kill-" + uuid.uuid4().hex[:8]
-    source.add_stream(name, SourceStreamConfig(rate=300, keepalive=1, retry_ms=None))
-    first = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "first.log")
+    stack.source.add_stream(name, SourceStreamConfig(rate=300, keepalive=1, retry_ms=None))
+    first = stack.worker_process(task_queue, tmp_path / "first.log")
     second = None
     try:
         # A worker that dies is noticed after the heartbeat timeout: 10 s here, so the
         # takeover is watched in seconds (the default, 5 minutes, trades that for cost).
         spec = StreamSpec(
-            name=name, url=source.url(name), id_order="numeric", heartbeat_timeout=10.0
+            name=name, url=stack.source.url(name), id_order="numeric", heartbeat_timeout=10.0
         )
-        handle = await start(temporal.client, spec, task_queue)
+        handle = await start(stack.temporal.client, spec, task_queue)
 
         def flowing(count: int) -> Callable[[], Awaitable[bool]]:
             async def check() -> bool:
-                return len(await stored_ids(event_log, name)) >= count
+                return len(await stored_ids(stack.log, name)) >= count
 
             return check
 
         await wait_until(flowing(300), timeout=60, what="the first worker to persist")
-        second = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "second.log")
+        second = stack.worker_process(task_queue, tmp_path / "second.log")
         await asyncio.sleep(3)  # the second worker is polling
         first.send_signal(signal.SIGKILL)
         first.wait()
-        at_kill = len(await stored_ids(event_log, name))
+        at_kill = len(await stored_ids(stack.log, name))
         await wait_until(flowing(at_kill + 1500), timeout=90, what="the second worker to take over")
         await handle.signal("stop")
         await asyncio.wait_for(handle.result(), 60)
     finally:
         for process in (first, second):
             end_process(process)
-    assert_complete_and_unique(await stored_ids(event_log, name))
+    assert_complete_and_unique(await stored_ids(stack.log, name))
 
 
 async def test_readme_temporal_cli_commands_work_as_written(
@@ -436,15 +401,7 @@ def metric(samples: dict[str, float], name: str, **labels: str) -> float:
     return total
 
 
-async def test_metrics_endpoint_counts_what_happened(
-    temporal: WorkflowEnvironment,
-    address: str,
-    pg_url: str,
-    redis_url: str,
-    source: SSESource,
-    event_log: Stores,
-    tmp_path: Path,
-) -> None:
+async def test_metrics_endpoint_counts_what_happened(stack: Stack, tmp_path: Path) -> None:
     import socket
 
     with socket.socket() as probe:
@@ -452,19 +409,16 @@ async def test_metrics_endpoint_counts_what_happened(
         port = probe.getsockname()[1]
     name = "metrics-" + uuid.uuid4().hex[:8]
     task_queue = "metrics-" + uuid.uuid4().hex[:8]
-    source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
-    process = worker_process(
-        address,
-        pg_url,
-        redis_url,
+    stack.source.add_stream(name, SourceStreamConfig(rate=400, keepalive=1, retry_ms=None))
+    process = stack.worker_process(
         task_queue,
         tmp_path / "w.log",
         extra_env={"SSE_METRICS_PORT": str(port)},
     )
     try:
-        handle = await start(temporal.client, gap_spec(source, name), task_queue)
-        await ready_for_a_gap(handle, event_log, name)
-        source.inject(name, action="drop", count=50)
+        handle = await start(stack.temporal.client, gap_spec(stack.source, name), task_queue)
+        await ready_for_a_gap(handle, stack.log, name)
+        stack.source.inject(name, action="drop", count=50)
 
         async def recovered() -> bool:
             return metric(scrape(port), "durable_sse_events_recovered", stream=name) >= 50
@@ -527,7 +481,7 @@ async def test_secrets_never_reach_logs_history_or_the_database(
     source.inject(name, action="malformed")
 
     async def streaming() -> bool:
-        return len(await stored_ids_any(event_log, name)) >= 200
+        return len(await event_ids(event_log, name)) >= 200
 
     await wait_until(streaming, timeout=60, what="events after the failures")
     await handle.signal("stop")
@@ -557,17 +511,6 @@ async def test_secrets_never_reach_logs_history_or_the_database(
         assert secret not in caplog.text
         assert secret not in shown.stdout
         assert secret not in rows
-
-
-async def stored_ids_any(log: Stores, stream: str) -> list[str]:
-    def query() -> list[str]:
-        with log.database.engine.connect() as connection:
-            rows = connection.execute(
-                sa.text("SELECT event_id FROM sse_events WHERE stream = :s"), {"s": stream}
-            )
-            return [row[0] for row in rows]
-
-    return await asyncio.to_thread(query)
 
 
 def dump_stream_rows(log: Stores, stream: str) -> str:

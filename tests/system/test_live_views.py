@@ -26,8 +26,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.config.settings import Settings
-from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
-from durable_sse.contracts import StreamStatus, stream_workflow_id
+from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT
+from durable_sse.contracts import StreamStatus
 from durable_sse.cursor.l2 import RedisCursors
 from durable_sse.ops import control
 from durable_sse.ops.live import LiveStores
@@ -36,6 +36,7 @@ from durable_sse.reader.reports import PROGRESS_INTERVAL
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from durable_sse.worker import WorkerResources, build_worker
+from tests.chaos.harness import start_stream, steady_spec
 from tests.system.test_e2e import capture_history
 
 pytestmark = pytest.mark.slow
@@ -91,21 +92,8 @@ async def start(
 ) -> WorkflowHandle:
     name = "live-" + uuid.uuid4().hex[:8]
     source.add_stream(name, SourceStreamConfig(rate=rate, keepalive=1, retry_ms=None))
-    spec = StreamSpec(
-        name=name,
-        url=source.url(name),
-        id_order="numeric",
-        max_connection_age=3600.0,
-        batch_max_delay=0.05,
-        replay_window=replay_window,
-    )
-    return await running.client.start_workflow(
-        "StreamWorkflow",
-        spec,
-        id=stream_workflow_id(name),
-        task_queue=running.queue,
-        result_type=StreamStatus,
-    )
+    spec = steady_spec(source, name, replay_window=replay_window)
+    return await start_stream(running.client, spec, running.queue)
 
 
 def name_of(handle: WorkflowHandle) -> str:

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-import sqlalchemy as sa
 from temporalio.client import (
     Client,
     ScheduleActionExecutionStartWorkflow,
@@ -28,12 +27,14 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.config.settings import Settings
 from durable_sse.config.spec import StreamSpec
-from durable_sse.contracts import StreamStatus, checkpoint_schedule_id, stream_workflow_id
+from durable_sse.contracts import StreamStatus, checkpoint_schedule_id
 from durable_sse.ops.live import LiveStores, live_status
 from durable_sse.ops.metrics import prometheus_runtime
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from durable_sse.worker import WorkerResources, build_worker
+from tests.chaos.harness import start_stream
+from tests.log.helpers import event_ids
 from tests.system.test_e2e import capture_history, metric, scrape
 
 pytestmark = pytest.mark.slow
@@ -103,25 +104,11 @@ async def start(
         retention=retention,
         **settings,  # type: ignore[arg-type]
     )
-    return await running.client.start_workflow(
-        "StreamWorkflow",
-        spec,
-        id=stream_workflow_id(name),
-        task_queue=running.queue,
-        result_type=StreamStatus,
-    )
+    return await start_stream(running.client, spec, running.queue)
 
 
 async def stored(log: Stores, stream: str) -> list[int]:
-    def query() -> list[int]:
-        with log.database.engine.connect() as connection:
-            rows = connection.execute(
-                sa.text("SELECT event_id FROM sse_events WHERE stream = :s ORDER BY seq"),
-                {"s": stream},
-            )
-            return [int(row[0]) for row in rows]
-
-    return await asyncio.to_thread(query)
+    return [int(event_id) for event_id in await event_ids(log, stream)]
 
 
 async def capture_checkpoint_run(client: Client, name: str) -> None:

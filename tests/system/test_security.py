@@ -68,7 +68,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK_QUEUE = "sse-consumer"
-DECLARED = "LOOP_TOKEN@127.0.0.1,ELSEWHERE_TOKEN@localhost"
+DECLARED = WORKER_SECRETS = "LOOP_TOKEN@127.0.0.1,ELSEWHERE_TOKEN@localhost"
 """The worker's ``SSE_SECRETS``: the listener answers on both names, so the binding is
 tested by host name alone."""
 
@@ -148,21 +148,6 @@ def worker_settings(address: str, pg_url: str, redis_url: str, **extra: str) -> 
     return Settings.from_env(
         {"TEMPORAL_ADDRESS": address, "DATABASE_URL": pg_url, "REDIS_URL": redis_url, **extra}
     )
-
-
-@pytest.fixture(scope="module")
-async def worker(
-    temporal: WorkflowEnvironment, address: str, pg_url: str, redis_url: str
-) -> AsyncIterator[None]:
-    """One in-process worker on the default task queue that declares two secrets."""
-    settings = worker_settings(address, pg_url, redis_url, SSE_SECRETS=DECLARED)
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        worker_module.run_worker(settings, stop=stop, handle_signals=False, tune_gc=False)
-    )
-    yield
-    stop.set()
-    await task
 
 
 @pytest.fixture(scope="module")

@@ -20,19 +20,18 @@ from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowHandle
-from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.config.spec import StreamSpec
 from durable_sse.cursor.l2 import cursor_key
-from durable_sse.source import SourceStreamConfig, SSESource
+from durable_sse.source import SourceStreamConfig
 from durable_sse.stores import Stores
 from tests.chaos.harness import (
+    Stack,
     end_process,
     reader_pid,
     start_stream,
     status_of,
     wait_until,
-    worker_process,
 )
 from tests.conftest import open_stores
 from tests.system.test_portable import machine_paths
@@ -68,39 +67,30 @@ async def nudge_results(handle: WorkflowHandle) -> list[int]:
 
 
 async def test_two_worker_processes_share_the_streams_and_hear_every_nudge(
-    temporal: WorkflowEnvironment,
-    address: str,
-    pg_url: str,
-    redis_url: str,
-    source: SSESource,
-    event_log: Stores,
-    tmp_path: Path,
+    stack: Stack, tmp_path: Path
 ) -> None:
     task_queue = "two-" + uuid.uuid4().hex[:8]
     names = [f"two-{uuid.uuid4().hex[:8]}-{i}" for i in range(STREAMS)]
     for name in names:
-        source.add_stream(name, SourceStreamConfig(rate=5, keepalive=1, retry_ms=None))
-    workers = [
-        worker_process(address, pg_url, redis_url, task_queue, tmp_path / f"worker-{i}.log")
-        for i in range(2)
-    ]
+        stack.source.add_stream(name, SourceStreamConfig(rate=5, keepalive=1, retry_ms=None))
+    workers = [stack.worker_process(task_queue, tmp_path / f"worker-{i}.log") for i in range(2)]
     handles: list[WorkflowHandle] = []
-    redis = Redis.from_url(redis_url)
+    redis = Redis.from_url(stack.redis_url)
     try:
 
         async def both_polling() -> bool:
             request = DescribeTaskQueueRequest(
-                namespace=temporal.client.namespace,
+                namespace=stack.temporal.client.namespace,
                 task_queue=TaskQueue(name=task_queue),
                 task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
             )
-            described = await temporal.client.workflow_service.describe_task_queue(request)
+            described = await stack.temporal.client.workflow_service.describe_task_queue(request)
             return len({poller.identity for poller in described.pollers}) >= 2
 
         await wait_until(both_polling, timeout=GUARD, what="both workers to poll")
         for name in names:
-            spec = StreamSpec(name=name, url=source.url(name), id_order="numeric")
-            handles.append(await start_stream(temporal.client, spec, task_queue))
+            spec = StreamSpec(name=name, url=stack.source.url(name), id_order="numeric")
+            handles.append(await start_stream(stack.temporal.client, spec, task_queue))
 
         readers: dict[str, int] = {}
 
@@ -167,13 +157,7 @@ async def _nudged(handle: WorkflowHandle) -> bool:
 
 
 async def test_a_worker_that_joins_takes_its_share_of_the_connections(
-    temporal: WorkflowEnvironment,
-    address: str,
-    pg_url: str,
-    redis_url: str,
-    source: SSESource,
-    event_log: Stores,
-    tmp_path: Path,
+    stack: Stack, tmp_path: Path
 ) -> None:
     """Issue 34, item 6: every stream starts on the one worker there is; a second one
     joins, and within a few looks of the balancer (10 s each) the first holds at most
@@ -181,14 +165,14 @@ async def test_a_worker_that_joins_takes_its_share_of_the_connections(
     task_queue = "join-" + uuid.uuid4().hex[:8]
     names = [f"join-{uuid.uuid4().hex[:8]}-{i}" for i in range(STREAMS)]
     for name in names:
-        source.add_stream(name, SourceStreamConfig(rate=5, keepalive=1, retry_ms=None))
-    first = worker_process(address, pg_url, redis_url, task_queue, tmp_path / "first.log")
+        stack.source.add_stream(name, SourceStreamConfig(rate=5, keepalive=1, retry_ms=None))
+    first = stack.worker_process(task_queue, tmp_path / "first.log")
     workers = [first]
     handles: list[WorkflowHandle] = []
     try:
         for name in names:
-            spec = StreamSpec(name=name, url=source.url(name), id_order="numeric")
-            handles.append(await start_stream(temporal.client, spec, task_queue))
+            spec = StreamSpec(name=name, url=stack.source.url(name), id_order="numeric")
+            handles.append(await start_stream(stack.temporal.client, spec, task_queue))
 
         async def readers() -> Counter[int]:
             pids = [await reader_pid(handle) for handle in handles]
@@ -198,9 +182,7 @@ async def test_a_worker_that_joins_takes_its_share_of_the_connections(
             return (await readers())[first.pid] == STREAMS
 
         await wait_until(all_on_first, timeout=GUARD, what="every stream to read on one worker")
-        workers.append(
-            worker_process(address, pg_url, redis_url, task_queue, tmp_path / "second.log")
-        )
+        workers.append(stack.worker_process(task_queue, tmp_path / "second.log"))
         fair = STREAMS / 2
         seen: list[Counter[int]] = []
 
@@ -215,7 +197,7 @@ async def test_a_worker_that_joins_takes_its_share_of_the_connections(
         for handle in handles:
             await asyncio.wait_for(handle.result(), GUARD)
         for name in names:
-            ids = [int(row.event_id) for row in await event_log.reads.events(name, limit=100_000)]
+            ids = [int(row.event_id) for row in await stack.log.reads.events(name, limit=100_000)]
             assert ids and sorted(ids) == list(range(min(ids), max(ids) + 1)), f"{name}: holes"
             assert len(ids) == len(set(ids)), f"{name}: duplicates"
     finally:

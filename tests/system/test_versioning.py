@@ -16,10 +16,8 @@ version) is printed as p50/p99: docs/benchmarks.md, "Deploys".
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,7 +26,6 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.testing import WorkflowEnvironment
 
 from durable_sse.config.spec import StreamSpec
 from durable_sse.ops.binaries import temporal_dev_server
@@ -36,6 +33,7 @@ from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.stores import Stores
 from tests.chaos.checker import Verdict, check, stored
 from tests.chaos.harness import (
+    Stack,
     drain_and_stop,
     end_process,
     start_stream,
@@ -60,30 +58,12 @@ async def event_log(pg_url: str) -> AsyncIterator[Stores]:
 
 
 def versioned_worker(
-    build: str,
-    *,
-    deployment: str,
-    address: str,
-    pg_url: str,
-    redis_url: str,
-    task_queue: str,
-    log: Path,
+    stack: Stack, build: str, *, deployment: str, task_queue: str, log: Path
 ) -> subprocess.Popen[bytes]:
     """A worker process of ``build`` (v1: worker.py; v2: tests/versioning/worker_v2.py)."""
     script = ROOT / "worker.py" if build == "v1" else ROOT / "tests" / "versioning" / "worker_v2.py"
-    env = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": address,
-        "DATABASE_URL": pg_url,
-        "REDIS_URL": redis_url,
-        "SSE_TASK_QUEUE": task_queue,
-        "TEMPORAL_DEPLOYMENT_NAME": deployment,
-        "TEMPORAL_WORKER_BUILD_ID": build,
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, str(script)], env=env, stdout=out, stderr=out, cwd=ROOT
-        )
+    deployment_env = {"TEMPORAL_DEPLOYMENT_NAME": deployment, "TEMPORAL_WORKER_BUILD_ID": build}
+    return stack.worker_process(task_queue, log, extra_env=deployment_env, script=script)
 
 
 async def versions_polling(client: Client, deployment: str) -> set[str]:
@@ -170,27 +150,17 @@ async def task_failures(client: Client, workflow_id: str) -> list[str]:
     return failures
 
 
-async def test_streams_move_to_the_new_version_and_back(
-    temporal: WorkflowEnvironment,
-    address: str,
-    pg_url: str,
-    redis_url: str,
-    source: SSESource,
-    event_log: Stores,
-    tmp_path: Path,
-) -> None:
-    client = temporal.client
+async def test_streams_move_to_the_new_version_and_back(stack: Stack, tmp_path: Path) -> None:
+    client = stack.temporal.client
     task_queue = "ver-" + uuid.uuid4().hex[:8]
     deployment = "dsse-" + uuid.uuid4().hex[:8]
     tag = uuid.uuid4().hex[:6]
 
     def start(build: str, n: int) -> subprocess.Popen[bytes]:
         return versioned_worker(
+            stack,
             build,
             deployment=deployment,
-            address=address,
-            pg_url=pg_url,
-            redis_url=redis_url,
             task_queue=task_queue,
             log=tmp_path / f"worker-{build}-{n}.log",
         )
@@ -200,7 +170,9 @@ async def test_streams_move_to_the_new_version_and_back(
         faults = (
             {"drop_every": 40, "drop_count": 3} if i % 2 == 0 else {"disconnect_probability": 0.02}
         )
-        source.add_stream(name, SourceStreamConfig(rate=10, keepalive=1, retry_ms=None, **faults))
+        stack.source.add_stream(
+            name, SourceStreamConfig(rate=10, keepalive=1, retry_ms=None, **faults)
+        )
     idle = {
         "waiting": SourceStreamConfig(status=503, status_times=None, retry_after=3600),
         "parked": SourceStreamConfig(status=404, status_times=None),
@@ -209,7 +181,7 @@ async def test_streams_move_to_the_new_version_and_back(
     }
     idle_names = {state: f"ver-{tag}-{state}" for state in idle}
     for state, config in idle.items():
-        source.add_stream(idle_names[state], config)
+        stack.source.add_stream(idle_names[state], config)
 
     workers = [start("v1", 0)]
     handles: dict[str, WorkflowHandle] = {}
@@ -217,11 +189,11 @@ async def test_streams_move_to_the_new_version_and_back(
         await wait_until(
             lambda: _has(client, deployment, "v1"), timeout=GUARD, what="v1 to register"
         )
-        await set_current(address, deployment, "v1")
+        await set_current(stack.address, deployment, "v1")
         for name in [*reading, *idle_names.values()]:
             spec = StreamSpec(
                 name=name,
-                url=source.url(name),
+                url=stack.source.url(name),
                 id_order="numeric",
                 replay_window=2.0,
                 lagged_reconnect_interval=1.0,
@@ -236,7 +208,7 @@ async def test_streams_move_to_the_new_version_and_back(
                 if shown != state:
                     return False
             for name in reading:
-                if (await stored(event_log, name)).rows == 0:
+                if (await stored(stack.log, name)).rows == 0:
                     return False
             return True
 
@@ -253,7 +225,7 @@ async def test_streams_move_to_the_new_version_and_back(
             )
             loop = asyncio.get_running_loop()
             switched = loop.time()
-            await set_current(address, deployment, build)
+            await set_current(stack.address, deployment, build)
             moved = await move_times(handles, build, switched)
             times[build] = list(moved.values())
             # The old build's worker drains and stops.
@@ -271,7 +243,7 @@ async def test_streams_move_to_the_new_version_and_back(
             )
 
         verdicts = await asyncio.gather(
-            *(drain(handles[name], source, event_log, name) for name in reading)
+            *(drain(handles[name], stack.source, stack.log, name) for name in reading)
         )
         for name, verdict in zip(reading, verdicts, strict=True):
             assert verdict.lost == 0 and verdict.duplicate_rows == 0, (name, verdict)
