@@ -182,6 +182,47 @@ async def while_watching(
     return lags
 
 
+def rows_reach(log: Stores, stream: str, count: int) -> Callable[[], Awaitable[bool]]:
+    """A check: the stream has ``count`` rows or more."""
+
+    async def check() -> bool:
+        return (await newest_row(log, stream))[0] >= count
+
+    return check
+
+
+async def wait_watching_healthy(
+    log: Stores,
+    healthy: str,
+    check: Callable[[], Awaitable[bool]],
+    *,
+    timeout: float,
+    what: str,
+    handle: WorkflowHandle,
+) -> list[float]:
+    """``wait_until`` the hostile stream's ``check`` holds, ``while_watching`` the healthy one."""
+
+    async def waited() -> None:
+        await wait_until(check, timeout=timeout, what=what, handle=handle)
+
+    return await while_watching(log, healthy, waited)
+
+
+async def start_on(
+    temporal: WorkflowEnvironment,
+    queue: str,
+    server: HostileServer,
+    path: str,
+    id_order: str,
+    *,
+    prefix: str | None = None,
+) -> tuple[str, WorkflowHandle]:
+    """A new stream (named after ``prefix``, else ``path``) reading ``path`` of ``server``."""
+    name = f"{prefix or path}-" + uuid.uuid4().hex[:6]
+    spec = StreamSpec(name=name, url=server.url(path), id_order=id_order)
+    return name, await start_stream(temporal.client, spec, queue)
+
+
 async def stop(handle: WorkflowHandle) -> None:
     await handle.signal("stop")
     await asyncio.wait_for(handle.result(), 60)
@@ -202,17 +243,14 @@ async def test_a_comment_built_to_backtrack_is_matched_fast_and_is_a_notice(
             yield chunk
 
     async with HostileServer({"regex": body}) as server:
-        name = "regex-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("regex"), id_order="numeric")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "regex", "numeric")
 
-        async def notices_seen() -> None:
-            async def seen() -> bool:
-                return (await status_of(handle)).counters.drop_signals >= 3
+        async def seen() -> bool:
+            return (await status_of(handle)).counters.drop_signals >= 3
 
-            await wait_until(seen, timeout=30, what="the drop notices", handle=handle)
-
-        await while_watching(log, healthy, notices_seen)
+        await wait_watching_healthy(
+            log, healthy, seen, timeout=30, what="the drop notices", handle=handle
+        )
         await stop(handle)
 
 
@@ -228,17 +266,16 @@ async def test_ids_a_header_cannot_carry_as_text_resume_as_utf8_bytes(
             await asyncio.sleep(0.01)
 
     async with HostileServer({"cafe": body}) as server:
-        name = "cafe-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("cafe"), id_order="natural")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "cafe", "natural")
 
-        async def resumed() -> None:
-            async def enough() -> bool:
-                return (await newest_row(log, name))[0] >= 100
-
-            await wait_until(enough, timeout=60, what="100 events over reconnects", handle=handle)
-
-        await while_watching(log, healthy, resumed)
+        await wait_watching_healthy(
+            log,
+            healthy,
+            rows_reach(log, name, 100),
+            timeout=60,
+            what="100 events over reconnects",
+            handle=handle,
+        )
         await stop(handle)
     sent = [last for path, last in server.requests if path == "cafe" and last is not None]
     assert sent and all(last.startswith("café-".encode()) for last in sent)
@@ -271,13 +308,9 @@ async def test_ids_that_look_like_digits_but_are_not_counters_are_counted_not_fa
         )
         handle = await start_stream(temporal.client, spec, queue)
 
-        async def reading() -> None:
-            async def enough() -> bool:
-                return (await newest_row(log, name))[0] >= 80
-
-            await wait_until(enough, timeout=60, what="80 rows", handle=handle)
-
-        await while_watching(log, healthy, reading)
+        await wait_watching_healthy(
+            log, healthy, rows_reach(log, name, 80), timeout=60, what="80 rows", handle=handle
+        )
         status = await status_of(handle)
         assert status.state == "reading" and status.counters.failures == 0
         await stop(handle)
@@ -306,17 +339,14 @@ async def test_an_id_or_event_over_its_limit_parks_only_its_stream(
 
     rss_before = resident_mb()
     async with HostileServer({case: body}) as server:
-        name = f"{case}-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url(case), id_order="natural")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, case, "natural")
 
-        async def parked() -> None:
-            async def is_parked() -> bool:
-                return (await status_of(handle)).state == "parked"
+        async def is_parked() -> bool:
+            return (await status_of(handle)).state == "parked"
 
-            await wait_until(is_parked, timeout=60, what=f"{case} to park", handle=handle)
-
-        await while_watching(log, healthy, parked)
+        await wait_watching_healthy(
+            log, healthy, is_parked, timeout=60, what=f"{case} to park", handle=handle
+        )
         status = await status_of(handle)
         assert status.last_error and setting in status.last_error
         await stop(handle)
@@ -335,17 +365,11 @@ async def test_ids_out_of_order_are_counted_and_the_stream_reads_on(
             yield chunk
 
     async with HostileServer({"order": body}) as server:
-        name = "order-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("order"), id_order="natural")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "order", "natural")
 
-        async def reading() -> None:
-            async def enough() -> bool:
-                return (await newest_row(log, name))[0] >= 60
-
-            await wait_until(enough, timeout=60, what="60 rows", handle=handle)
-
-        await while_watching(log, healthy, reading)
+        await wait_watching_healthy(
+            log, healthy, rows_reach(log, name, 60), timeout=60, what="60 rows", handle=handle
+        )
         await handle.signal("pause")  # ends the connection: its counts reach the status
 
         async def counted() -> bool:
@@ -383,14 +407,13 @@ async def test_an_older_mercure_hub_truncation_header_counts_the_loss(
         )
         handle = await start_stream(temporal.client, spec, queue)
 
-        async def counted() -> None:
-            async def lost() -> bool:
-                summary = await log.gap_store.gap_summary(name, "numeric")
-                return summary.totals.unrecoverable >= 1
+        async def lost() -> bool:
+            summary = await log.gap_store.gap_summary(name, "numeric")
+            return summary.totals.unrecoverable >= 1
 
-            await wait_until(lost, timeout=60, what="the lost events counted", handle=handle)
-
-        await while_watching(log, healthy, counted)
+        await wait_watching_healthy(
+            log, healthy, lost, timeout=60, what="the lost events counted", handle=handle
+        )
         summary = await log.gap_store.gap_summary(name, "numeric")
         assert summary.totals.events_unrecoverable >= 10
         await stop(handle)
@@ -408,17 +431,16 @@ async def test_nul_in_data_is_stored_exactly(
             await asyncio.sleep(0.01)
 
     async with HostileServer({"nul": body}) as server:
-        name = "nul-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("nul"), id_order="numeric")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "nul", "numeric")
 
-        async def stored() -> None:
-            async def enough() -> bool:
-                return (await newest_row(log, name))[0] >= 60
-
-            await wait_until(enough, timeout=60, what="60 events over reconnects", handle=handle)
-
-        await while_watching(log, healthy, stored)
+        await wait_watching_healthy(
+            log,
+            healthy,
+            rows_reach(log, name, 60),
+            timeout=60,
+            what="60 events over reconnects",
+            handle=handle,
+        )
         await stop(handle)
     events = await log.reads.events(name, limit=60)
     assert [event.data for event in events] == [f"a\0b {n}" for n in range(1, 61)]
@@ -440,17 +462,14 @@ async def test_an_idless_event_after_a_reconnect_is_kept_and_a_resent_one_is_not
         await asyncio.sleep(0.05)
 
     async with HostileServer({"idless": body}) as server:
-        name = "idless-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("idless"), id_order="numeric")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "idless", "numeric")
 
-        async def reconnected() -> None:
-            async def enough() -> bool:
-                return connections["count"] >= 4
+        async def enough() -> bool:
+            return connections["count"] >= 4
 
-            await wait_until(enough, timeout=60, what="four connections", handle=handle)
-
-        await while_watching(log, healthy, reconnected)
+        await wait_watching_healthy(
+            log, healthy, enough, timeout=60, what="four connections", handle=handle
+        )
         await stop(handle)
     rows = [(e.event_id, e.event_ord, e.data) for e in await log.reads.events(name)]
     assert rows == [("5", 0, "a"), ("5", 1, "b"), ("5", 2, "c")]
@@ -477,17 +496,12 @@ async def test_a_server_that_restarts_its_id_counter_loses_nothing(
             await asyncio.sleep(0.2)
 
     async with HostileServer({"restart": body}) as server:
-        name = "restart-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("restart"), id_order="numeric")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "restart", "numeric")
 
-        async def restarted() -> None:
-            async def eight() -> bool:
-                return (await newest_row(log, name))[0] >= 8
+        async def eight() -> bool:
+            return (await newest_row(log, name))[0] >= 8
 
-            await wait_until(eight, timeout=60, what="8 rows", handle=handle)
-
-        await while_watching(log, healthy, restarted)
+        await wait_watching_healthy(log, healthy, eight, timeout=60, what="8 rows", handle=handle)
         await handle.signal("pause")  # ends the connection: its counts reach the status
 
         async def counted() -> bool:
@@ -522,9 +536,7 @@ async def test_a_servers_retry_of_years_is_cut_to_max_retry_delay(
         yield b"retry: 99999999999\n\n"
 
     async with HostileServer({"retry": body}) as server:
-        name = "retry-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("retry"), id_order="numeric")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "retry", "numeric")
 
         async def waiting() -> bool:
             return (await status_of(handle)).state == "waiting"
@@ -555,9 +567,7 @@ async def test_each_reconnect_of_a_stream_without_ids_is_a_counted_loss_window(
             await asyncio.sleep(0.1)
 
     async with HostileServer({"idless": body}, stop_after={"idless": 5}) as server:
-        name = "noids-" + uuid.uuid4().hex[:6]
-        spec = StreamSpec(name=name, url=server.url("idless"), id_order="numeric")
-        handle = await start_stream(temporal.client, spec, queue)
+        name, handle = await start_on(temporal, queue, server, "idless", "numeric", prefix="noids")
 
         async def stopped() -> bool:
             return (await status_of(handle)).state == "stopped-by-server"
@@ -609,15 +619,17 @@ async def test_rows_the_database_refuses_park_only_their_own_stream(
             spec = StreamSpec(name=name, url=server.url("refused"), id_order="numeric")
             handle = await start_stream(temporal.client, spec, queue)
 
-            async def parked() -> None:
-                async def is_parked() -> bool:
-                    return (await status_of(handle)).state == "parked"
+            async def is_parked() -> bool:
+                return (await status_of(handle)).state == "parked"
 
-                await wait_until(
-                    is_parked, timeout=60, what="the refused stream to park", handle=handle
-                )
-
-            await while_watching(log, healthy, parked)
+            await wait_watching_healthy(
+                log,
+                healthy,
+                is_parked,
+                timeout=60,
+                what="the refused stream to park",
+                handle=handle,
+            )
             status = await status_of(handle)
             assert status.last_error is not None
             assert f"refused a batch of stream '{name}'" in status.last_error
