@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -61,9 +62,11 @@ Shed = Callable[[int, float], Awaitable[int]]
 returns how many it did."""
 
 
+@functools.cache
 def boot_id() -> str:
     """This host's boot (Linux): two hosts with one name, or a host that rebooted, never
-    pass for the same. Empty where the kernel does not say."""
+    pass for the same. Empty where the kernel does not say. Read once: a process's boot
+    never changes, and the failover asks for it once per connection it moves."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
