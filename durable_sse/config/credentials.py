@@ -273,13 +273,19 @@ class AuthDecision(StrEnum):
     """Retrying cannot help: the stream parks, naming the secret."""
 
 
-def after_auth_failure(*, changed: bool, retried: bool) -> AuthDecision:
+AUTH_RENEWALS = 2
+"""Fresh credentials one connection tries after refusals before it parks. Two, not one:
+a token minted while the machine is slow can expire, or be revoked by a rotation, before
+its first use, and one more refresh tells that apart from a server that will not take
+what the worker has."""
+
+
+def after_auth_failure(*, changed: bool, renewals: int) -> AuthDecision:
     """What a connection does after a 401 (or a 403 saying ``invalid_token``) once its
     credentials were re-read or refreshed: ``changed`` says whether any value differs
-    from the one sent, ``retried`` whether this request was already the retry after an
-    earlier 401. Only a fresh value, once, is worth a reconnect: the same value would be
-    refused again, and a second refusal right after a refresh means the server will not
-    take what the worker has."""
-    if changed and not retried:
+    from the one sent, ``renewals`` how many fresh values this connection already tried.
+    The same value would be refused again; a fresh one is worth a reconnect, up to
+    :data:`AUTH_RENEWALS` of them."""
+    if changed and renewals < AUTH_RENEWALS:
         return AuthDecision.RETRY
     return AuthDecision.PARK

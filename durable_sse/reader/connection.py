@@ -12,7 +12,7 @@ the I/O around them:
 * the request is built with the secrets resolved here, for the URL's host (files read
   again when they changed, tokens minted: :mod:`~durable_sse.reader.credentials`), and
   opened by :mod:`durable_sse.sse.client`; a 401 reads or mints them again and, when one
-  changed, reconnects at once, once (``config.credentials.after_auth_failure``), else the
+  changed, reconnects at once, at most twice (``config.credentials.after_auth_failure``), else the
   stream parks naming them; the body is read by :mod:`~durable_sse.reader.body`, whose
   batches commit through :mod:`~durable_sse.reader.committer` while it reads on (per
   committed batch: L1 -> L2 -> heartbeat; a cursor never points past an uncommitted
@@ -345,35 +345,40 @@ class Connection:
 
     async def _connect_authorized(self, url: str, headers: Headers) -> Outcome:
         """Connect; after a refusal of the credentials, read or mint them again and, when
-        one changed, reconnect at once on the same route and cursor (nothing was read);
-        a refusal of unchanged credentials, or a second refusal, parks the stream."""
-        try:
-            return await self._connect(url, headers)
-        except CredentialsRefusedError as refused:
-            self._auth_failed(refused)
-            sent = dict(self.sent)
+        one changed, reconnect at once on the same route and cursor (nothing was read), up
+        to ``AUTH_RENEWALS`` times; a refusal of unchanged credentials, or one more
+        refusal after those renewals, parks the stream."""
+        renewals = 0
+        while True:
             try:
-                changed = await self.keepalive.waiting(self.credentials.renew(sent))
+                return await self._connect(url, headers)
+            except CredentialsRefusedError as refused:
+                self._auth_failed(refused)
+                sent = dict(self.sent)
+                try:
+                    changed = await self.keepalive.waiting(self.credentials.renew(sent))
+                except CredentialUnavailable as error:
+                    return self._retry_later(error)
+                decision = after_auth_failure(changed=bool(changed), renewals=renewals)
+                if decision is AuthDecision.PARK:
+                    why = (
+                        f"refused again after {renewals} renewal(s)"
+                        if changed
+                        else "unchanged when read again"
+                    )
+                    raise self._parked(refused, sent, why) from None
+                renewals += 1
+                self.log.info(
+                    "stream %s: HTTP %d: %s %s; reconnecting at once",
+                    self.stream,
+                    refused.status_code,
+                    ", ".join(changed),
+                    "read again" if len(changed) == 1 else "renewed",
+                )
+            try:
+                url, headers = self._request(await self._secret_values())
             except CredentialUnavailable as error:
                 return self._retry_later(error)
-            if after_auth_failure(changed=bool(changed), retried=False) is AuthDecision.PARK:
-                raise self._parked(refused, sent, "unchanged when read again") from None
-            self.log.info(
-                "stream %s: HTTP %d: %s %s; reconnecting at once",
-                self.stream,
-                refused.status_code,
-                ", ".join(changed),
-                "read again" if len(changed) == 1 else "renewed",
-            )
-        try:
-            url, headers = self._request(await self._secret_values())
-        except CredentialUnavailable as error:
-            return self._retry_later(error)
-        try:
-            return await self._connect(url, headers)
-        except CredentialsRefusedError as again:
-            self._auth_failed(again)
-            raise self._parked(again, self.sent, "refused again right after renewal") from None
 
     def _auth_failed(self, refused: CredentialsRefusedError) -> None:
         if self.metrics is not None:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from durable_sse.config.credentials import (
+    AUTH_RENEWALS,
     AuthDecision,
     ClientCredentialsSource,
     EnvSource,
@@ -168,10 +169,11 @@ def test_a_token_is_refreshed_at_about_80_percent_of_its_lifetime() -> None:
 
 
 def test_only_fresh_credentials_are_worth_a_reconnect() -> None:
-    assert after_auth_failure(changed=True, retried=False) is AuthDecision.RETRY
-    assert after_auth_failure(changed=False, retried=False) is AuthDecision.PARK
-    assert after_auth_failure(changed=True, retried=True) is AuthDecision.PARK
-    assert after_auth_failure(changed=False, retried=True) is AuthDecision.PARK
+    assert after_auth_failure(changed=True, renewals=0) is AuthDecision.RETRY
+    assert after_auth_failure(changed=True, renewals=AUTH_RENEWALS - 1) is AuthDecision.RETRY
+    assert after_auth_failure(changed=True, renewals=AUTH_RENEWALS) is AuthDecision.PARK
+    for renewals in range(AUTH_RENEWALS + 1):
+        assert after_auth_failure(changed=False, renewals=renewals) is AuthDecision.PARK
 
 
 def test_which_refusals_are_of_the_credentials() -> None:
