@@ -60,8 +60,10 @@ class SpreadSchedule:
         self._task = asyncio.create_task(ensure_when_due())
 
     async def settle(self) -> None:
-        """Before the run's end: a creation not yet due is dropped, one under way finishes
-        (or is stopped), so the delete that follows sees what was created."""
+        """Before the run's end or its continue-as-new: a creation not yet due is dropped
+        (its timer cancelled), one under way finishes (or is stopped), so that nothing
+        completes during the run's last task and the delete that follows a stop sees what
+        was created."""
         task = self._task
         if task is None or task.done():
             return

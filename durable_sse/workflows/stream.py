@@ -193,8 +193,11 @@ class StreamWorkflow:
         if reason is None:
             return
         # Nothing of this run may complete while its last task does: the server would
-        # refuse the continue-as-new (UnhandledCommand) and run the task again.
+        # refuse the continue-as-new (UnhandledCommand) and run the task again. So the
+        # nudges and the schedule's creation end first (a creation not yet due is dropped
+        # and the next run starts it again at the same due time).
         await asyncio.gather(*self._nudges)
+        await self._schedule.settle()
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.logger.info(
             "continuing as new (%s) after %d connections", reason, self._state.counters.connections

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -109,6 +110,32 @@ async def test_the_schedule_is_created_within_the_first_window_and_deleted_on_st
     ]
     spread = await timers(run.handle, schedule=True)
     assert len(spread) == 1 and 0 <= spread[0] < spec.replay_window
+
+
+async def test_continue_as_new_before_the_schedule_is_due_hands_its_creation_on(
+    env: WorkflowEnvironment, event_log: Stores
+) -> None:
+    """A run that continues-as-new before its schedule is due cancels the creation's timer
+    in its last task (nothing of the run may complete while that task does: the server
+    would refuse it, UnhandledCommand), and the next run creates the schedule."""
+    spec = new_spec()
+    steps = [
+        dropped("1", counts(1)),
+        # --- continue-as-new (one connection per run); this run backs off for an hour,
+        # past the schedule's due time, and creates it meanwhile
+        Step(result=ReadResult(Outcome.RETRY_LATER, retry_after=3600.0)),
+        # --- continue-as-new
+    ]
+    start = StreamState(max_connections_per_run=1)
+    run = await run_stream(env, event_log, steps, spec=spec, state=start)
+    assert run.schedules.ensured == [spec.name]
+    assert run.schedules.deleted == [spec.name]
+    first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
+    events = [event.event_type for event in (await first.fetch_history()).events]
+    assert len(await timers(first, schedule=True)) == 1
+    assert EventType.EVENT_TYPE_TIMER_CANCELED in events
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in events
+    assert events[-1] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
 
 
 async def test_spread_zero_creates_the_schedule_before_connecting(
