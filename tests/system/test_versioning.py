@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 from temporalio.client import Client, WorkflowHandle
 
@@ -131,6 +132,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _named(event: HistoryEvent, events: list[HistoryEvent]) -> str:
+    """An event's type, with the activity type for an activity's end (which activity
+    completed while a continue-as-new task was open)."""
+    name = EventType.Name(event.event_type)[11:]
+    for field in ("completed", "failed", "timed_out", "canceled"):
+        attributes = f"activity_task_{field}_event_attributes"
+        if event.HasField(attributes):  # type: ignore[arg-type]
+            scheduled = getattr(event, attributes).scheduled_event_id
+            source = events[scheduled - 1].activity_task_scheduled_event_attributes
+            return f"{name}({source.activity_type.name})"
+    return name
+
+
 async def task_failures(client: Client, workflow_id: str) -> list[str]:
     """The workflow task failures in every run of ``workflow_id`` (cause and message)."""
     failures = []
@@ -141,9 +155,7 @@ async def task_failures(client: Client, workflow_id: str) -> list[str]:
         for number, event in enumerate(events):
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                 failed = event.workflow_task_failed_event_attributes
-                around = [
-                    EventType.Name(e.event_type)[11:] for e in events[number - 4 : number + 3]
-                ]
+                around = [_named(e, events) for e in events[number - 4 : number + 3]]
                 failures.append(
                     f"{workflow_id}: {failed.cause} {failed.failure.message[:300]} {around}"
                 )
