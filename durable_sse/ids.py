@@ -59,6 +59,14 @@ def contiguous_number(event_id: str) -> int | None:
     return int(event_id)
 
 
+def is_successor(event_id: str, previous: str) -> bool:
+    """Whether ``event_id`` is the number right after ``previous`` (both plain ASCII digit
+    strings, as :func:`contiguous_number` reads them): in the ``numeric`` order no id can
+    lie between the two."""
+    low, high = contiguous_number(previous), contiguous_number(event_id)
+    return low is not None and high is not None and high == low + 1
+
+
 def sort_key(event_id: str, order: IdOrder | str) -> bytes:
     """The bytes whose bytewise order is the id order."""
     return key_function(order)(event_id)

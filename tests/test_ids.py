@@ -14,6 +14,7 @@ from durable_sse.ids import (
     compare_ids,
     contiguous_number,
     is_newer,
+    is_successor,
     newest,
     sort_key,
 )
@@ -176,3 +177,13 @@ def test_contiguous_number_never_raises(event_id: str) -> None:
     if number is not None:
         assert re.fullmatch(r"[0-9]{1,40}", event_id)
         assert number == int(event_id)
+
+
+def test_only_the_next_number_is_a_successor() -> None:
+    """No id sorts between n and n + 1 in the numeric order: the successor alone shows a
+    history reaching the cursor without a witness."""
+    assert is_successor("8", "7") and is_successor("100", "099")
+    assert not is_successor("9", "7") and not is_successor("7", "7")
+    assert not is_successor("6", "7")
+    assert not is_successor("8", "7a") and not is_successor("+8", "7")
+    assert not is_successor("²", "1")

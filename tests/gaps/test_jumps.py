@@ -242,11 +242,18 @@ def test_a_re_read_from_the_lagging_id_clears_the_suspicion() -> None:
         (suspicion.gap_id, False, True),
     ]
     # From the lagging id itself, the first row after it lies inside the suspicion: no
-    # witness, a strike.
-    t = tracker("30", lagging="30", floor="90", witness="31")
+    # witness, a strike ...
+    t = tracker("30", lagging="30", floor="90", witness="35")
     t.verify("a reconnect")
+    read(t, 35, 60, 90)
+    assert t.covered_from == "35" and t.short_history
+    # ... unless it is the lagging id's successor: no numeric id lies between the two.
+    t = tracker("30", lagging="30", floor="90", witness="31")
+    suspicion = t.verify("a reconnect")
     read(t, 31, 60, 90)
-    assert t.covered_from == "31" and t.short_history
+    assert t.covered_from == "30" and not t.short_history
+    changes = t.batch_changes(last_id="90", segment=frozenset())
+    assert suspicion is not None and changes[-1].close
 
 
 def test_suspicions_are_summed_apart_in_the_totals() -> None:
@@ -446,14 +453,16 @@ def test_a_repair_from_its_gap_s_start_with_nothing_stored_after_it_gets_a_strik
 def test_a_hole_outside_the_cursor_to_witness_span_keeps_the_witness() -> None:
     """Only a hole between the cursor and the witness takes the witness away: one wholly
     before the cursor, or one that resumes at the witness or after it, does not."""
+    # (Cursor 18, not 19: 20 right after 19 would show the history reaching the cursor
+    # without any witness, as no numeric id lies between the two.)
     gaps = [gap("before", "5", "10"), gap("a", "20", "30"), gap("later", "50", "60")]
-    t = tracker("19", floor="90", witness="20", gaps=gaps)
+    t = tracker("18", floor="90", witness="20", gaps=gaps)
     read(t, 20)
-    assert t.covered_from == "19" and not t.short_history
+    assert t.covered_from == "18" and not t.short_history
     # A gap that resumes before the cursor, its hole reaching past it: evidence from the
     # first id on; the gap resuming at the witness is still re-read from its start.
     wide = gap("wide", "5", "25")
-    t = tracker("19", floor="90", witness="20", gaps=[wide, gap("a", "20", "30")])
+    t = tracker("18", floor="90", witness="20", gaps=[wide, gap("a", "20", "30")])
     read(t, 20, *range(21, 31))
     assert t.covered_from == "20"
     closed = [c.gap_id for c in t.batch_changes(last_id="30", segment=frozenset()) if c.close]

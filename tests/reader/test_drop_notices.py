@@ -101,37 +101,24 @@ async def test_a_drop_notice_opens_a_gap_with_its_batch_and_a_repair_brings_its_
 
     # The repair: the lagged route starts one stored id before the gap, re-reads it and
     # brings the skipped ids back. This gap starts at the stream's first id, with nothing
-    # stored before it: the first row the repair meets (2) lies inside the hole, so a
-    # history that lost ids between 1 and 2 would look the same. The ids are stored, but
-    # the gap is not called repaired on that (a strike: GapClosed(repaired) promises the
-    # whole hole). The source's standing drops only hit the live tail.
+    # stored before it, so the repair starts at the gap's start itself; the first id it
+    # meets (2) is that id's successor, and no numeric id lies between the two: the
+    # history reaches the gap. The source's standing drops only hit the live tail.
     source.inject(stream_name, drop_every=None, disconnect_after=150)
     repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=[gap_id])
     assert (repair.cursor_source, repair.start_cursor, repair.last_cursor) == ("gap", "1", "151")
-    assert repair.outcome is Outcome.DROP_SIGNAL
-    assert repair.drop == DropReport(
-        kind="history_short", detail="the replay started past an open gap"
-    )
+    assert repair.outcome is Outcome.DROPPED and repair.drop is None
     # 2..151 read: 101..107 recovered, 109..151 new, 2..100 and 108 already stored.
     assert repair.counts == ReadCounts(events_read=150, new_rows=50, duplicates=100, recovered=7)
-    assert repair.gaps is not None and repair.gaps.open_ids == [gap_id]
-    assert repair.gaps.totals == GapTotals(open=1, events_recovered=7)
-    assert await gap_rows(pg_event_log, stream_name) == [
-        {
-            "gap_id": gap_id,
-            "kind": "comment",
-            "state": "open",
-            "start_id": "1",
-            "end_id": "108",
-            "notice_id": "100",
-            "reread_to": None,
-            "announced": 7,
-            "truncated": False,
-            "recovered": 7,
-            "missing": None,
-            "closed": False,
-        }
-    ]
+    assert repair.gaps is not None and repair.gaps.open_ids == []
+    assert repair.gaps.totals == GapTotals(repaired=1, events_recovered=7)
+    [row] = await gap_rows(pg_event_log, stream_name)
+    assert (row["state"], row["recovered"], row["missing"], row["closed"]) == (
+        "repaired",
+        7,
+        0,
+        True,
+    )
     assert await stored_ids(pg_event_log, stream_name) == [
         *numbers(1, 100),
         "108",
