@@ -23,6 +23,11 @@ ENVIRONMENT = {
     "DURABLE_SSE_PAYLOAD_KEY": "payload encryption key (the worker's and the CLI's must match)",
     "SSE_ALLOWED_HOSTS": "hosts stream URLs may name, comma-separated, *.domain allowed "
     "(unset: any host; development only)",
+    "SSE_SECRETS": "the variables streams may send as secrets, each bound to hosts: "
+    "NAME@host, NAME@*.example.org, NAME@host:port (list a name twice for two hosts); a "
+    "value comes from NAME, NAME_FILE or NAME_TOKEN_URL (OAuth2 client credentials)",
+    "DURABLE_SSE_REQUIRE_ENCRYPTION": "1: refuse to start without DURABLE_SSE_PAYLOAD_KEY "
+    "(default 0)",
     "DATABASE_URL": "event log, postgresql://… or sqlite:///… "
     "(default sqlite:///.durable-sse/durable-sse.db)",
     "REDIS_URL": "Redis for the L2 cursor cache (default redis://127.0.0.1:6379/0)",
