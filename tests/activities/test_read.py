@@ -88,17 +88,19 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     assert retry_beats[0]["start_cursor"] == "10"  # a third attempt would start there too
     assert await stored_ids(pg_event_log, stream_name) == numbers(1, 60)
     # What the dead attempt read is a gap to re-read (it may hide a notice it never
-    # wrote), recorded by the retry. The retry re-read it from the gap's own start, so the
-    # first row it met lies inside the gap: no proof that the history reached the start
-    # (a server that lost 11 would look the same). A repair proves it, from one stored id
-    # before the gap, and closes it once it reads one id past it.
+    # wrote), recorded by the retry. The retry re-read it from the gap's own start, and
+    # the first id it met, 11, is the start's successor: no numeric id lies between, so
+    # the history reaches the start. The retry re-read it continuously up to 44 (the last
+    # CONFIRM_IDS ids wait for a late notice that never came, as the connection ended).
+    # A repair resumes there, from one stored id before, and closes it once it reads one
+    # id past it.
     (suspect,) = await gap_rows(pg_event_log, stream_name)
     assert (suspect["kind"], suspect["start_id"], suspect["notice_id"]) == ("retry", "10", "60")
-    assert (suspect["state"], suspect["reread_to"]) == ("open", None)
+    assert (suspect["state"], suspect["reread_to"]) == ("open", "44")
     known = [suspect["gap_id"]]
     source.inject(stream_name, disconnect_after=100)
     repair, _ = await read(reader, spec, route=Route.LAGGED, known_gaps=known)
-    assert (repair.cursor_source, repair.start_cursor, repair.last_cursor) == ("gap", "9", "109")
+    assert (repair.cursor_source, repair.start_cursor, repair.last_cursor) == ("gap", "43", "143")
     (closed,) = await gap_rows(pg_event_log, stream_name)
     assert (closed["state"], closed["missing"], closed["closed"]) == ("repaired", 0, True)
 
@@ -111,10 +113,10 @@ async def test_a_retried_attempt_restarts_from_where_the_dead_one_started(
     bounded, _ = await read(reader, spec, env=env, route=Route.LIVE)
     assert (bounded.cursor_source, bounded.start_cursor, bounded.last_cursor) == (
         "lagging",
-        "109",
-        "209",
+        "143",
+        "243",
     )
-    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 209)
+    assert await stored_ids(pg_event_log, stream_name) == numbers(1, 243)
 
 
 async def test_a_retried_attempt_that_had_no_cursor_restarts_from_its_first_id(
