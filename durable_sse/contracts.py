@@ -93,6 +93,10 @@ class ReadInput:
     """Suspect what was read since the lagging id and re-read it (``verify_reconnects``:
     the connection before was ended by the server, which may have skipped events and
     dropped it before its notice went out; ``GapKind.SUSPECTED``)."""
+    verify_from: str | None = None
+    """With ``verify``: where the oldest connection the suspicion covers started (its
+    ``ReadResult.start_cursor``), the suspicion's start while the stream has no lagging
+    id yet."""
 
 
 @dataclass

@@ -218,23 +218,28 @@ class GapTracker:
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
         return gap
 
-    def verify(self, detail: str) -> GapRecord | None:
+    def verify(self, detail: str, *, since: str | None = None) -> GapRecord | None:
         """A reconnect of a stream that verifies its reconnects: record what was read
         since the lagging id (up to the newest stored id) as a suspected gap, to be
         re-read and closed on evidence like any gap (:data:`GapKind.SUSPECTED`).
 
         A suspicion still open from an earlier reconnect already covers the span up to
         its own end: the new one starts there, so suspicions never overlap. With no
-        lagging id yet, the span starts at this connection's cursor (a repair's starts
-        before the gaps it re-reads; a live one's is the newest stored id: nothing to
-        suspect). None when there is nothing to suspect (nothing stored after the start).
+        lagging id yet, the span starts where the connection to verify began (``since``,
+        the workflow's record of it) or at this connection's cursor, whichever is older
+        (a repair's cursor lies before the gaps it re-reads; a live one's is the newest
+        stored id). None when there is nothing to suspect (nothing stored after the start).
         """
         start = self.context.lagging_id
         if start is None:
             # Simulation seed 19597293: a connection cut while it repaired, before the
             # stream had a lagging id, lost a late notice with it; the skip it spoke of
-            # lay past every gap's end, and nothing suspected it.
+            # lay past every gap's end, and nothing suspected it. Seed 615092678: a live
+            # reconnect from 44 met 50 first (45..49 skipped, the notice lost); the
+            # reconnect after it started at 52, the newest stored id.
             start = self.cursor
+            if since is not None and (start is None or compare_ids(since, start, self.order) < 0):
+                start = since
         for gap in self.context.open_gaps:
             if gap.is_open and gap.kind == GapKind.SUSPECTED:
                 start = newest([start, gap.bound()], self.order)

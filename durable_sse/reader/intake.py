@@ -94,6 +94,7 @@ class Intake:
         verify: suspect what was read since the lagging id (``verify_reconnects``: a
             server may have skipped events and dropped the connection before its notice);
             see ``GapTracker.verify``.
+        verify_from: with ``verify``, where the connection to verify began.
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class Intake:
         retried: bool = False,
         read_before: bool = False,
         verify: bool = False,
+        verify_from: str | None = None,
     ) -> None:
         self.spec = spec
         self.order = spec.id_order
@@ -181,7 +183,8 @@ class Intake:
         if verify:
             self.gaps.verify(
                 "a reconnect of a stream that verifies its reconnects: what was read since "
-                "the lagging id is read again"
+                "the lagging id is read again",
+                since=verify_from,
             )
         known = set(known_gaps)
         unknown = [gap.gap_id for gap in context.open_gaps if gap.gap_id not in known]

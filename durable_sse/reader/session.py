@@ -144,6 +144,7 @@ class ReadSession:
             retried=self.retried,
             read_before=self.input.events_read_before > 0 or self.carried.events_read > 0,
             verify=self.input.verify,
+            verify_from=self.input.verify_from,
         )
         if start.cursor:
             self.decoder.last_event_id = start.cursor

@@ -134,6 +134,8 @@ class StreamState:
     verify_pending: bool = False
     """``verify_reconnects``: a connection the server ended read events, and no
     connection has recorded the suspicion yet (the next one does, and re-reads it)."""
+    verify_from: str | None = None
+    """Where the oldest connection the pending suspicion covers started."""
     counted_at: str | None = None
     """ISO time the last connection's result was folded in (the counters' age)."""
 
@@ -161,6 +163,8 @@ class ConnectionPlan:
     verify: bool = False
     """The connection records a suspicion of what was read since the lagging id
     (``StreamState.verify_pending``)."""
+    verify_from: str | None = None
+    """With ``verify``: ``StreamState.verify_from``."""
 
 
 @dataclass
@@ -252,6 +256,7 @@ def plan_connection(
     """
     plan = _plan(state, now=now, interval=interval, id_order=id_order)
     plan.verify = state.verify_pending
+    plan.verify_from = state.verify_from if plan.verify else None
     return plan
 
 
@@ -368,12 +373,18 @@ def record_result(
         result = ReadResult(outcome=Outcome.CANCELLED)  # the suspicion, if any, stays pending
     elif plan.verify:
         state.verify_pending = False  # recorded with the connection's first batch or flush
+        state.verify_from = None
     outcome = Outcome(result.outcome)
     if (
         verify_reconnects
         and outcome in (Outcome.DROPPED, Outcome.DROP_SIGNAL)
         and result.counts.events_read > 0
     ):
+        if not state.verify_pending:
+            # Where the connection to verify began: before the stream has a lagging id,
+            # the suspicion starts there (the next connection's own cursor is the newest
+            # stored id, past everything this one read). Simulation seed 615092678.
+            state.verify_from = result.start_cursor
         state.verify_pending = True
     counters = state.counters
     blind_before = counters.reconnects_without_cursor

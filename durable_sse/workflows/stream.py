@@ -312,6 +312,7 @@ class StreamWorkflow:
             connection=s.counters.connections,
             events_read_before=s.counters.events_read,
             verify=plan.verify,
+            verify_from=plan.verify_from,
         )
         suspected_before = suspicions(s.counters)
         started = workflow.now()

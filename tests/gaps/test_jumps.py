@@ -220,6 +220,21 @@ def test_with_no_lagging_id_a_repair_suspects_from_its_cursor() -> None:
     assert (suspicion.start_id, suspicion.end_id) == ("15", "88")
 
 
+def test_with_no_lagging_id_a_reconnect_suspects_from_where_the_cut_connection_began() -> None:
+    """Simulation seed 615092678: a live reconnect from 44 met 50 first (45..49 skipped,
+    their notice lost). The verified reconnect after it starts at 52, the newest stored
+    id: the suspicion starts where the cut connection began, never after the cursor."""
+    t = tracker("52", floor="52")
+    suspicion = t.verify("a reconnect", since="44")
+    assert suspicion is not None and (suspicion.start_id, suspicion.end_id) == ("44", "52")
+    # A repair's own cursor, older than where the cut connection began, stands.
+    suspicion = tracker("15", floor="88").verify("a reconnect", since="44")
+    assert suspicion is not None and suspicion.start_id == "15"
+    # The lagging id, once there is one, bounds every suspicion.
+    suspicion = tracker("52", lagging="48", floor="52").verify("x", since="44")
+    assert suspicion is not None and suspicion.start_id == "48"
+
+
 def test_a_suspicion_starts_where_an_open_one_ends() -> None:
     older = gap("s1", "30", "70", kind=GapKind.SUSPECTED.value)
     t = tracker("90", lagging="30", floor="90", gaps=[older])

@@ -490,6 +490,7 @@ class World:
             known_gaps=plan.known_gaps,
             events_read_before=state.counters.events_read,
             verify=plan.verify,
+            verify_from=plan.verify_from,
         )
         for cut in self.cut_connections:
             # What a verification of this reconnect covers, as the store has it now.

@@ -374,6 +374,22 @@ def test_the_verification_s_result_clears_it_and_its_open_suspicion_is_repaired(
     assert (repair.route, repair.verify, repair.known_gaps) == (Route.LAGGED, False, ["s1"])
 
 
+def test_a_verification_starts_where_the_connection_it_verifies_began() -> None:
+    """Seed 615092678: before the stream has a lagging id, the suspicion starts where the
+    cut connection began, not at the next one's cursor (the newest stored id). Of two cut
+    connections before one verifies, the older start stands."""
+    s = state("90")
+    verifying(s, LIVE, result(Outcome.DROPPED, "100", read=10, start_cursor="44"))
+    assert s.verify_from == "44"
+    verifying(s, LIVE, None)  # its result lost: still pending, from 44
+    verifying(s, LIVE, result(Outcome.DROPPED, "110", read=10, start_cursor="100"))
+    nxt = plan(s)
+    assert (nxt.verify, nxt.verify_from) == (True, "44")
+    verifying(s, nxt, result(Outcome.CANCELLED, "120", read=5, start_cursor="110"))
+    assert not s.verify_pending and s.verify_from is None
+    assert plan(s).verify_from is None
+
+
 def test_a_verification_whose_result_was_lost_stays_pending() -> None:
     s = state("90")
     verifying(s, LIVE, result(Outcome.DROPPED, "100", read=10))
