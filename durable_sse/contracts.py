@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import StrEnum
 
 from durable_sse.config.spec import StreamSpec
@@ -24,6 +25,11 @@ CONNECTION_MOVED = "ConnectionMovedError"
 """The error type of a read attempt its own worker ended cleanly to go on elsewhere (the
 worker stops, or hands connections over): retried at once, from its last cursor."""
 MOVED_ERRORS = (WORKER_LOST, CONNECTION_MOVED)
+RETRY_NOW = timedelta(milliseconds=1)
+"""The ``next_retry_delay`` of a moved attempt: Temporal retries it at once. Not zero:
+the SDK leaves a zero delay out of the failure, and the server then waits the retry
+policy's backoff (1 s, 2 s, 4 s, ... by attempt), which was most of a SIGTERM's
+hand-over time."""
 
 STREAM_STATE_ATTRIBUTE = "SseStreamState"
 """Keyword search attribute a stream's workflow keeps set to its state (``reading``,

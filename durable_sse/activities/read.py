@@ -38,6 +38,7 @@ from temporalio.service import RPCError
 from durable_sse.config.secrets import DeclaredSecrets
 from durable_sse.contracts import (
     CONNECTION_MOVED,
+    RETRY_NOW,
     Outcome,
     ReadInput,
     ReadProgress,
@@ -246,7 +247,7 @@ class _ActivityConnection:
             # Everything read is committed: the retry starts where this one got to, not
             # where it began (as after a death), so it has nothing to re-read or suspect.
             progress = replace(progress, start_cursor=progress.cursor, first_id=None)
-        error = ApplicationError(why, type=CONNECTION_MOVED, next_retry_delay=timedelta(0))
+        error = ApplicationError(why, type=CONNECTION_MOVED, next_retry_delay=RETRY_NOW)
         handle = activity.client().get_async_activity_handle(task_token=self.info.task_token)
         try:
             await handle.fail(error, last_heartbeat_details=[asdict(progress)])

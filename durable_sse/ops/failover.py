@@ -3,11 +3,12 @@
 The attempt's worker is gone (its lease expired, :mod:`durable_sse.ops.liveness`), so
 nothing will ever heartbeat or complete it; Temporal would notice only at its heartbeat
 timeout (minutes). Failing it by id with a retryable error whose ``next_retry_delay`` is
-zero makes Temporal start the next attempt at once, on a live worker, with the dead
-attempt's last heartbeat details: the retried connection treats what the dead one may
-have read as suspect (``GapTracker.suspect``), exactly as after a heartbeat timeout. No
-workflow task is needed for that, and the workflow's sticky task queue (the dead
-worker's) is reset, so the connection's end is not held up waiting on it either.
+:data:`~durable_sse.contracts.RETRY_NOW` makes Temporal start the next attempt at once,
+on a live worker, with the dead attempt's last heartbeat details: the retried connection
+treats what the dead one may have read as suspect (``GapTracker.suspect``), exactly as
+after a heartbeat timeout. No workflow task is needed for that, and the workflow's
+sticky task queue (the dead worker's) is reset, so the connection's end is not held up
+waiting on it either.
 
 Cost: one activity attempt per stream moved; nothing while no worker dies.
 """
@@ -26,7 +27,7 @@ from temporalio.client import AsyncActivityHandle, Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_sse.contracts import WORKER_LOST
+from durable_sse.contracts import RETRY_NOW, WORKER_LOST
 from durable_sse.log.workers import HeldConnection, WorkerLease
 from durable_sse.ops.liveness import boot_id
 from durable_sse.ops.processes import process_alive
@@ -86,7 +87,7 @@ class Failover:
             f"worker {dead.worker_id} stopped renewing its lease: its connection of stream "
             f"{connection.stream!r} moves to a live worker",
             type=WORKER_LOST,
-            next_retry_delay=timedelta(0),
+            next_retry_delay=RETRY_NOW,
         )
         if await self._fail(handle, error, connection.stream) and not gone(dead):
             check = asyncio.create_task(self._follow(connection, dead, handle, error))

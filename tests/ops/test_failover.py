@@ -1,4 +1,5 @@
-"""Which dead workers' retries are followed: only those of a worker that may be paused."""
+"""Which dead workers' retries are followed (only those of a worker that may be paused),
+and how soon a moved attempt is retried."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 
+from temporalio.api.failure.v1 import Failure
+from temporalio.converter import DataConverter, DefaultFailureConverter
+from temporalio.exceptions import ApplicationError
+
+from durable_sse.contracts import CONNECTION_MOVED, RETRY_NOW
 from durable_sse.log.workers import WorkerLease
 from durable_sse.ops.failover import gone
 from durable_sse.ops.liveness import boot_id
@@ -48,3 +55,22 @@ def test_another_host_or_boot_is_never_known_gone() -> None:
     pid = ended_pid()
     assert not gone(lease(host="elsewhere.invalid", pid=pid))
     assert not gone(lease(pid=pid, boot="another-boot"))
+
+
+def test_a_moved_attempt_is_retried_at_once_not_after_the_policy_s_backoff() -> None:
+    """The SDK leaves a zero ``next_retry_delay`` out of the failure, and the server then
+    waits the retry policy's backoff (1 s, 2 s, 4 s ...): a SIGTERM's hand-over took
+    1-4 s longer than it had to. ``RETRY_NOW`` reaches the server."""
+    converter = DefaultFailureConverter()
+    payloads = DataConverter.default.payload_converter
+
+    def delay(error: ApplicationError) -> Failure:
+        failure = Failure()
+        converter.to_failure(error, payloads, failure)
+        return failure
+
+    zero = delay(ApplicationError("moved", type=CONNECTION_MOVED, next_retry_delay=timedelta(0)))
+    assert not zero.application_failure_info.HasField("next_retry_delay")
+    now = delay(ApplicationError("moved", type=CONNECTION_MOVED, next_retry_delay=RETRY_NOW))
+    assert now.application_failure_info.HasField("next_retry_delay")
+    assert now.application_failure_info.next_retry_delay.ToTimedelta() == RETRY_NOW
