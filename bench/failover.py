@@ -1,4 +1,5 @@
-"""(10) failover: a worker dies (SIGKILL) or is told to stop (SIGTERM) under N streams.
+"""(10) failover: a worker dies (SIGKILL), is paused (SIGSTOP) or is told to stop (SIGTERM)
+under N streams.
 
 Two real worker processes (``worker.py``) poll one task queue of a throwaway dev server;
 N streams of the SSE source (in this driver process, loopback) each send a steady
@@ -7,12 +8,16 @@ N streams of the SSE source (in this driver process, loopback) each send a stead
 * ``kill``: SIGKILL the worker holding more connections; a new worker is started after
   the streams came back (or ``timeout`` passed), so two run again, and takes its share
   (or ``SPREAD_TIMEOUT`` passes);
+* ``stop``: SIGSTOP the worker holding more connections for ``PAUSE_SECONDS``, then
+  SIGCONT: its streams move as after a death, and once it runs again no stream may be
+  read by two connections for more than ``OWNER_SETTLE`` s (its lease was revoked: it
+  ends its connections, and the fence refuses their commits);
 * ``term``: SIGTERM the worker holding more connections (its exit time is measured).
 
 Per stream that worker held: seconds from the signal to its next stored event, i.e. the
 first event of the first connection the source saw open after the signal, seen stored
 in ``sse_events`` by a poll every ``POLL_EVERY`` s (one clock: this process's). A stream
-that has none within ``timeout`` counts as not recovered. After both modes the source
+that has none within ``timeout`` counts as not recovered. After the modes the source
 stops generating and the run settles: lost = ids from the first the source sent to the
 last it generated that are not stored (its ids are contiguous integers: holes),
 duplicates = rows per (stream, id) beyond one.
@@ -72,6 +77,10 @@ DESCRIBE_CONCURRENCY = 50
 SPREAD_SHARE = 1.3
 """A worker holds no more than this times a fair share once the streams spread."""
 SPREAD_TIMEOUT = 90.0
+PAUSE_SECONDS = 20.0
+"""How long the ``stop`` mode keeps the worker SIGSTOPped."""
+OWNER_SETTLE = 10.0
+"""Seconds after SIGCONT within which the paused worker must have ended its connections."""
 TERM_GOAL = 2.0
 """p99 seconds from SIGTERM to each stream's next stored event."""
 KILL_GOAL = 10.0
@@ -92,6 +101,9 @@ class ModeResult:
     """Seconds from the signal to the source seeing the stream's next connection open."""
     sent: list[float] = field(default_factory=list)
     """Seconds from the signal to that connection's first event sent."""
+    owners: int | None = None
+    """Streams read by more than one connection once the paused worker ran again for
+    :data:`OWNER_SETTLE` seconds (stop only)."""
 
     @property
     def not_recovered(self) -> int:
@@ -145,6 +157,14 @@ class Workers:
             process.wait()
         return seconds
 
+    async def pause(self, pid: int, seconds: float) -> None:
+        """SIGSTOP for ``seconds``, then SIGCONT: a worker paused, not dead."""
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
     def stop_all(self) -> None:
         for process in self.processes.values():
             stop_process(process, timeout=STOP_TIMEOUT)
@@ -177,6 +197,8 @@ async def failover_rows(running: Stack, *, streams: int, timeout: float) -> list
             results.append(kill)
             await workers.start()
             await _wait_steady(env.client, names, set(workers.processes))
+            await _wait_spread(env.client, names, set(workers.processes))
+            results.append(await _failover(env.client, running, workers, names, "stop", timeout))
             await _wait_spread(env.client, names, set(workers.processes))
             results.append(await _failover(env.client, running, workers, names, "term", timeout))
 
@@ -331,9 +353,13 @@ async def _failover(
         if pid == victim and not _opened_between(name, looked, began)
     ]
     result = ModeResult(mode=mode, held=len(held), unsure=counts[victim] - len(held))
+    paused = None
     if mode == "kill":
         workers.kill(victim)
         stopping = None
+    elif mode == "stop":
+        stopping = None
+        paused = asyncio.create_task(workers.pause(victim, PAUSE_SECONDS))
     else:
         stopping = asyncio.create_task(workers.term(victim))
     pending = set(held)
@@ -354,6 +380,9 @@ async def _failover(
                 result.sent.append(connection.first_event - began)
     if stopping is not None:
         result.stop_seconds = await stopping
+    if paused is not None:
+        await paused
+        result.owners = await _extra_readers(names)
     logger.info(
         "failover %s: %d of %d streams back, p99 %.2f s",
         mode,
@@ -362,6 +391,18 @@ async def _failover(
         percentile(result.recovered, 99),
     )
     return result
+
+
+async def _extra_readers(names: list[str]) -> int:
+    """Streams the source still sends on more than one connection, waited for up to
+    :data:`OWNER_SETTLE` seconds after the paused worker resumed (its lease was revoked:
+    it must end its connections, and the fence refuses their commits meanwhile)."""
+    deadline = time.monotonic() + OWNER_SETTLE
+    while True:
+        extra = sum(1 for name in names if sum(c.closed is None for c in CONNECTIONS[name]) > 1)
+        if extra == 0 or time.monotonic() > deadline:
+            return extra
+        await asyncio.sleep(0.5)
 
 
 def _opened_between(name: str, first: float, last: float) -> bool:
@@ -460,6 +501,8 @@ def _rows(
         worst = max(values) if values else float("nan")
         limit = TERM_GOAL if result.mode == "term" else KILL_GOAL
         goal, met = f"p99 <= {limit:g} s", result.not_recovered == 0 and p99 <= limit
+        if result.mode == "stop":
+            goal, met = "", None  # a pause is a death until the lease says otherwise
         rows.append(
             Row(
                 "10",
@@ -487,6 +530,17 @@ def _rows(
                 f"{len(values)} / {result.held} / {result.not_recovered}{unsure}",
             )
         )
+        if result.owners is not None:
+            rows.append(
+                Row(
+                    "10",
+                    f"{label}: SIGSTOP {PAUSE_SECONDS:g} s, SIGCONT: streams with two readers "
+                    f"{OWNER_SETTLE:g} s after",
+                    str(result.owners),
+                    "0",
+                    verdict(result.owners == 0),
+                )
+            )
         if result.stop_seconds is not None:
             rows.append(
                 Row(

@@ -4,9 +4,9 @@ Sections: 1 parse ceiling, 2 hot stream end to end, 3 many streams, 4 reconnect
 overhead, 5 replay, 6 cost per event, 7 naive consumer, 8 consumers of the log
 (``--only consume``: bench/consume.py), 9 what a stream costs in Temporal per stream-hour
 (``--only cost``: bench/cost.py; not in the default run, it measures for minutes), 10
-failover: a worker of two SIGKILLed, then one SIGTERMed, under N streams (``--only
-failover``: bench/failover.py; not in the default run, a SIGKILL waits out the heartbeat
-timeout).
+failover: a worker of two SIGKILLed, then one SIGSTOPped for 20 s, then one SIGTERMed,
+under N streams (``--only failover``: bench/failover.py; not in the default run: it
+takes minutes).
 Each figure is the median of several runs with min-max; each ratio is against a baseline
 measured in this run.
 Children's logs and the probe counters go to a work directory (``--workdir``).
