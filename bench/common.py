@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from durable_sse.ops.binaries import redis_server
+from durable_sse.ops.binaries import redis_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -231,20 +231,7 @@ async def stack(workdir: Path, *, pg_admin: str = DEFAULT_PG_ADMIN) -> AsyncIter
     database = "bench_" + uuid.uuid4().hex[:10]
     await _pg_admin(pg_admin, f"CREATE DATABASE {database}")
     redis_port = free_port()
-    redis_process = spawn(
-        [
-            redis_server(),
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        log=workdir / "redis.log",
-    )
+    redis_process = spawn(redis_command(redis_port), log=workdir / "redis.log")
     source_port = free_port()
     source_process = spawn(
         [PYTHON, "-m", "durable_sse.source", "--port", str(source_port), "--log-level", "WARNING"],

@@ -32,6 +32,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from durable_sse.errors import DurableSSEError
+from durable_sse.ops.binaries import redis_command
 from durable_sse.ops.embedded.postgres import EmbeddedPostgres
 from durable_sse.ops.embedded.services import EmbeddedServices, start_services
 from tests.conftest import DEFAULT_PG_URL, DEFAULT_REDIS_URL
@@ -150,19 +151,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def throwaway_redis(binary: str | Path, port: int, directory: Path) -> subprocess.Popen[bytes]:
     """A redis-server on 127.0.0.1:``port`` that persists nothing (it comes back empty)."""
     return subprocess.Popen(
-        [
-            str(binary),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(directory),
-        ],
+        redis_command(port, directory, binary=binary),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

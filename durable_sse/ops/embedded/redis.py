@@ -12,7 +12,7 @@ from redis import Redis, RedisError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from durable_sse.ops.binaries import redis_server
+from durable_sse.ops.binaries import redis_command
 from durable_sse.ops.embedded.leftovers import stop_leftovers
 from durable_sse.ops.embedded.processes import end_process, free_port, wait_ready
 
@@ -42,19 +42,7 @@ class EmbeddedRedis:
         self.port = self.port or free_port()
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
-                [
-                    redis_server(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(self.root),
-                ],
+                redis_command(self.port, self.root),
                 cwd=self.root,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
