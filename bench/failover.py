@@ -85,6 +85,9 @@ TERM_GOAL = 2.0
 """p99 seconds from SIGTERM to each stream's next stored event."""
 KILL_GOAL = 10.0
 """p99 seconds from SIGKILL to each stream's next stored event."""
+GOALS = {"kill": KILL_GOAL, "term": TERM_GOAL}
+"""The p99 goal of each mode (a pause, ``stop``, has none of its own: it is a death until
+the lease says otherwise)."""
 
 
 @dataclass
@@ -499,10 +502,10 @@ def _rows(
         values = result.recovered
         p50, p99 = percentile(values, 50), percentile(values, 99)
         worst = max(values) if values else float("nan")
-        limit = TERM_GOAL if result.mode == "term" else KILL_GOAL
-        goal, met = f"p99 <= {limit:g} s", result.not_recovered == 0 and p99 <= limit
-        if result.mode == "stop":
-            goal, met = "", None  # a pause is a death until the lease says otherwise
+        goal, met = "", None
+        limit = GOALS.get(result.mode)
+        if limit is not None:
+            goal, met = f"p99 <= {limit:g} s", result.not_recovered == 0 and p99 <= limit
         rows.append(
             Row(
                 "10",
