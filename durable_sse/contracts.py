@@ -5,7 +5,8 @@ history and shown in the Web UI, so it carries cursors and counts, never event d
 and never secrets. New fields always get defaults so old histories still decode.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Temporal decodes these dataclasses, and
+# string annotations make each decode several times dearer (tests/test_payload_types.py).
 
 import dataclasses
 import json

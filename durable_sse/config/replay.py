@@ -6,7 +6,8 @@ always get defaults. :func:`parse_replay_signal` holds every rule a payload must
 the same for the CLI, the control API and the workflow's signal handler.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Temporal decodes these dataclasses, and
+# string annotations make each decode several times dearer (tests/test_payload_types.py).
 
 from collections.abc import Mapping
 from dataclasses import dataclass

@@ -17,7 +17,8 @@ everywhere costs nothing. Secrets never appear here: ``headers_from_env`` and
 configuration (:func:`is_worker_variable`).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Temporal decodes these dataclasses, and
+# string annotations make each decode several times dearer (tests/test_payload_types.py).
 
 import dataclasses
 import difflib

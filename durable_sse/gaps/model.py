@@ -53,7 +53,8 @@ lagging id is capped by :func:`durable_sse.cursor.fence.lagging_cap`. Everything
 store is pure.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Temporal decodes these dataclasses, and
+# string annotations make each decode several times dearer (tests/test_payload_types.py).
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field

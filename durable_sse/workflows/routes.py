@@ -24,7 +24,8 @@ after each connection, and routes on it:
   re-read like a repair, under the same throttle.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Temporal decodes these dataclasses, and
+# string annotations make each decode several times dearer (tests/test_payload_types.py).
 
 import copy
 from dataclasses import dataclass, field
