@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from datetime import timedelta
 
 from temporalio.api.common.v1 import WorkflowExecution
@@ -29,8 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durable_sse.contracts import RETRY_NOW, WORKER_LOST
 from durable_sse.log.workers import HeldConnection, WorkerLease
-from durable_sse.ops.liveness import boot_id
-from durable_sse.ops.processes import process_alive
+from durable_sse.ops.liveness import ended_here
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +39,6 @@ MAX_FAILS = 8
 """Times one connection's attempt is failed at most (more than a worker's polls)."""
 MAX_LOOKS = 30
 """Looks at where a moved connection's retry went, :data:`VERIFY_AFTER` apart."""
-
-
-def gone(dead: WorkerLease) -> bool:
-    """Whether the dead worker's process is known to be gone: it ran on this host (this
-    boot) and its pid runs no more. Its polls closed with it, so no retry can land on it
-    and there is nothing to follow (elsewhere it may be only paused: followed)."""
-    return (
-        dead.host == socket.gethostname()
-        and dead.boot_id == boot_id()
-        and not process_alive(dead.pid)
-    )
 
 
 class Failover:
@@ -71,9 +58,10 @@ class Failover:
         may hand it the retry: it would sit there until the worker comes back. So the
         attempt is looked at again after :data:`VERIFY_AFTER`, and an attempt that the
         dead worker took is failed again (each paused poll takes one task at most, so
-        this ends); not when the dead worker's process is known to be gone (:func:`gone`),
-        which spares the survivor a describe call per moved stream every few seconds
-        while its retries wait to start. An attempt that already ended is no error."""
+        this ends); not when the dead worker's process is known to be gone
+        (:func:`~durable_sse.ops.liveness.ended_here`), which spares the survivor a
+        describe call per moved stream every few seconds while its retries wait to start.
+        An attempt that already ended is no error."""
         if connection.workflow_id is None or connection.activity_id is None:
             return  # registered by a build that did not record its attempt
         if connection.run_id is not None:
@@ -89,7 +77,7 @@ class Failover:
             type=WORKER_LOST,
             next_retry_delay=RETRY_NOW,
         )
-        if await self._fail(handle, error, connection.stream) and not gone(dead):
+        if await self._fail(handle, error, connection.stream) and not ended_here(dead):
             check = asyncio.create_task(self._follow(connection, dead, handle, error))
             self._following.add(check)
             check.add_done_callback(self._following.discard)

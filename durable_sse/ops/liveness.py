@@ -93,14 +93,34 @@ def to_shed(
     return min(math.floor(mine - fair), most)
 
 
-def predecessors(leases: list[WorkerLease], *, me: str, pid: int) -> list[WorkerLease]:
-    """Leases of this host whose process is gone: a worker that ran here before this one
-    (a restarted container keeps its host name; its new process may even have the old
-    pid, which is then no other worker's)."""
+def ended_here(
+    lease: WorkerLease,
+    *,
+    host: str | None = None,
+    boot: str | None = None,
+    pid: int | None = None,
+) -> bool:
+    """Whether the lease's worker is known to be gone: it ran on this host (this boot)
+    and its process runs no more. A restarted container keeps its host name, and its new
+    process may even have the old pid, which is then no other worker's. Elsewhere a worker
+    may be only paused: never known to be gone. ``host``, ``boot`` and ``pid`` are this
+    process's unless given."""
+    return (
+        lease.host == (socket.gethostname() if host is None else host)
+        and lease.boot_id == (boot_id() if boot is None else boot)
+        and (lease.pid == (os.getpid() if pid is None else pid) or not process_alive(lease.pid))
+    )
+
+
+def predecessors(
+    leases: list[WorkerLease], *, me: str, host: str, boot: str, pid: int
+) -> list[WorkerLease]:
+    """Leases of workers that ran on this host before this one and are gone
+    (:func:`ended_here`)."""
     return [
         lease
         for lease in leases
-        if lease.worker_id != me and (lease.pid == pid or not process_alive(lease.pid))
+        if lease.worker_id != me and ended_here(lease, host=host, boot=boot, pid=pid)
     ]
 
 
@@ -171,7 +191,9 @@ class WorkerLiveness:
         self._next_balance = now + self.balance_interval
         logger.info("worker lease %s taken", worker_id)
         on_host = await self.leases.on_host(self.pool, self.host, self.boot_id)
-        for lease in predecessors(on_host, me=worker_id, pid=self.pid):
+        for lease in predecessors(
+            on_host, me=worker_id, host=self.host, boot=self.boot_id, pid=self.pid
+        ):
             if await self.leases.revoke(lease.worker_id, by=worker_id, expired_only=False):
                 logger.warning(
                     "worker %s ran on this host before this one and is gone: moving its "

@@ -171,12 +171,20 @@ async def test_registered_connections_name_their_temporal_attempts(
 
 
 def test_predecessors_are_leases_of_this_host_whose_process_is_gone() -> None:
-    def lease(worker_id: str, pid: int) -> WorkerLease:
-        return WorkerLease(worker_id, POOL, "h", pid, "b", "live", 0.0, 0.0)
+    def lease(worker_id: str, pid: int, host: str = "h", boot: str = "b") -> WorkerLease:
+        return WorkerLease(worker_id, POOL, host, pid, boot, "live", 0.0, 0.0)
 
     me, alive = os.getpid(), os.getppid()
-    leases = [lease("mine", me), lease("same-pid", me), lease("alive", alive), lease("gone", 0)]
-    assert [p.worker_id for p in predecessors(leases, me="mine", pid=me)] == ["same-pid", "gone"]
+    leases = [
+        lease("mine", me),
+        lease("same-pid", me),
+        lease("alive", alive),
+        lease("gone", 0),
+        lease("elsewhere", 0, host="other"),  # maybe only paused: never known to be gone
+        lease("before-a-reboot", alive, boot="earlier"),
+    ]
+    found = predecessors(leases, me="mine", host="h", boot="b", pid=me)
+    assert [p.worker_id for p in found] == ["same-pid", "gone"]
 
 
 async def test_watchdogs_move_a_dead_workers_connections_exactly_once(

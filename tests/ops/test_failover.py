@@ -15,8 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from durable_sse.contracts import CONNECTION_MOVED, RETRY_NOW
 from durable_sse.log.workers import WorkerLease
-from durable_sse.ops.failover import gone
-from durable_sse.ops.liveness import boot_id
+from durable_sse.ops.liveness import boot_id, ended_here
 
 
 def lease(*, host: str | None = None, pid: int, boot: str | None = None) -> WorkerLease:
@@ -43,18 +42,22 @@ def ended_pid() -> int:
     return int(done.stdout)
 
 
-def test_a_process_gone_from_this_host_is_gone() -> None:
-    assert gone(lease(pid=ended_pid()))
+def test_a_process_gone_from_this_host_is_known_gone() -> None:
+    assert ended_here(lease(pid=ended_pid()))
 
 
 def test_a_process_that_runs_may_be_paused() -> None:
-    assert not gone(lease(pid=os.getpid()))
+    assert not ended_here(lease(pid=os.getppid()))
+
+
+def test_a_lease_with_this_process_s_pid_is_a_predecessor_s_whose_pid_was_reused() -> None:
+    assert ended_here(lease(pid=os.getpid()))
 
 
 def test_another_host_or_boot_is_never_known_gone() -> None:
     pid = ended_pid()
-    assert not gone(lease(host="elsewhere.invalid", pid=pid))
-    assert not gone(lease(pid=pid, boot="another-boot"))
+    assert not ended_here(lease(host="elsewhere.invalid", pid=pid))
+    assert not ended_here(lease(pid=pid, boot="another-boot"))
 
 
 def test_a_moved_attempt_is_retried_at_once_not_after_the_policy_s_backoff() -> None:
