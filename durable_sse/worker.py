@@ -191,9 +191,9 @@ def build_worker(
         worker_lease=(lambda: liveness.worker_id) if liveness is not None else None,
     )
     if liveness is not None:
-        liveness.on_revoked = reader.lease_revoked
+        liveness.on_revoked = reader.pool.lease_revoked
         if balance:
-            liveness.shed = reader.hand_over
+            liveness.shed = reader.pool.hand_over
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),

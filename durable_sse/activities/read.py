@@ -3,9 +3,11 @@
 Temporal glue only. The connection itself (its start, reading, commits and result) is
 :class:`durable_sse.reader.connection.Connection`, its reports while it reads (live
 progress, retention hold, checkpoint wake) are
-:class:`durable_sse.reader.reports.ConnectionReports`, and how often it heartbeats is
-:mod:`durable_sse.reader.heartbeat_policy`; here it is given what Temporal has to give,
-and what it raises is turned into what Temporal understands:
+:class:`durable_sse.reader.reports.ConnectionReports`, how often it heartbeats is
+:mod:`durable_sse.reader.heartbeat_policy`, and the worker's running connections (the
+ones its liveness ends or hands over) are :class:`durable_sse.reader.pool.ConnectionPool`;
+here it is given what Temporal has to give, and what it raises is turned into what
+Temporal understands:
 
 * heartbeats carry the connection's progress (a retried attempt resumes from the dead
   one's start), spaced by the policy for this worker's connection count; cancellation
@@ -21,7 +23,6 @@ and what it raises is turned into what Temporal understands:
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
@@ -43,7 +44,6 @@ from durable_sse.contracts import (
     ReadInput,
     ReadProgress,
     ReadResult,
-    Route,
 )
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, StreamRefusedError
@@ -54,6 +54,7 @@ from durable_sse.reader.credentials import Credentials
 from durable_sse.reader.heartbeat_policy import connection_heartbeat_interval
 from durable_sse.reader.keepalive import Heartbeats
 from durable_sse.reader.metrics import ReaderMetrics
+from durable_sse.reader.pool import ConnectionPool
 from durable_sse.reader.reports import PROGRESS_INTERVAL, ConnectionReports
 from durable_sse.reader.session import progress_from_details
 from durable_sse.stores import Stores
@@ -91,9 +92,8 @@ class ReadActivities:
         None: connections run under no lease, and no watchdog can move them)."""
         install_redaction()
         self.worker_lease = worker_lease
-        self.under_lease: dict[str, set[asyncio.Task[Any]]] = {}
-        """The tasks of the connections running under each worker lease."""
-        self.running: dict[asyncio.Task[Any], _ActivityConnection] = {}
+        self.pool = ConnectionPool()
+        """This worker's running connections: its liveness ends or hands them over."""
         self.wake_checkpoint = wake_checkpoint
         self.retention = retention
         self.nudges = nudges
@@ -106,72 +106,29 @@ class ReadActivities:
         self.credentials = credentials
         """Where the secrets' values come from (files, token endpoints), shared by every
         connection (None: the environment only)."""
-        self.open_connections = 0
 
     @activity.defn(name="read_stream")
     async def read_stream(self, input: ReadInput) -> ReadResult:
-        self.open_connections += 1
         connection = _ActivityConnection(self, input)
         nudges = self.nudges
         if nudges is not None:
             nudges.start()
             nudges.register(input.spec.name, connection.nudged)
-        task, worker_id = asyncio.current_task(), connection.worker_id
-        if task is not None:
-            self.running[task] = connection
-            if worker_id is not None:
-                self.under_lease.setdefault(worker_id, set()).add(task)
         try:
-            return await connection.run()
+            with self.pool.holding(connection):
+                return await connection.run()
         finally:
-            if task is not None:
-                self.running.pop(task, None)
-                if worker_id is not None:
-                    self.under_lease.get(worker_id, set()).discard(task)
-            self.open_connections -= 1
             if nudges is not None:
                 nudges.unregister(input.spec.name, connection.nudged)
             await connection.reports.stop()
             await connection.connection.close()
-
-    def lease_revoked(self, worker_id: str) -> None:
-        """This worker's lease was revoked (it was taken for dead): its streams read
-        elsewhere and the fence refuses every commit under that lease, so the
-        connections still running under it end now rather than at their next batch."""
-        tasks = self.under_lease.pop(worker_id, set())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            logger.warning(
-                "ended %d connection(s) of revoked worker lease %s", len(tasks), worker_id
-            )
-
-    async def hand_over(self, count: int, seconds: float) -> int:
-        """End ``count`` connections cleanly (flush, commit) and let Temporal retry each at
-        once from its last cursor, one every ``seconds / count``, so that they go on
-        wherever the pool has room (no workflow task in between, so the workflow's sticky
-        queue does not matter). Connections on the live route go first."""
-        chosen = sorted(
-            (c for c in self.running.items() if c[1].streaming),
-            key=lambda item: item[1].input.route != Route.LIVE,
-        )[:count]
-        pause = seconds / max(len(chosen), 1)
-        done = 0
-        for task, connection in chosen:
-            if task.done():
-                continue
-            connection.moving = "handed over to spread the pool's connections over its workers"
-            task.cancel()
-            done += 1
-            await asyncio.sleep(pause)
-        return done
 
     def heartbeat_interval(self, *, streaming: bool = True, timeout: float | None = None) -> float:
         """Seconds between one connection's heartbeats, within the worker's budget
         (:func:`durable_sse.reader.heartbeat_policy.connection_heartbeat_interval`)."""
         live = self.nudges is not None and self.nudges.live
         return connection_heartbeat_interval(
-            self.open_connections, streaming=streaming, timeout=timeout, nudges_live=live
+            self.pool.open_connections, streaming=streaming, timeout=timeout, nudges_live=live
         )
 
     def activities(self) -> list[Any]:
@@ -184,6 +141,7 @@ class _ActivityConnection:
     def __init__(self, reader: ReadActivities, input: ReadInput) -> None:
         self.reader = reader
         self.input = input
+        self.route = input.route
         self.info = info = activity.info()
         self.timeout = info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None
         """The attempt's heartbeat timeout (None: none, outside a workflow)."""

@@ -1,0 +1,101 @@
+"""The connections one worker runs: how many, under which worker lease, and which end
+early when the pool's connections are uneven or the lease is revoked.
+
+The read activity registers each connection for as long as it runs
+(:meth:`ConnectionPool.holding`); the worker's liveness asks the pool to end the ones
+under a revoked lease (:meth:`ConnectionPool.lease_revoked`) or to hand some over
+(:meth:`ConnectionPool.hand_over`). Ending one is cancelling its task: the connection
+flushes, commits and returns, and the activity decides what its end means to Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from durable_sse.contracts import Route
+
+logger = logging.getLogger(__name__)
+
+HANDED_OVER = "handed over to spread the pool's connections over its workers"
+"""Why a connection the pool hands over ends (:attr:`PooledConnection.moving`)."""
+
+
+class PooledConnection(Protocol):
+    """What the pool needs of a running connection."""
+
+    route: Route
+    """The route it reads on: live connections are handed over first."""
+    worker_id: str | None
+    """The worker lease it runs and commits under (None: none)."""
+    moving: str | None
+    """Why its own worker ends it so that it goes on elsewhere (set by the pool)."""
+
+    @property
+    def streaming(self) -> bool:
+        """Whether it reads the stream's body (not starting, not ending)."""
+        ...
+
+
+class ConnectionPool:
+    """The connections running on this worker, by task."""
+
+    def __init__(self) -> None:
+        self.running: dict[asyncio.Task[Any], PooledConnection] = {}
+        self.under_lease: dict[str, set[asyncio.Task[Any]]] = {}
+        """The tasks of the connections running under each worker lease."""
+        self.open_connections = 0
+        """Connections running now, starting and ending ones included (the heartbeat
+        budget is shared among them)."""
+
+    @contextlib.contextmanager
+    def holding(self, connection: PooledConnection) -> Iterator[None]:
+        """Count ``connection`` in, as the current task, for as long as it runs."""
+        self.open_connections += 1
+        task, worker_id = asyncio.current_task(), connection.worker_id
+        if task is not None:
+            self.running[task] = connection
+            if worker_id is not None:
+                self.under_lease.setdefault(worker_id, set()).add(task)
+        try:
+            yield
+        finally:
+            if task is not None:
+                self.running.pop(task, None)
+                if worker_id is not None:
+                    self.under_lease.get(worker_id, set()).discard(task)
+            self.open_connections -= 1
+
+    def lease_revoked(self, worker_id: str) -> None:
+        """This worker's lease was revoked (it was taken for dead): its streams read
+        elsewhere and the fence refuses every commit under that lease, so the
+        connections still running under it end now rather than at their next batch."""
+        tasks = self.under_lease.pop(worker_id, set())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            logger.warning(
+                "ended %d connection(s) of revoked worker lease %s", len(tasks), worker_id
+            )
+
+    async def hand_over(self, count: int, seconds: float) -> int:
+        """End ``count`` connections cleanly, one every ``seconds / count``, each marked
+        :data:`HANDED_OVER` so that it goes on wherever the pool has room. Connections on
+        the live route go first; one that is starting or ending is left alone."""
+        chosen = sorted(
+            (item for item in self.running.items() if item[1].streaming),
+            key=lambda item: item[1].route != Route.LIVE,
+        )[:count]
+        pause = seconds / max(len(chosen), 1)
+        done = 0
+        for task, connection in chosen:
+            if task.done():
+                continue
+            connection.moving = HANDED_OVER
+            task.cancel()
+            done += 1
+            await asyncio.sleep(pause)
+        return done

@@ -1,0 +1,67 @@
+"""The worker's connection pool, with plain tasks standing in for read activities."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from durable_sse.contracts import Route
+from durable_sse.reader.pool import HANDED_OVER, ConnectionPool
+
+
+@dataclass
+class Held:
+    route: Route = Route.LIVE
+    worker_id: str | None = "w1"
+    moving: str | None = None
+    streaming: bool = True
+
+
+async def _run(pool: ConnectionPool, connection: Held, ended: list[Held]) -> None:
+    with pool.holding(connection):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            ended.append(connection)
+
+
+async def _start(pool: ConnectionPool, held: list[Held], ended: list[Held]) -> list[asyncio.Task]:
+    tasks = [asyncio.create_task(_run(pool, connection, ended)) for connection in held]
+    await asyncio.sleep(0)
+    return tasks
+
+
+async def test_a_connection_is_counted_while_it_runs_and_not_after() -> None:
+    pool, ended = ConnectionPool(), []
+    tasks = await _start(pool, [Held(), Held(worker_id=None)], ended)
+    assert pool.open_connections == 2 and len(pool.running) == 2
+    assert set(pool.under_lease) == {"w1"} and len(pool.under_lease["w1"]) == 1
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks)
+    assert pool.open_connections == 0 and pool.running == {} and pool.under_lease["w1"] == set()
+
+
+async def test_a_revoked_lease_ends_only_the_connections_running_under_it() -> None:
+    pool, ended = ConnectionPool(), []
+    old, new = Held(worker_id="old"), Held(worker_id="new")
+    tasks = await _start(pool, [old, new], ended)
+    pool.lease_revoked("old")
+    await asyncio.sleep(0)
+    assert ended == [old] and old.moving is None  # revoked, not handed over
+    tasks[1].cancel()
+    await asyncio.gather(*tasks)
+
+
+async def test_a_hand_over_takes_live_streaming_connections_first_and_marks_them() -> None:
+    pool, ended = ConnectionPool(), []
+    repair = Held(route=Route.LAGGED)
+    starting = Held(streaming=False)
+    live = Held()
+    tasks = await _start(pool, [repair, starting, live], ended)
+    assert await pool.hand_over(2, 0.0) == 2
+    await asyncio.sleep(0)
+    assert ended == [live, repair]
+    assert live.moving == repair.moving == HANDED_OVER and starting.moving is None
+    tasks[1].cancel()
+    await asyncio.gather(*tasks)
