@@ -159,8 +159,9 @@ def nudge_reader(ref: StreamRef) -> asyncio.Task[None]:
     next heartbeat (durable_sse/ops/nudge.py). Scheduled after the cancellation, in the
     same workflow task, so the server knows of it when the reader heartbeats. Not
     awaited here: a nudge that fails only leaves the cancellation to that heartbeat; a
-    run awaits it before it continues-as-new (its completion arriving during that task
-    would have the server refuse the task, ``UnhandledCommand``)."""
+    run awaits it before its last task, a continue-as-new or its end (its completion
+    arriving during that task would have the server refuse the task, ``UnhandledCommand``).
+    """
 
     async def nudge() -> None:
         try:

@@ -99,7 +99,7 @@ class StreamWorkflow:
         self._connections = 0
         """Connections made by this run."""
         self._nudges: set[asyncio.Task[None]] = set()
-        """Nudges not yet known to be done (awaited before continue-as-new)."""
+        """Nudges not yet known to be done (awaited before the run's last task)."""
         self._attribute = False
         """The namespace has ``SseStreamState`` registered: upsert it on every change."""
         self._attribute_value: str | None = None
@@ -192,13 +192,7 @@ class StreamWorkflow:
         )
         if reason is None:
             return
-        # Nothing of this run may complete while its last task does: the server would
-        # refuse the continue-as-new (UnhandledCommand) and run the task again. So the
-        # nudges and the schedule's creation end first (a creation not yet due is dropped
-        # and the next run starts it again at the same due time).
-        await asyncio.gather(*self._nudges)
-        await self._schedule.settle()
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._quiesce()
         workflow.logger.info(
             "continuing as new (%s) after %d connections", reason, self._state.counters.connections
         )
@@ -450,11 +444,20 @@ class StreamWorkflow:
         await self._store("ensure_checkpoint_schedule", ScheduleInput(spec=self._spec))
         self._state.schedule_ensured = True
 
-    async def _finish(self, *, delete_schedule: bool) -> StreamStatus:
+    async def _quiesce(self) -> None:
+        """Before the run's last task (continue-as-new or completion): nothing of the run
+        may complete while that task does, or the server refuses it (UnhandledCommand) and
+        runs it again. So the nudges and the schedule's creation end first (a creation not
+        yet due is dropped; a next run starts it again at the same due time), and so do
+        the signal handlers."""
+        await asyncio.gather(*self._nudges)
         await self._schedule.settle()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+
+    async def _finish(self, *, delete_schedule: bool) -> StreamStatus:
+        await self._quiesce()
         ensured = self._state.schedule_ensured or self._schedule.attempted
         if delete_schedule and ensured:
-            await workflow.wait_condition(workflow.all_handlers_finished)
             await calls.delete_schedule(self._ref())
         await workflow.wait_condition(workflow.all_handlers_finished)
         self._publish()

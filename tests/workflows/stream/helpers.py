@@ -94,10 +94,13 @@ class Script:
     env: WorkflowEnvironment | None = None
     nudged: list[str] = field(default_factory=list)
     """Streams the workflow nudged after cancelling their reader (``nudge_reader``)."""
+    nudge_seconds: float = 0.0
+    """How long each nudge takes (real time)."""
 
     @activity.defn(name="nudge_reader")
     async def nudge_reader(self, input: StreamRef) -> int:
         self.nudged.append(input.name)
+        await asyncio.sleep(self.nudge_seconds)
         return 1
 
     @activity.defn(name="read_stream")
@@ -187,10 +190,11 @@ async def run_stream(
     workflow_id: str | None = None,
     schedules: ScheduleStandIn | None = None,
     during: Callable[[WorkflowHandle], Awaitable[None]] | None = None,
+    nudge_seconds: float = 0.0,
 ) -> Run:
     """Run a stream workflow over a script until it stops; return its final status."""
     spec = spec or new_spec()
-    script = Script(env.client, list(steps), event_log, env=env)
+    script = Script(env.client, list(steps), event_log, env=env, nudge_seconds=nudge_seconds)
     schedules = schedules or ScheduleStandIn()
     queue = f"tq-{uuid.uuid4().hex}"
     activities = [

@@ -89,6 +89,30 @@ async def test_stop_in_the_first_window_creates_no_schedule_and_nudges_the_reade
     ]
 
 
+async def test_a_stop_waits_for_its_nudge_before_the_run_completes(
+    env: WorkflowEnvironment, event_log: Stores
+) -> None:
+    """A nudge still running when the run's last task completes it could complete during
+    that task, and the server would refuse the task (UnhandledCommand): the run waits for
+    its nudges first, as before a continue-as-new."""
+    run = await run_stream(env, event_log, [], nudge_seconds=1.0)
+    events = list((await run.handle.fetch_history()).events)
+    nudge = next(
+        event.event_id
+        for event in events
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and event.activity_task_scheduled_event_attributes.activity_type.name == "nudge_reader"
+    )
+    assert any(
+        event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and event.activity_task_completed_event_attributes.scheduled_event_id == nudge
+        for event in events
+    ), "the run completed while its nudge still ran"
+    types = [event.event_type for event in events]
+    assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in types
+    assert types[-1] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+
+
 async def test_the_schedule_is_created_within_the_first_window_and_deleted_on_stop(
     env: WorkflowEnvironment, event_log: Stores
 ) -> None:
