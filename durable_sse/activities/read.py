@@ -44,6 +44,7 @@ from durable_sse.contracts import (
     ReadInput,
     ReadProgress,
     ReadResult,
+    Route,
 )
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, StreamRefusedError
@@ -141,7 +142,6 @@ class _ActivityConnection:
     def __init__(self, reader: ReadActivities, input: ReadInput) -> None:
         self.reader = reader
         self.input = input
-        self.route = input.route
         self.info = info = activity.info()
         self.timeout = info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None
         """The attempt's heartbeat timeout (None: none, outside a workflow)."""
@@ -227,6 +227,10 @@ class _ActivityConnection:
         if activity.is_worker_shutdown():
             return "its worker is shutting down: the connection goes on on another worker"
         return None
+
+    @property
+    def route(self) -> Route:
+        return self.input.route
 
     @property
     def streaming(self) -> bool:

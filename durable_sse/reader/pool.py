@@ -27,12 +27,15 @@ HANDED_OVER = "handed over to spread the pool's connections over its workers"
 class PooledConnection(Protocol):
     """What the pool needs of a running connection."""
 
-    route: Route
-    """The route it reads on: live connections are handed over first."""
     worker_id: str | None
     """The worker lease it runs and commits under (None: none)."""
     moving: str | None
     """Why its own worker ends it so that it goes on elsewhere (set by the pool)."""
+
+    @property
+    def route(self) -> Route:
+        """The route it reads on: live connections are handed over first."""
+        ...
 
     @property
     def streaming(self) -> bool:
