@@ -141,6 +141,9 @@ class ReadProgress:
     """The first id the attempt committed, when it started with no cursor: a retry starts
     from it instead."""
     counts: ReadCounts = field(default_factory=ReadCounts)
+    handed_over: bool = False
+    """The attempt ended by its own worker with everything it read committed (a
+    hand-over, not a death): its retry resumes at ``cursor`` with nothing to suspect."""
 
 
 @dataclass

@@ -204,7 +204,9 @@ class _ActivityConnection:
         if progress.cursor is not None:
             # Everything read is committed: the retry starts where this one got to, not
             # where it began (as after a death), so it has nothing to re-read or suspect.
-            progress = replace(progress, start_cursor=progress.cursor, first_id=None)
+            progress = replace(
+                progress, start_cursor=progress.cursor, first_id=None, handed_over=True
+            )
         error = ApplicationError(why, type=CONNECTION_MOVED, next_retry_delay=RETRY_NOW)
         handle = activity.client().get_async_activity_handle(task_token=self.info.task_token)
         try:

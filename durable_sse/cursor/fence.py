@@ -71,6 +71,7 @@ def choose_start(
     order: IdOrder | str,
     neighbour: Callable[[str, bool], str | None],
     oldest: Callable[[], str | None] | None = None,
+    retry: bool = False,
 ) -> tuple[str | None, str, str | None]:
     """Where a connection starts: ``(cursor, source, witness)``.
 
@@ -83,6 +84,9 @@ def choose_start(
     after the cursor, when the cursor is older than the floor. ``oldest`` (given for a
     retry that does not know where the attempt it replaces began) puts the oldest stored
     id before the floor: with no lagging id yet, the stream is younger than one window.
+    ``retry`` (an attempt that replaces one that died) at the floor starts one stored id
+    before it, so that its first event shows whether the history reaches the floor: the
+    dead attempt may have read past it, and nothing stored after it could show that.
     """
     if repair:
         target = oldest_open(open_gaps, order)
@@ -101,6 +105,11 @@ def choose_start(
             cursor, source = first, "oldest"
         elif floor:
             cursor, source = floor, "floor"
+    if retry and not repair and cursor and floor and compare_ids(cursor, floor, order) == 0:
+        # Simulation seed 729818868: a retry from the floor (14) met an id the dead
+        # attempt had read and never stored was gone from the history, and ids that are
+        # not contiguous could not show it (no witness).
+        cursor = neighbour(cursor, True) or cursor
     witness = None
     if cursor and floor and compare_ids(cursor, floor, order) < 0:
         witness = neighbour(cursor, False)

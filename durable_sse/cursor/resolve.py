@@ -100,6 +100,8 @@ class CursorResolver:
         begun = None
         if progress is not None:
             begun = progress.start_cursor or progress.first_id
+        # A hand-over committed everything it read: the floor needs no proof.
+        died = progress is None or not progress.handed_over
         if begun is None:
             # Nothing says where the dead attempt began. A replay begins where its route
             # says, again; a repair or a live one from the oldest open gap, else the
@@ -114,8 +116,9 @@ class CursorResolver:
                 repair=route is Route.LAGGED,
                 from_oldest=True,
                 reader=reader,
+                retry=died,
             )
-        start = await self._context(stream, order, begun, "retry", reader)
+        start = await self._context(stream, order, begun, "retry", reader, retry=died)
         lagging = start.context.lagging_id
         if is_newer(lagging, begun, order):
             if route is Route.LAGGED:
@@ -133,7 +136,7 @@ class CursorResolver:
                     if is_newer(repair.cursor, begun, order):
                         return await self._context(stream, order, repair.cursor, "gap", reader)
                     return start
-            return await self._context(stream, order, lagging, "lagging", reader)
+            return await self._context(stream, order, lagging, "lagging", reader, retry=died)
         return start
 
     async def _caches(self, stream: str, order: IdOrder) -> tuple[str | None, str]:
@@ -153,7 +156,9 @@ class CursorResolver:
         cursor: str | None,
         source: str,
         reader: ReaderLease | None = None,
+        *,
+        retry: bool = False,
     ) -> ConnectionStart:
         return await self._starts.connection_context(
-            stream, order, cursor=cursor, source=source, reader=reader
+            stream, order, cursor=cursor, source=source, reader=reader, retry=retry
         )

@@ -60,6 +60,7 @@ class StartStore:
         repair: bool = False,
         from_oldest: bool = False,
         reader: ReaderLease | None = None,
+        retry: bool = False,
     ) -> ConnectionStart:
         """One transaction as a connection starts: its cursor when the caches had none,
         and the lagging id, floor, open gaps and witness of the cursor (see
@@ -70,6 +71,8 @@ class StartStore:
         still reaches the gap; with no gap open, start from the lagging id.
         ``from_oldest``: with no cursor and no lagging id, start at the oldest stored id
         rather than the floor (see :func:`~durable_sse.cursor.fence.choose_start`).
+        ``retry``: the attempt replaces one that died; at the floor it starts one stored
+        id before it (see :func:`~durable_sse.cursor.fence.choose_start`).
         ``reader``: register the connection in ``sse_readers`` with the cursor chosen, in
         the same transaction (so no retention delete falls between choosing a cursor and
         holding its rows); registering the same reader again moves its start.
@@ -88,6 +91,7 @@ class StartStore:
             repair,
             from_oldest,
             reader,
+            retry,
         )
 
     def _context_sync(
@@ -99,6 +103,7 @@ class StartStore:
         repair: bool,
         from_oldest: bool,
         reader: ReaderLease | None = None,
+        retry: bool = False,
     ) -> ConnectionStart:
         with self._database.begin() as connection:
             if reader is not None:
@@ -120,6 +125,7 @@ class StartStore:
                     connection, stream, order, event_id, older=older
                 ),
                 oldest=(lambda: oldest_id(connection, stream)) if from_oldest else None,
+                retry=retry,
             )
             # Rows without ids only matter to a connection with no cursor: a reconnect
             # of a stream that has read events cannot resume (gaps.model.no_resume).

@@ -207,7 +207,12 @@ class GapTracker:
         too. This connection's own continuous read can close it."""
         start = newest([self.cursor, self.context.lagging_id], self.order)
         bound = self.context.floor
-        if start is None or bound is None or compare_ids(bound, start, self.order) <= 0:
+        if start is None or bound is None:
+            return None
+        past = compare_ids(bound, start, self.order)
+        if past < 0 or (past == 0 and not self._before(start)):
+            # Nothing stored after the start, and no stored id before it to show that
+            # the history reaches it: nothing this connection could prove.
             return None
         # Through the newest stored id (what the dead attempt committed) and one id past
         # it: a late notice it read may be about the ids right after, which a history
@@ -217,6 +222,11 @@ class GapTracker:
         )
         self.opened.remove(gap.gap_id)  # not this connection's own drop: it may prove it
         return gap
+
+    def _before(self, event_id: str) -> bool:
+        """Whether this connection starts before ``event_id`` (its first event can show
+        that the history reaches it)."""
+        return self.cursor is not None and compare_ids(self.cursor, event_id, self.order) < 0
 
     def verify(self, detail: str, *, since: str | None = None) -> GapRecord | None:
         """A reconnect of a stream that verifies its reconnects: record what was read

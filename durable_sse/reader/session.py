@@ -101,6 +101,12 @@ class ReadSession:
 
     # -- the start -----------------------------------------------------------------
 
+    @property
+    def replaces_a_death(self) -> bool:
+        """Whether this attempt replaces one that may have read what it never committed
+        (a retry, but not of a hand-over)."""
+        return self.retried and not (self.previous is not None and self.previous.handed_over)
+
     async def resolve(
         self, resolver: CursorResolver, *, reader: ReaderLease | None = None
     ) -> ConnectionStart:
@@ -141,7 +147,7 @@ class ReadSession:
             known_gaps=self.input.known_gaps,
             new_gap_id=self._new_gap_id,
             now_iso=self._now_iso,
-            retried=self.retried,
+            retried=self.replaces_a_death,
             read_before=self.input.events_read_before > 0 or self.carried.events_read > 0,
             verify=self.input.verify,
             verify_from=self.input.verify_from,
@@ -342,4 +348,5 @@ def progress_from_details(details: Any) -> ReadProgress | None:
         start_cursor=details.get("start_cursor"),
         first_id=details.get("first_id"),
         counts=ReadCounts(**known),
+        handed_over=details.get("handed_over") is True,
     )

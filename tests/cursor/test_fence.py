@@ -99,6 +99,41 @@ def test_the_witness_is_the_stored_id_after_an_old_cursor() -> None:
     assert start("5", "explicit") == ("5", "explicit", "10")
 
 
+def test_a_retry_at_the_floor_starts_one_stored_id_before_it() -> None:
+    """Nothing stored after the floor can show that the history reaches it, and the dead
+    attempt may have read past it: one stored id before, the floor is the witness."""
+
+    def retry(cursor: str | None, **options: object) -> tuple[str | None, str, str | None]:
+        return choose_start(
+            cursor=cursor,
+            source="retry",
+            floor="50",
+            open_gaps=[],
+            order=ORDER,
+            neighbour=neighbour,
+            retry=True,
+            **options,  # type: ignore[arg-type]
+        )
+
+    assert retry("50", repair=False, lagging_id="50") == ("40", "retry", "50")
+    assert retry(None, repair=False, lagging_id="50") == ("40", "lagging", "50")
+    assert retry("40", repair=False, lagging_id="40") == ("40", "retry", "50")  # a witness
+    # the stream's only stored id: nothing before it (the first event cannot show it)
+    assert choose_start(
+        cursor="10",
+        source="retry",
+        repair=False,
+        lagging_id=None,
+        floor="10",
+        open_gaps=[],
+        order=ORDER,
+        neighbour=lambda event_id, older: None,
+        retry=True,
+    ) == ("10", "retry", None)
+    # not a retry: the cursor stands
+    assert start("50", "l1") == ("50", "l1", None)
+
+
 def test_a_retry_that_knows_no_start_takes_the_oldest_stored_id_before_the_floor() -> None:
     def oldest() -> str:
         return "10"

@@ -332,6 +332,27 @@ async def test_a_retry_never_starts_behind_the_lagging_id(
     assert where(start) == ("40", "retry", "50")
 
 
+async def test_a_retry_at_the_floor_starts_one_stored_id_before_it(
+    resolver: CursorResolver, event_log: Stores, stream_name: str
+) -> None:
+    """Quiet for a window: the lagging id is the floor (40), and the dead attempt may have
+    read past it without storing (simulation seed 729818868)."""
+    await persist(event_log, stream_name, [10, 20, 30, 40], OLD)
+    advanced = await event_log.checkpoints.advance_lagging(stream_name, ORDER, window=3600, now=NOW)
+    assert advanced.lagging_id == "40"
+    progress = ReadProgress(cursor="40", start_cursor="20")
+    start = await resolve(resolver, stream_name, retry_of=progress, retried=True)
+    assert where(start) == ("30", "lagging", "40")
+    start = await resolve(resolver, stream_name, retry_of=None, retried=True)
+    assert where(start) == ("30", "lagging", "40")
+    start = await resolve(resolver, stream_name)  # not a retry
+    assert where(start) == ("40", "lagging", None)
+    # a hand-over committed everything it read: it resumes at its cursor, the floor
+    handed = ReadProgress(cursor="40", start_cursor="40", handed_over=True)
+    start = await resolve(resolver, stream_name, retry_of=handed, retried=True)
+    assert where(start) == ("40", "retry", None)
+
+
 async def test_a_retried_repair_keeps_its_witness_when_the_lagging_id_is_the_gaps_start(
     resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:

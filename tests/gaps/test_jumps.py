@@ -175,6 +175,32 @@ def test_a_retried_attempt_that_re_reads_continuously_clears_the_suspicion() -> 
     ]
 
 
+def test_a_retry_from_before_the_floor_suspects_what_the_dead_one_read_past_it() -> None:
+    """Simulation seed 729818868: the dead attempt stored 1..14 and read 15 on, never
+    stored; the history no longer held 15 when the retry came. Nothing was stored past
+    the start (14), so nothing was suspected, and ids that are not contiguous could not
+    show the loss: 15 was gone, uncounted. A retry at the floor starts one stored id
+    before it (``choose_start``): its first event shows whether the history reaches the
+    floor, and the span past the floor is suspected like any dead attempt's."""
+    t = tracker("40", lagging="50", floor="50", witness="50")
+    suspicion = t.suspect("an attempt died")
+    assert suspicion is not None
+    assert (suspicion.start_id, suspicion.end_id, suspicion.notice_id) == ("50", None, "50")
+    read(t, 50, 57)  # the history reaches the floor: read on past it, the span is proven
+    changes = t.batch_changes(last_id="57", segment=frozenset())
+    assert [(c.gap_id, c.close) for c in changes][-1] == (suspicion.gap_id, True)
+
+    short = tracker("40", lagging="50", floor="50", witness="50")
+    suspicion = short.suspect("an attempt died")
+    assert suspicion is not None
+    read(short, 70)  # the history starts past the floor: a strike, the span may be lost
+    assert short.covered_from == "70" and short.short_history
+    assert [c.short_to for c in short.pending_changes() if c.gap_id == suspicion.gap_id] == [
+        None,
+        "70",
+    ]
+
+
 def test_a_retry_from_its_span_s_start_has_no_witness_inside_the_span() -> None:
     """Simulation seed 708179435: a retry from 40 (where the dead attempt began) met 44
     first, the first row stored after 40, and took it for a witness. The dead attempt may

@@ -42,7 +42,9 @@ def assert_progress(beats: list[dict[str, Any]], *, start: str | None, last: str
     """Heartbeats carry ReadProgress: the start cursor, committed cursors only (never past
     the result's), moving forward, and counts that only grow."""
     assert beats, "no heartbeat"
-    assert all(set(beat) == {"cursor", "start_cursor", "first_id", "counts"} for beat in beats)
+    fields = {"cursor", "start_cursor", "first_id", "counts", "handed_over"}
+    assert all(set(beat) == fields for beat in beats)
+    assert not any(beat["handed_over"] for beat in beats)  # only a hand-over says so
     assert all(beat["start_cursor"] == start for beat in beats)
     assert beats[0]["cursor"] == start  # the connection heartbeats its start at once
     cursors = [int(beat["cursor"]) for beat in beats if beat["cursor"] is not None]

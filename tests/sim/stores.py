@@ -376,6 +376,7 @@ class MemoryEventLog:
         repair: bool = False,
         from_oldest: bool = False,
         reader: ReaderLease | None = None,
+        retry: bool = False,
     ) -> ConnectionStart:
         open_gaps = self.open_gaps()
         cursor, source, witness = choose_start(
@@ -388,6 +389,7 @@ class MemoryEventLog:
             order=self.order,
             neighbour=self.neighbour,
             oldest=(lambda: self._keys[0][1] if self._keys else None) if from_oldest else None,
+            retry=retry,
         )
         context = StreamContext(
             lagging_id=self.lagging_id,

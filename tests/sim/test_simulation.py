@@ -349,6 +349,18 @@ async def test_a_witness_inside_a_gap_s_hole_does_not_show_the_history_reaches(s
     world.verdict()
 
 
+async def test_a_retry_at_the_floor_shows_whether_the_history_reaches_it() -> None:
+    """Seed 729818868: the first connection stored 1..14 and read 15 on, never stored,
+    when its worker died; the retry started at 14, the floor, and the history no longer
+    held 15. Ids that are not contiguous could not show it: 15 was lost, uncounted. The
+    retry starts at 13 now, and the span past the floor is suspected like any dead
+    attempt's: counted when the history no longer reaches it."""
+    world = World(729818868)
+    await world.run()
+    world.verdict()
+    assert any(gap.kind == "retry" for gap in world.log.gaps.values())
+
+
 async def test_a_gap_at_the_only_stored_id_converges_once_the_source_is_quiet() -> None:
     """Seed 212111628 (the convergence check): a gap at the stream's only stored id (18),
     so its repairs sent 18 itself, with nothing stored after it to witness; the repair in
