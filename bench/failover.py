@@ -14,10 +14,17 @@ N streams of the SSE source (in this driver process, loopback) each send a stead
   ends its connections, and the fence refuses their commits);
 * ``term``: SIGTERM the worker holding more connections (its exit time is measured).
 
-Per stream that worker held: seconds from the signal to its next stored event, i.e. the
-first event of the first connection the source saw open after the signal, seen stored
-in ``sse_events`` by a poll every ``POLL_EVERY`` s (one clock: this process's). A stream
-that has none within ``timeout`` counts as not recovered. After the modes the source
+Per stream that worker held, two figures, each seen stored in ``sse_events`` by a poll
+every ``POLL_EVERY`` s (one clock: this process's):
+
+* next stored event (the goal's): seconds from the signal until the first event the
+  source generated after it is stored, by whichever connection. A stopping worker's
+  connections read on until their retries start (make before break), so for SIGTERM
+  this is how long the stream's storing paused, not how long the hand-over took;
+* next connection: seconds until the first event of the first connection the source saw
+  open after the signal is stored (the hand-over itself).
+
+A stream that has neither within ``timeout`` counts as not recovered. After the modes the source
 stops generating and the run settles: lost = ids from the first the source sent to the
 last it generated that are not stored (its ids are contiguous integers: holes),
 duplicates = rows per (stream, id) beyond one.
@@ -95,7 +102,10 @@ class ModeResult:
     mode: str
     held: int
     recovered: list[float] = field(default_factory=list)
-    """Seconds from the signal to the next stored event, per stream that came back."""
+    """Seconds from the signal to the storing of the first event generated after it, per
+    stream that came back."""
+    connected: list[float] = field(default_factory=list)
+    """Seconds from the signal to the storing of the next connection's first event."""
     stop_seconds: float | None = None
     """SIGTERM to exit (term only)."""
     unsure: int = 0
@@ -196,14 +206,16 @@ async def failover_rows(running: Stack, *, streams: int, timeout: float) -> list
             await _wait_persisting(running, names)
             await _wait_steady(env.client, names, set(workers.processes))
 
-            kill = await _failover(env.client, running, workers, names, "kill", timeout)
-            results.append(kill)
+            async def failover(mode: str) -> ModeResult:
+                return await _failover(env.client, running, source, workers, names, mode, timeout)
+
+            results.append(await failover("kill"))
             await workers.start()
             await _wait_steady(env.client, names, set(workers.processes))
             await _wait_spread(env.client, names, set(workers.processes))
-            results.append(await _failover(env.client, running, workers, names, "stop", timeout))
+            results.append(await failover("stop"))
             await _wait_spread(env.client, names, set(workers.processes))
-            results.append(await _failover(env.client, running, workers, names, "term", timeout))
+            results.append(await failover("term"))
 
             for name in names:
                 source.inject(name, paused=True)
@@ -338,6 +350,7 @@ async def _wait_spread(client: Client, names: list[str], pids: set[int]) -> None
 async def _failover(
     client: Client,
     running: Stack,
+    source: SSESource,
     workers: Workers,
     names: list[str],
     mode: str,
@@ -356,6 +369,7 @@ async def _failover(
         if pid == victim and not _opened_between(name, looked, began)
     ]
     result = ModeResult(mode=mode, held=len(held), unsure=counts[victim] - len(held))
+    following = {name: int(source.describe(name)["newest"]) + 1 for name in held}
     paused = None
     if mode == "kill":
         workers.kill(victim)
@@ -365,18 +379,22 @@ async def _failover(
         paused = asyncio.create_task(workers.pause(victim, PAUSE_SECONDS))
     else:
         stopping = asyncio.create_task(workers.term(victim))
-    pending = set(held)
+    pending, unconnected = set(held), set(held)
     deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
+    while (pending or unconnected) and time.monotonic() < deadline:
         await asyncio.sleep(POLL_EVERY)
-        targets = {name: first for name in pending if (first := _next_first_id(name, began))}
-        if not targets:
-            continue
-        stored = await _stored_ids(running, targets)
+        targets = {name: following[name] for name in pending}
+        stored = await _stored_ids(running, targets) if targets else []
         now = time.time()
         for name in stored:
             result.recovered.append(now - began)
             pending.discard(name)
+        targets = {n: first for n in unconnected if (first := _next_first_id(n, began))}
+        stored = await _stored_ids(running, targets) if targets else []
+        now = time.time()
+        for name in stored:
+            result.connected.append(now - began)
+            unconnected.discard(name)
             connection = _next_connection(name, began)
             if connection is not None and connection.first_event is not None:
                 result.opened.append(connection.opened - began)
@@ -515,6 +533,17 @@ def _rows(
                 verdict(met),
             )
         )
+        if result.connected:
+            connected = result.connected
+            rows.append(
+                Row(
+                    "10",
+                    f"{label}: {result.mode} -> next connection's first event stored, "
+                    "p50 / p99 / max (s)",
+                    f"{percentile(connected, 50):.2f} / {percentile(connected, 99):.2f}"
+                    f" / {max(connected):.2f}",
+                )
+            )
         if result.opened:
             rows.append(
                 Row(

@@ -54,6 +54,7 @@ from durable_sse.reader.credentials import Credentials
 from durable_sse.reader.heartbeat_policy import MAX_CONNECTIONS_PER_WORKER
 from durable_sse.reader.metrics import CredentialMetrics
 from durable_sse.reader.reports import PROGRESS_INTERVAL
+from durable_sse.reader.successors import OVERLAP_LIMIT, Successors
 from durable_sse.stores import Stores
 from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
 from durable_sse.workflows.stream import StreamWorkflow
@@ -71,6 +72,9 @@ HANDOVER_GRACE = 1.5
 """Seconds the workflow worker keeps running at shutdown after the connections ended, so
 that the results of those that could not move as retries (see :class:`WorkerRole`) are
 routed from its cache."""
+SHUTDOWN_GRACE = OVERLAP_LIMIT + 2.0
+"""Seconds the activity worker lets its connections run at shutdown: each ends by itself
+once its retry started elsewhere, or after :data:`OVERLAP_LIMIT` (plus its flush)."""
 STORE_SLOTS = 100
 """Activity slots beyond the connections: checkpoint, gap and schedule activities."""
 
@@ -178,6 +182,12 @@ def build_worker(
     ``role``: what this SDK worker runs (:class:`WorkerRole`)."""
     options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     options.setdefault("default_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
+    successors = None
+    if liveness is not None and role is WorkerRole.ACTIVITIES:
+        # At shutdown connections hand over and read on until their retries start
+        # (reader.successors); the SDK cancels what is left after the grace.
+        successors = Successors(resources.stores.readers, peers=liveness.has_peers)
+        options.setdefault("graceful_shutdown_timeout", timedelta(seconds=SHUTDOWN_GRACE))
     options.setdefault("graceful_shutdown_timeout", timedelta(seconds=0))
     # A worker takes no more connections than it can heartbeat in time (see
     # MAX_CONNECTIONS_PER_WORKER), plus room for the short store activities.
@@ -204,6 +214,7 @@ def build_worker(
         retention=retention,
         wake_checkpoint=schedules.wake,
         worker_lease=(lambda: liveness.worker_id) if liveness is not None else None,
+        successors=successors,
     )
     if liveness is not None:
         liveness.on_revoked = reader.pool.lease_revoked

@@ -23,6 +23,7 @@ Temporal understands:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
@@ -58,10 +59,13 @@ from durable_sse.reader.metrics import ReaderMetrics
 from durable_sse.reader.pool import ConnectionPool
 from durable_sse.reader.reports import PROGRESS_INTERVAL, ConnectionReports
 from durable_sse.reader.session import progress_from_details
+from durable_sse.reader.successors import Successors
 from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
 
+SHUTTING_DOWN = "its worker is shutting down: the connection goes on on another worker"
+"""Why a connection of a stopping worker moves."""
 ATTEMPT_MARGIN = timedelta(seconds=60)
 """Added to ``max_connection_age + connect_timeout + idle_timeout`` for a connection's
 registration when the attempt has no ``start_to_close`` timeout to go by (run outside a
@@ -84,13 +88,17 @@ class ReadActivities:
         retention: float | None = None,
         wake_checkpoint: Callable[[str], Awaitable[bool]] | None = None,
         worker_lease: Callable[[], str | None] | None = None,
+        successors: Successors | None = None,
     ) -> None:
         """``retention``: the worker's (``DURABLE_SSE_RETENTION``), for streams without
         their own: a connection moves its retention hold only when one applies.
         ``wake_checkpoint``: wakes a stream's resting checkpoint schedule
         (``ScheduleActivities.wake``; None: schedules are never woken from here).
         ``worker_lease``: the worker's liveness lease now (``WorkerLiveness.worker_id``;
-        None: connections run under no lease, and no watchdog can move them)."""
+        None: connections run under no lease, and no watchdog can move them).
+        ``successors``: at the worker's shutdown a connection hands its stream over at
+        once and reads on until its retry starts elsewhere (None: it ends first)."""
+        self.successors = successors
         install_redaction()
         self.worker_lease = worker_lease
         self.pool = ConnectionPool()
@@ -149,13 +157,17 @@ class _ActivityConnection:
         """The worker lease this connection runs and commits under."""
         self.moving: str | None = None
         """Why its worker cancels it to go on elsewhere (a hand-over), if it does."""
+        self.handed_over = False
+        """Failed through the client while it reads on (make before break): it sends no
+        more heartbeats, and whatever it ends with, Temporal has its answer already."""
+        self._failing: asyncio.Task[bool] | None = None
         details = info.heartbeat_details
         self.connection = Connection(
             input,
             stores=reader.stores,
             http=reader.http,
             heartbeats=Heartbeats(
-                send=_heartbeat, interval=self._interval, due=lambda: self.reports.due()
+                send=self._heartbeat, interval=self._interval, due=lambda: self.reports.due()
             ),
             lease=self.lease(),
             previous=progress_from_details(details[0]) if details else None,
@@ -165,7 +177,7 @@ class _ActivityConnection:
             allowed_hosts=reader.allowed_hosts,
             metrics=ReaderMetrics(activity.metric_meter(), input.spec.name),
             log=activity.logger,
-            cancel_reason=_cancel_reason,
+            cancel_reason=self._cancel_reason,
             on_stored=lambda: self.reports.stored(),
         )
         self.reports = ConnectionReports(
@@ -180,6 +192,10 @@ class _ActivityConnection:
         """The activity's context: a nudge heartbeats from the worker's listener task."""
 
     async def run(self) -> ReadResult:
+        task = asyncio.current_task()
+        watch = None
+        if self.reader.successors is not None and task is not None:
+            watch = asyncio.create_task(self._read_on_until_replaced(task))
         try:
             result = await self.connection.run()
         except ConfigError as error:
@@ -188,25 +204,67 @@ class _ActivityConnection:
             raise ApplicationError(
                 str(error), type="StreamRefusedError", non_retryable=True
             ) from None
+        finally:
+            if watch is not None:
+                watch.cancel()
+            if self._failing is not None:
+                # Ended on its own while the hand-over was being sent: its answer decides.
+                self.handed_over = await self._failing
+        if self.handed_over:
+            activity.raise_complete_async()  # answered at the hand-over, through the client
         moving = self._moving(result)
         if moving is None or not await self._move(moving):
             return result
         activity.raise_complete_async()  # completed above, through the client
 
+    async def _read_on_until_replaced(self, task: asyncio.Task[Any]) -> None:
+        """At the worker's shutdown: hand the stream over now, at the committed cursor,
+        and read on until the retry has started on another worker
+        (:mod:`durable_sse.reader.successors`); then end ``task``. A connection that is
+        not reading yet, or with no other worker to take it, ends first and hands over
+        after (:meth:`_move`)."""
+        successors = self.reader.successors
+        assert successors is not None
+        await activity.wait_for_worker_shutdown()
+        progress = self.connection.session.progress()
+        if not self.streaming or progress.cursor is None or not await successors.expected():
+            self.moving = SHUTTING_DOWN
+            task.cancel()
+            return
+        self.handed_over = True  # no heartbeat from here on: it would race the failure
+        self._failing = asyncio.create_task(self._fail(SHUTTING_DOWN, handed(progress)))
+        if not await asyncio.shield(self._failing):
+            self._failing = None
+            self.handed_over = False
+            self.moving = SHUTTING_DOWN
+            task.cancel()
+            return
+        self._failing = None
+        activity.logger.info(
+            "stream %s handed over at %s: reading on until its retry starts elsewhere",
+            self.input.spec.name,
+            progress.cursor,
+        )
+        await successors.wait(self.input.spec.name, self.info.activity_id, self.info.attempt)
+        task.cancel()
+
     async def _move(self, why: str) -> bool:
-        """Fail this attempt, flushed and committed, with a retryable error and this
-        connection's progress as its last heartbeat details, through the client: Temporal
-        retries it at once wherever there is room, with no workflow task in between, and
-        the retry resumes from this cursor (nothing read twice, nothing to suspect). A
-        heartbeat sent just before raising would race the failure and could be lost.
-        False: the attempt could not be failed (it is routed as a cancelled result)."""
+        """Fail this attempt, flushed and committed, through the client (see :meth:`_fail`),
+        so that the retry resumes from this cursor (nothing read twice, nothing to
+        suspect). False: the attempt could not be failed (it is routed as a cancelled
+        result)."""
         progress = self.connection.session.progress()
         if progress.cursor is not None:
             # Everything read is committed: the retry starts where this one got to, not
             # where it began (as after a death), so it has nothing to re-read or suspect.
-            progress = replace(
-                progress, start_cursor=progress.cursor, first_id=None, handed_over=True
-            )
+            progress = handed(progress)
+        return await self._fail(why, progress)
+
+    async def _fail(self, why: str, progress: ReadProgress) -> bool:
+        """Fail this attempt with a retryable error and ``progress`` as its last heartbeat
+        details, through the client: Temporal retries it at once wherever there is room,
+        with no workflow task in between. A heartbeat sent just before would race the
+        failure and could be lost."""
         error = ApplicationError(why, type=CONNECTION_MOVED, next_retry_delay=RETRY_NOW)
         handle = activity.client().get_async_activity_handle(task_token=self.info.task_token)
         try:
@@ -227,7 +285,7 @@ class _ActivityConnection:
         if self.moving is not None:
             return self.moving
         if activity.is_worker_shutdown():
-            return "its worker is shutting down: the connection goes on on another worker"
+            return SHUTTING_DOWN
         return None
 
     @property
@@ -264,6 +322,15 @@ class _ActivityConnection:
             attempt=info.attempt,
         )
 
+    def _cancel_reason(self) -> str:
+        if self.handed_over:
+            return "handed over at its worker's shutdown; its retry reads on another worker"
+        return self.moving or _cancel_reason()
+
+    def _heartbeat(self, progress: ReadProgress) -> None:
+        if not self.handed_over:
+            activity.heartbeat(asdict(progress))
+
     def _interval(self, streaming: bool) -> float:
         return self.reader.heartbeat_interval(streaming=streaming, timeout=self.timeout)
 
@@ -273,8 +340,9 @@ class _ActivityConnection:
         self.context.run(self.connection.heartbeat, force=True)
 
 
-def _heartbeat(progress: ReadProgress) -> None:
-    activity.heartbeat(asdict(progress))
+def handed(progress: ReadProgress) -> ReadProgress:
+    """``progress`` as a hand-over's: its retry starts at the committed cursor."""
+    return replace(progress, start_cursor=progress.cursor, first_id=None, handed_over=True)
 
 
 def _cancel_reason() -> str:

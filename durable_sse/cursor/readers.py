@@ -9,6 +9,7 @@ its row, whose expiry (:func:`reader_expiry`) ends the hold.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -44,6 +45,15 @@ class ReaderLease:
     it by id when its worker's lease expires (None: not run by an activity)."""
 
 
+@dataclass(frozen=True)
+class RegisteredAttempt:
+    """A running connection's activity attempt, as its registration names it."""
+
+    stream: str
+    activity_id: str | None
+    attempt: int
+
+
 class Readers:
     """The ``sse_readers`` rows of every stream, over the shared database."""
 
@@ -67,6 +77,13 @@ class Readers:
         """The stream's registered connections, expired ones included (tests, tools)."""
         return await self._database.run(
             f"read the readers of stream {stream!r}", self._readers_sync, stream
+        )
+
+    async def attempts(self, streams: Collection[str]) -> list[RegisteredAttempt]:
+        """The activity attempts registered as readers of ``streams`` (one query for all
+        of them: a stopping worker asks it for every connection it handed over)."""
+        return await self._database.run(
+            f"read the readers of {len(streams)} stream(s)", self._attempts_sync, list(streams)
         )
 
     def register(
@@ -118,6 +135,16 @@ class Readers:
             connection.execute(
                 sa.delete(table).where(table.c.stream == stream, table.c.reader_id == reader_id)
             )
+
+    def _attempts_sync(self, streams: list[str]) -> list[RegisteredAttempt]:
+        table = readers_table
+        with self._database.begin() as connection:
+            rows = connection.execute(
+                sa.select(table.c.stream, table.c.activity_id, table.c.attempt).where(
+                    table.c.stream.in_(streams), table.c.attempt.is_not(None)
+                )
+            )
+            return [RegisteredAttempt(row.stream, row.activity_id, row.attempt) for row in rows]
 
     def _readers_sync(self, stream: str) -> list[RunningReader]:
         with self._database.begin() as connection:

@@ -14,7 +14,9 @@ read a drop notice and died before recording it, and only re-reading what it rea
 such a hole back. The lagging id bounds how far back that goes (for a repair, its gap's
 own start does: one stored id before the gap, whatever the lagging id). When the dead attempt
 left no heartbeat, a repair starts at its gap again, and anything else at the lagging id,
-or at the oldest stored id of a stream younger than one window.
+or at the oldest stored id of a stream younger than one window. The retry of a hand-over
+(an attempt its own worker ended, everything it read committed) starts where it got to,
+or on the live route at L2 when the old connection read on and committed past that.
 
 The read of the store that answers the chain also tells the connection what it needs to
 know about its stream (:class:`~durable_sse.gaps.model.StreamContext`), checks the stream's
@@ -102,6 +104,13 @@ class CursorResolver:
             begun = progress.start_cursor or progress.first_id
         # A hand-over committed everything it read: the floor needs no proof.
         died = progress is None or not progress.handed_over
+        if not died and route is Route.LIVE and begun is not None and self._l2 is not None:
+            # A handed-over connection may read on until this retry starts (a stopping
+            # worker's, reader.successors): what it committed since moved L2 past where
+            # it handed over. A live start from there re-reads none of it.
+            cached = await self._l2.get(stream)
+            if is_newer(cached, begun, order):
+                return await self._context(stream, order, cached, "l2", reader)
         if begun is None:
             # Nothing says where the dead attempt began. A replay begins where its route
             # says, again; a repair or a live one from the oldest open gap, else the

@@ -307,6 +307,11 @@ class WorkerLiveness:
             worker_id, pool=self.pool, host=self.host, pid=self.pid, boot_id=self.boot_id
         )
 
+    async def has_peers(self) -> bool:
+        """Whether another live worker of the pool could take this one's connections."""
+        counts = await self.leases.connection_counts(self.pool)
+        return any(worker != self.worker_id for worker in counts)
+
     async def leave(self) -> None:
         """A clean shutdown: the lease ends and nothing is moved."""
         if self._shedding is not None:

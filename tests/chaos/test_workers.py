@@ -32,7 +32,8 @@ async def kill_readers(
     sizes = chaos.sizes
     name = chaos.new_stream(how.name.lower())
     task_queue = unique(how.name.lower())
-    processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
+    logs = {tmp_path / f"w{i}.log" for i in range(2)}
+    processes = [chaos.worker_process(task_queue, log) for log in sorted(logs)]
     rereads: list[int] = []
     try:
         async with chaos.sampler(name) as sampler:
@@ -46,6 +47,7 @@ async def kill_readers(
                 victim.send_signal(how)
                 await asyncio.to_thread(victim.wait, 60)
                 processes.remove(victim)
+                logs.add(tmp_path / f"r{kill}.log")
                 processes.append(chaos.worker_process(task_queue, tmp_path / f"r{kill}.log"))
                 await _wait_reader(handle, other_than=pid)
                 at_kill = (await stored(chaos.log, name)).rows
@@ -59,6 +61,14 @@ async def kill_readers(
     scenario = "3 SIGKILL" if how is signal.SIGKILL else "4 SIGTERM"
     verdict = await chaos.verdict(scenario, faults, name, sampler, status)
     print(f"{scenario}: events re-read per kill: {rereads}")
+    if how is signal.SIGTERM:
+        # Make before break (reader.successors): the stopping worker's connection read on
+        # until its retry started on the other worker.
+        read_on = sum(
+            log.read_text(errors="replace").count("reading on until its retry starts")
+            for log in logs
+        )
+        assert read_on == sizes.kills, f"{read_on} of {sizes.kills} stops read on"
     return verdict, sampler, rereads
 
 

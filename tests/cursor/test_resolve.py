@@ -353,6 +353,25 @@ async def test_a_retry_at_the_floor_starts_one_stored_id_before_it(
     assert where(start) == ("40", "retry", None)
 
 
+async def test_a_live_hand_over_s_retry_starts_where_the_old_connection_read_on_to(
+    resolver: CursorResolver, l2: RedisCursors, event_log: Stores, stream_name: str
+) -> None:
+    """A stopping worker's connection handed over at 60 and read on to 80 until its retry
+    started: on the live route the retry starts at L2, re-reading none of it; a repair or
+    a replay goes on from where it handed over (L2 is the live cursor, not theirs)."""
+    await timeline(event_log, stream_name)
+    await l2.advance(stream_name, "80", ORDER)
+    handed = ReadProgress(cursor="60", start_cursor="60", handed_over=True)
+    start = await resolve(resolver, stream_name, Route.LIVE, retry_of=handed, retried=True)
+    assert where(start) == ("80", "l2", "90")
+    for route in (Route.LAGGED, Route.EXPLICIT):
+        start = await resolve(resolver, stream_name, route, retry_of=handed, retried=True)
+        assert where(start) == ("60", "retry", "70"), route
+    behind = ReadProgress(cursor="90", start_cursor="90", handed_over=True)
+    start = await resolve(resolver, stream_name, Route.LIVE, retry_of=behind, retried=True)
+    assert where(start) == ("90", "retry", None)  # L2 older: where it handed over
+
+
 async def test_a_retried_repair_keeps_its_witness_when_the_lagging_id_is_the_gaps_start(
     resolver: CursorResolver, event_log: Stores, stream_name: str
 ) -> None:
