@@ -72,6 +72,7 @@ def choose_start(
     neighbour: Callable[[str, bool], str | None],
     oldest: Callable[[], str | None] | None = None,
     retry: bool = False,
+    settled: Callable[[], str | None] | None = None,
 ) -> tuple[str | None, str, str | None]:
     """Where a connection starts: ``(cursor, source, witness)``.
 
@@ -87,6 +88,11 @@ def choose_start(
     ``retry`` (an attempt that replaces one that died) at the floor starts one stored id
     before it, so that its first event shows whether the history reaches the floor: the
     dead attempt may have read past it, and nothing stored after it could show that.
+    ``settled`` (given for a live retry) is the newest stored id the dead attempt had
+    read well past before it died (``log.reads.settled_id``): a drop notice it may have
+    read and never recorded is about the ids after that one, so the retry starts there
+    at the earliest. Without it a retry re-read a whole window (hundreds of events a
+    stream) before storing anything new.
     """
     if repair:
         target = oldest_open(open_gaps, order)
@@ -105,6 +111,9 @@ def choose_start(
             cursor, source = first, "oldest"
         elif floor:
             cursor, source = floor, "floor"
+    if settled is not None and cursor is not None and (bound := settled()) is not None:
+        if compare_ids(bound, cursor, order) > 0:
+            cursor = bound
     if retry and not repair and cursor and floor and compare_ids(cursor, floor, order) == 0:
         # Simulation seed 729818868: a retry from the floor (14) met an id the dead
         # attempt had read and never stored was gone from the history, and ids that are

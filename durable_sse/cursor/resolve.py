@@ -11,7 +11,9 @@
 A *retried* attempt (Temporal re-ran the activity after a crash or a heartbeat timeout)
 starts where the attempt that died started, not where it got to: that attempt may have
 read a drop notice and died before recording it, and only re-reading what it read brings
-such a hole back. The lagging id bounds how far back that goes (for a repair, its gap's
+such a hole back. On the live route what it had read well past (``log.reads.settled_id``:
+as many ids and seconds as a batch needs to count as evidence) bounds that, as the
+lagging id bounds every route (for a repair, its gap's
 own start does: one stored id before the gap, whatever the lagging id). When the dead attempt
 left no heartbeat, a repair starts at its gap again, and anything else at the lagging id,
 or at the oldest stored id of a stream younger than one window. The retry of a hand-over
@@ -104,6 +106,8 @@ class CursorResolver:
             begun = progress.start_cursor or progress.first_id
         # A hand-over committed everything it read: the floor needs no proof.
         died = progress is None or not progress.handed_over
+        # A live death's notice is about what it read last, not what it read long ago.
+        settled = died and route is Route.LIVE
         if not died and route is Route.LIVE and begun is not None and self._l2 is not None:
             # A handed-over connection may read on until this retry starts (a stopping
             # worker's, reader.successors): what it committed since moved L2 past where
@@ -126,8 +130,11 @@ class CursorResolver:
                 from_oldest=True,
                 reader=reader,
                 retry=died,
+                settled=settled,
             )
-        start = await self._context(stream, order, begun, "retry", reader, retry=died)
+        start = await self._context(
+            stream, order, begun, "retry", reader, retry=died, settled=settled
+        )
         lagging = start.context.lagging_id
         if is_newer(lagging, begun, order):
             if route is Route.LAGGED:
@@ -145,7 +152,9 @@ class CursorResolver:
                     if is_newer(repair.cursor, begun, order):
                         return await self._context(stream, order, repair.cursor, "gap", reader)
                     return start
-            return await self._context(stream, order, lagging, "lagging", reader, retry=died)
+            return await self._context(
+                stream, order, lagging, "lagging", reader, retry=died, settled=settled
+            )
         return start
 
     async def _caches(self, stream: str, order: IdOrder) -> tuple[str | None, str]:
@@ -167,7 +176,14 @@ class CursorResolver:
         reader: ReaderLease | None = None,
         *,
         retry: bool = False,
+        settled: bool = False,
     ) -> ConnectionStart:
         return await self._starts.connection_context(
-            stream, order, cursor=cursor, source=source, reader=reader, retry=retry
+            stream,
+            order,
+            cursor=cursor,
+            source=source,
+            reader=reader,
+            retry=retry,
+            settled=settled,
         )

@@ -18,10 +18,11 @@ from durable_sse.cursor.fence import choose_start
 from durable_sse.cursor.readers import ReaderLease, Readers
 from durable_sse.gaps.model import StreamContext
 from durable_sse.gaps.store import GapStore
+from durable_sse.gaps.tracker import CONFIRM_IDS, CONFIRM_SECONDS
 from durable_sse.ids import IdOrder
 from durable_sse.log.database import Database
 from durable_sse.log.locks import hold_retention
-from durable_sse.log.reads import floor_in, has_rows, neighbour, oldest_id
+from durable_sse.log.reads import floor_in, has_rows, neighbour, oldest_id, settled_id
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class StartStore:
         from_oldest: bool = False,
         reader: ReaderLease | None = None,
         retry: bool = False,
+        settled: bool = False,
     ) -> ConnectionStart:
         """One transaction as a connection starts: its cursor when the caches had none,
         and the lagging id, floor, open gaps and witness of the cursor (see
@@ -72,7 +74,9 @@ class StartStore:
         ``from_oldest``: with no cursor and no lagging id, start at the oldest stored id
         rather than the floor (see :func:`~durable_sse.cursor.fence.choose_start`).
         ``retry``: the attempt replaces one that died; at the floor it starts one stored
-        id before it (see :func:`~durable_sse.cursor.fence.choose_start`).
+        id before it (see :func:`~durable_sse.cursor.fence.choose_start`). ``settled``:
+        a live retry, which starts no further back than what the dead attempt had read
+        well past (:func:`~durable_sse.log.reads.settled_id`).
         ``reader``: register the connection in ``sse_readers`` with the cursor chosen, in
         the same transaction (so no retention delete falls between choosing a cursor and
         holding its rows); registering the same reader again moves its start.
@@ -92,6 +96,7 @@ class StartStore:
             from_oldest,
             reader,
             retry,
+            settled,
         )
 
     def _context_sync(
@@ -104,6 +109,7 @@ class StartStore:
         from_oldest: bool,
         reader: ReaderLease | None = None,
         retry: bool = False,
+        settled: bool = False,
     ) -> ConnectionStart:
         with self._database.begin() as connection:
             if reader is not None:
@@ -126,6 +132,15 @@ class StartStore:
                 ),
                 oldest=(lambda: oldest_id(connection, stream)) if from_oldest else None,
                 retry=retry,
+                settled=(
+                    (
+                        lambda: settled_id(
+                            connection, stream, ids=CONFIRM_IDS, seconds=CONFIRM_SECONDS
+                        )
+                    )
+                    if settled
+                    else None
+                ),
             )
             # Rows without ids only matter to a connection with no cursor: a reconnect
             # of a stream that has read events cannot resume (gaps.model.no_resume).

@@ -7,7 +7,7 @@ statement), so what they read is consistent with what that job writes.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -164,6 +164,33 @@ def newest_row(stream: str, column: sa.Column[Any]) -> sa.Select[Any]:
 def floor_in(connection: Connection, stream: str) -> str | None:
     """The floor, read in the caller's transaction."""
     return connection.execute(newest_row(stream, events_table.c.event_id)).scalar_one_or_none()
+
+
+def settled_id(connection: Connection, stream: str, *, ids: int, seconds: float) -> str | None:
+    """The newest stored id with at least ``ids`` stored ids after it and received at
+    least ``seconds`` before the floor: what the connection that stored the floor had
+    read on past by then, with no drop signal (see ``gaps.tracker.CONFIRM_IDS``)."""
+    events = events_table
+    floor = connection.execute(newest_row(stream, events.c.received_at)).scalar_one_or_none()
+    if floor is None:
+        return None
+    before = connection.execute(
+        newest_row(stream, events.c.id_key).offset(ids)
+    ).scalar_one_or_none()
+    if before is None:
+        return None
+    cutoff = to_utc(floor) - timedelta(seconds=seconds)
+    return connection.execute(
+        sa.select(events.c.event_id)
+        .where(
+            events.c.stream == stream,
+            events.c.id_key.is_not(None),
+            events.c.id_key <= before,
+            events.c.received_at <= cutoff,
+        )
+        .order_by(events.c.id_key.desc())
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 def has_rows(connection: Connection, stream: str) -> bool:

@@ -134,6 +134,29 @@ def test_a_retry_at_the_floor_starts_one_stored_id_before_it() -> None:
     assert start("50", "l1") == ("50", "l1", None)
 
 
+def test_a_live_retry_starts_no_further_back_than_what_was_settled() -> None:
+    """A notice the dead attempt read and never recorded is about what it read last: the
+    retry starts at the settled id when that is newer than where the attempt began."""
+
+    def retry(cursor: str, settled: str | None) -> tuple[str | None, str, str | None]:
+        return choose_start(
+            cursor=cursor,
+            source="retry",
+            repair=False,
+            lagging_id=None,
+            floor="50",
+            open_gaps=[],
+            order=ORDER,
+            neighbour=neighbour,
+            retry=True,
+            settled=lambda: settled,
+        )
+
+    assert retry("10", "30") == ("30", "retry", "40")
+    assert retry("40", "30") == ("40", "retry", "50")  # began after it
+    assert retry("10", None) == ("10", "retry", "20")  # nothing settled yet
+
+
 def test_a_retry_that_knows_no_start_takes_the_oldest_stored_id_before_the_floor() -> None:
     def oldest() -> str:
         return "10"

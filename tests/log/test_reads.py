@@ -3,12 +3,14 @@ connection's context, on real PostgreSQL and real SQLite."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from durable_sse.log.reads import settled_id
 from durable_sse.log.schema import SCHEMA_VERSION
 from durable_sse.stores import Stores
 from tests.log.helpers import (
@@ -169,3 +171,24 @@ async def test_a_schema_1_database_with_rows_and_a_fence_is_migrated(
         if backend == "postgresql":
             await query_commit(admin, f"DROP SCHEMA {schema} CASCADE")
         await admin.close()
+
+
+async def test_the_settled_id_is_as_far_back_as_a_batch_needs_to_count_as_evidence(
+    event_log: Stores, stream_name: str
+) -> None:
+    """``settled_id``: at least ``ids`` stored ids before the floor and received at least
+    ``seconds`` before it (a live retry starts no further back: log.reads)."""
+
+    def settled(ids: int, seconds: float) -> str | None:
+        with event_log.database.engine.connect() as connection:
+            return settled_id(connection, stream_name, ids=ids, seconds=seconds)
+
+    assert await asyncio.to_thread(settled, 3, 1.0) is None  # nothing stored
+    # 1..10, one a second
+    events = [record(str(n), at=T0 + timedelta(seconds=n)) for n in range(1, 11)]
+    await event_log.writer.insert_batch(stream_name, "numeric", events)
+    assert await asyncio.to_thread(settled, 3, 1.0) == "7"  # three ids after it
+    assert await asyncio.to_thread(settled, 3, 5.0) == "5"  # and received 5 s before 10
+    assert await asyncio.to_thread(settled, 3, 0.0) == "7"
+    assert await asyncio.to_thread(settled, 10, 0.0) is None  # not that many stored
+    assert await asyncio.to_thread(settled, 2, 60.0) is None  # none that old

@@ -46,6 +46,7 @@ from durable_sse.gaps.model import (
     numeric_span,
     summarize,
 )
+from durable_sse.gaps.tracker import CONFIRM_IDS, CONFIRM_SECONDS
 from durable_sse.gaps.transitions import apply_change, opening_past_horizon
 from durable_sse.ids import IdOrder, contiguous_number, is_newer, sort_key
 from durable_sse.log.keys import CARRIER_KEY, reused_key
@@ -338,6 +339,17 @@ class MemoryEventLog:
     def floor(self) -> str | None:
         return self._keys[-1][1] if self._keys else None
 
+    def settled_id(self) -> str | None:
+        """As :func:`durable_sse.log.reads.settled_id`, with the tracker's defaults."""
+        if len(self._keys) <= CONFIRM_IDS:
+            return None
+        floor = self.rows[(self._keys[-1][1], 0)].received_at
+        cutoff = floor - timedelta(seconds=CONFIRM_SECONDS)
+        for _, event_id in reversed(self._keys[: len(self._keys) - CONFIRM_IDS]):
+            if self.rows[(event_id, 0)].received_at <= cutoff:
+                return event_id
+        return None
+
     def neighbour(self, event_id: str, older: bool) -> str | None:
         key = sort_key(event_id, self.order)
         if older:
@@ -377,6 +389,7 @@ class MemoryEventLog:
         from_oldest: bool = False,
         reader: ReaderLease | None = None,
         retry: bool = False,
+        settled: bool = False,
     ) -> ConnectionStart:
         open_gaps = self.open_gaps()
         cursor, source, witness = choose_start(
@@ -390,6 +403,7 @@ class MemoryEventLog:
             neighbour=self.neighbour,
             oldest=(lambda: self._keys[0][1] if self._keys else None) if from_oldest else None,
             retry=retry,
+            settled=self.settled_id if settled else None,
         )
         context = StreamContext(
             lagging_id=self.lagging_id,
