@@ -36,13 +36,13 @@ T = TypeVar("T")
 DEFAULT_CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 30.0
 WORKERS = 16
+"""Threads for database calls: the commit lanes plus checkpoint reads and writes."""
 IDLE_IN_TRANSACTION_TIMEOUT = 30.0
 """Seconds the event log's PostgreSQL sessions may sit idle inside a transaction. None of
 ours does for long (a commit lane waits for the lane before it, a few ms, seconds under a
 start-up burst); one whose worker was paused or frozen mid-commit is ended, so the locks
 it holds (its streams' commit order, see ``log.writer``) free up for the worker that took
 its streams over instead of stalling them until it comes back."""
-"""Threads for database calls: the commit lanes plus checkpoint reads and writes."""
 
 
 class Database:

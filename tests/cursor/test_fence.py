@@ -99,37 +99,31 @@ def test_the_witness_is_the_stored_id_after_an_old_cursor() -> None:
     assert start("5", "explicit") == ("5", "explicit", "10")
 
 
+def retry_start(cursor: str | None, **options: object) -> tuple[str | None, str, str | None]:
+    """``choose_start`` for a retry on the live route over STORED (floor 50)."""
+    settings: dict[str, object] = {
+        "source": "retry",
+        "repair": False,
+        "lagging_id": None,
+        "floor": "50",
+        "open_gaps": [],
+        "order": ORDER,
+        "neighbour": neighbour,
+        "retry": True,
+    }
+    settings.update(options)
+    return choose_start(cursor=cursor, **settings)  # type: ignore[arg-type]
+
+
 def test_a_retry_at_the_floor_starts_one_stored_id_before_it() -> None:
     """Nothing stored after the floor can show that the history reaches it, and the dead
     attempt may have read past it: one stored id before, the floor is the witness."""
-
-    def retry(cursor: str | None, **options: object) -> tuple[str | None, str, str | None]:
-        return choose_start(
-            cursor=cursor,
-            source="retry",
-            floor="50",
-            open_gaps=[],
-            order=ORDER,
-            neighbour=neighbour,
-            retry=True,
-            **options,  # type: ignore[arg-type]
-        )
-
-    assert retry("50", repair=False, lagging_id="50") == ("40", "retry", "50")
-    assert retry(None, repair=False, lagging_id="50") == ("40", "lagging", "50")
-    assert retry("40", repair=False, lagging_id="40") == ("40", "retry", "50")  # a witness
+    assert retry_start("50", lagging_id="50") == ("40", "retry", "50")
+    assert retry_start(None, lagging_id="50") == ("40", "lagging", "50")
+    assert retry_start("40", lagging_id="40") == ("40", "retry", "50")  # a witness
     # the stream's only stored id: nothing before it (the first event cannot show it)
-    assert choose_start(
-        cursor="10",
-        source="retry",
-        repair=False,
-        lagging_id=None,
-        floor="10",
-        open_gaps=[],
-        order=ORDER,
-        neighbour=lambda event_id, older: None,
-        retry=True,
-    ) == ("10", "retry", None)
+    alone = retry_start("10", floor="10", neighbour=lambda event_id, older: None)
+    assert alone == ("10", "retry", None)
     # not a retry: the cursor stands
     assert start("50", "l1") == ("50", "l1", None)
 
@@ -137,24 +131,9 @@ def test_a_retry_at_the_floor_starts_one_stored_id_before_it() -> None:
 def test_a_live_retry_starts_no_further_back_than_what_was_settled() -> None:
     """A notice the dead attempt read and never recorded is about what it read last: the
     retry starts at the settled id when that is newer than where the attempt began."""
-
-    def retry(cursor: str, settled: str | None) -> tuple[str | None, str, str | None]:
-        return choose_start(
-            cursor=cursor,
-            source="retry",
-            repair=False,
-            lagging_id=None,
-            floor="50",
-            open_gaps=[],
-            order=ORDER,
-            neighbour=neighbour,
-            retry=True,
-            settled=lambda: settled,
-        )
-
-    assert retry("10", "30") == ("30", "retry", "40")
-    assert retry("40", "30") == ("40", "retry", "50")  # began after it
-    assert retry("10", None) == ("10", "retry", "20")  # nothing settled yet
+    assert retry_start("10", settled=lambda: "30") == ("30", "retry", "40")
+    assert retry_start("40", settled=lambda: "30") == ("40", "retry", "50")  # began after
+    assert retry_start("10", settled=lambda: None) == ("10", "retry", "20")  # none settled
 
 
 def test_a_retry_that_knows_no_start_takes_the_oldest_stored_id_before_the_floor() -> None:
