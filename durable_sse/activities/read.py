@@ -192,6 +192,15 @@ class _ActivityConnection:
         """The activity's context: a nudge heartbeats from the worker's listener task."""
 
     async def run(self) -> ReadResult:
+        if self.reader.pool.stale(self.info.current_attempt_scheduled_time):
+            # Failed again by the watchdog while this worker was paused, most likely: a
+            # retry (at once) goes wherever the stream is not read already.
+            raise ApplicationError(
+                "the attempt reached this worker before its lease was revoked; it goes on "
+                "as a retry",
+                type=CONNECTION_MOVED,
+                next_retry_delay=RETRY_NOW,
+            )
         task = asyncio.current_task()
         watch = None
         if self.reader.successors is not None and task is not None:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from durable_sse.contracts import Route
@@ -53,6 +54,8 @@ class ConnectionPool:
         self.open_connections = 0
         """Connections running now, starting and ending ones included (the heartbeat
         budget is shared among them)."""
+        self.revoked_at: datetime | None = None
+        """When this worker last found its lease revoked (None: never)."""
 
     @contextlib.contextmanager
     def holding(self, connection: PooledConnection) -> Iterator[None]:
@@ -76,6 +79,7 @@ class ConnectionPool:
         """This worker's lease was revoked (it was taken for dead): its streams read
         elsewhere and the fence refuses every commit under that lease, so the
         connections still running under it end now rather than at their next batch."""
+        self.revoked_at = datetime.now(UTC)
         tasks = self.under_lease.pop(worker_id, set())
         for task in tasks:
             task.cancel()
@@ -83,6 +87,13 @@ class ConnectionPool:
             logger.warning(
                 "ended %d connection(s) of revoked worker lease %s", len(tasks), worker_id
             )
+
+    def stale(self, scheduled: datetime) -> bool:
+        """Whether an attempt Temporal scheduled at ``scheduled`` came to this worker
+        before its lease was revoked: a paused worker's polls take retries while it is
+        stopped, which the watchdog has failed again by the time it runs them (they
+        would read beside their successors under the worker's new lease)."""
+        return self.revoked_at is not None and scheduled <= self.revoked_at
 
     async def hand_over(self, count: int, seconds: float) -> int:
         """End ``count`` connections cleanly, one every ``seconds / count``, each marked

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import durable_sse.reader.heartbeat_policy as heartbeat_policy
@@ -23,6 +24,7 @@ import durable_sse.reader.reports as reports_module
 from durable_sse.activities.read import ReadActivities
 from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
 from durable_sse.contracts import (
+    CONNECTION_MOVED,
     Outcome,
     ReadCounts,
     ReadInput,
@@ -598,3 +600,30 @@ async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
     assert result.counts == ReadCounts(events_read=200, new_rows=200)
     assert result.last_cursor == "200"
     assert await stored_ids(pg_event_log, stream_name) == numbers(1, 200)
+
+
+async def test_an_attempt_that_reached_a_revoked_worker_earlier_does_not_start(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    """A paused worker's polls took this retry while it was stopped, and the watchdog
+    failed it again meanwhile; run after SIGCONT under the worker's new lease, it would
+    read beside its successor. It goes on as a retry instead, having touched nothing."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, current_attempt_scheduled_time=datetime.now(UTC) - timedelta(seconds=30)
+    )
+    reader.pool.lease_revoked("revoked-worker")
+    with pytest.raises(ApplicationError) as raised:
+        await read(reader, spec, env=env)
+    assert raised.value.type == CONNECTION_MOVED and not raised.value.non_retryable
+    assert await pg_event_log.readers.readers(stream_name) == []
+    assert await stored_ids(pg_event_log, stream_name) == []
+    # one scheduled after the revocation starts as usual
+    later = ActivityEnvironment()
+    later.info = dataclasses.replace(
+        later.info, current_attempt_scheduled_time=datetime.now(UTC) + timedelta(seconds=1)
+    )
+    result, _ = await read(reader, spec, env=later)
+    assert result.last_cursor == "5"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from durable_sse.contracts import Route
 from durable_sse.reader.pool import HANDED_OVER, ConnectionPool
@@ -65,3 +66,14 @@ async def test_a_hand_over_takes_live_streaming_connections_first_and_marks_them
     assert live.moving == repair.moving == HANDED_OVER and starting.moving is None
     tasks[1].cancel()
     await asyncio.gather(*tasks)
+
+
+def test_an_attempt_scheduled_before_a_revocation_is_stale() -> None:
+    """A paused worker's polls take retries while it is stopped; the watchdog has failed
+    them again by the time it runs them, under the new lease it takes after SIGCONT."""
+    pool = ConnectionPool()
+    before = datetime.now(UTC)
+    assert not pool.stale(before)  # never revoked: nothing is stale
+    pool.lease_revoked("w1")
+    assert pool.stale(before)
+    assert not pool.stale(datetime.now(UTC) + timedelta(seconds=1))
