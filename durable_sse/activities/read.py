@@ -177,7 +177,7 @@ class _ActivityConnection:
             allowed_hosts=reader.allowed_hosts,
             metrics=ReaderMetrics(activity.metric_meter(), input.spec.name),
             log=activity.logger,
-            cancel_reason=self._cancel_reason,
+            cancel_reason=self._why_cancelled,
             on_stored=lambda: self.reports.stored(),
         )
         self.reports = ConnectionReports(
@@ -331,7 +331,8 @@ class _ActivityConnection:
             attempt=info.attempt,
         )
 
-    def _cancel_reason(self) -> str:
+    def _why_cancelled(self) -> str:
+        """Why the connection was cancelled, in words: its own worker's reason first."""
         if self.handed_over:
             return "handed over at its worker's shutdown; its retry reads on another worker"
         return self.moving or _cancel_reason()

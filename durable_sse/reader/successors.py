@@ -90,7 +90,8 @@ class Successors:
         except TimeoutError:
             return False
         finally:
-            if self._waiting.get(key, (0, None))[1] is future:
+            entry = self._waiting.get(key)
+            if entry is not None and entry[1] is future:  # not a later wait's
                 del self._waiting[key]
         return True
 
