@@ -30,6 +30,7 @@ from sqlalchemy.pool import StaticPool
 from durable_sse.config.settings import sqlite_path
 from durable_sse.errors import StoreError
 from durable_sse.log.schema import CREATE_STAGING
+from durable_sse.log.sessions import this_process
 
 T = TypeVar("T")
 
@@ -40,9 +41,10 @@ WORKERS = 16
 IDLE_IN_TRANSACTION_TIMEOUT = 30.0
 """Seconds the event log's PostgreSQL sessions may sit idle inside a transaction. None of
 ours does for long (a commit lane waits for the lane before it, a few ms, seconds under a
-start-up burst); one whose worker was paused or frozen mid-commit is ended, so the locks
-it holds (its streams' commit order, see ``log.writer``) free up for the worker that took
-its streams over instead of stalling them until it comes back."""
+start-up burst). The backstop for a session paused mid-commit that no watchdog ended
+(:mod:`durable_sse.log.sessions`: one whose name was changed, or no worker left to
+notice): its locks (its streams' commit order, see ``log.writer``) free up then at the
+latest."""
 
 
 class Database:
@@ -188,6 +190,9 @@ def make_engine(
 def _prepare_postgresql(dbapi_connection: Any, _record: Any) -> None:
     with dbapi_connection.cursor() as cursor:
         cursor.execute(CREATE_STAGING)
+        # Named after this process, so that a watchdog can end this session's transaction
+        # if the process is taken for dead while paused in the middle of it.
+        cursor.execute("SELECT set_config('application_name', %s, false)", [this_process()])
     dbapi_connection.commit()
 
 

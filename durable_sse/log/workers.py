@@ -9,10 +9,11 @@ that worker's connections (:mod:`durable_sse.ops.liveness`).
 
 Why the database and not Redis: the lease is also the *fence*. Every commit of a
 connection checks, in its own transaction, that the lease it started under is not
-revoked (:func:`revoked_among`; on PostgreSQL with ``FOR SHARE``, so a revocation and a
-commit are ordered: once the revocation commits, no batch of that worker commits after
-it). A worker that was only paused (SIGSTOP, a long GC pause, a partition) and comes
-back cannot write beside its replacement, even when it cannot reach Redis.
+revoked (:func:`revoked_among`). A worker that was only paused (SIGSTOP, a long GC
+pause, a partition) and comes back cannot write beside its replacement, even when it
+cannot reach Redis; and the watchdog that revokes its lease ends the transactions it was
+paused in (:mod:`durable_sse.log.sessions`), so their locks do not hold up the streams
+that moved.
 
 Time is the database's clock (seconds since the epoch, :func:`db_now`), so two workers'
 clocks never have to agree. Rows are kept for a day after a worker leaves or is revoked
@@ -21,6 +22,7 @@ clocks never have to agree. Rows are kept for a day after a worker leaves or is 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,6 +34,9 @@ from sqlalchemy.engine import Connection
 from durable_sse.errors import StoreError
 from durable_sse.log.database import Database
 from durable_sse.log.schema import readers_table, workers_table
+from durable_sse.log.sessions import end_open_transactions, session_name
+
+logger = logging.getLogger(__name__)
 
 LEASE_TTL = 5.0
 """Seconds a lease lasts past its last renewal: two renewals may be lost, or the event
@@ -41,6 +46,8 @@ RENEW_INTERVAL = 1.5
 """Seconds between renewals of a worker's lease (and its watchdog's look at the others)."""
 REVOKE_LOCK_WAIT_MS = 2000
 """Milliseconds a revocation waits for the lease's row (PostgreSQL ``lock_timeout``)."""
+LOCK_NOT_AVAILABLE = "55P03"
+"""PostgreSQL's SQLSTATE for a ``lock_timeout`` that ran out."""
 KEEP_ENDED = 86_400.0
 """Seconds an ended lease's row is kept (then deleted by the next revocation)."""
 
@@ -99,9 +106,10 @@ def revoked_among(connection: Connection, worker_ids: Iterable[str]) -> set[str]
 
     A plain read, no row lock: a worker paused in the middle of a commit would hold such
     a lock, and its revocation (the watchdog's ``UPDATE``) would wait for it to come
-    back. So the one transaction a worker had open when it was paused may still commit
-    after it is revoked; every later one fails. That batch is as harmless as any two
-    writers of one stream (idempotent rows, monotone gap records and cursors).
+    back. So a transaction that read the fence before the revocation may still commit
+    after it (on PostgreSQL, only if it was not paused: the revocation ends a paused
+    worker's open transactions); every later one fails. Such a batch is as harmless as
+    any two writers of one stream (idempotent rows, monotone gap records and cursors).
     """
     wanted = sorted(set(worker_ids))
     if not wanted:
@@ -246,27 +254,62 @@ class WorkerLeases:
 
     def _revoke(self, worker_id: str, by: str, expired_only: bool) -> bool:
         table = workers_table
-        with self._database.begin() as connection:
-            if connection.dialect.name == "postgresql":
-                # A worker paused in the middle of its renewal holds its row: give up for
-                # now (the next look tries again) rather than hang the watchdog.
-                connection.exec_driver_sql(f"SET LOCAL lock_timeout = {REVOKE_LOCK_WAIT_MS}")
-            now = db_now(connection)
-            conditions = [table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value]
-            if expired_only:
-                conditions.append(table.c.expires_at < now)
-            result = connection.execute(
-                sa.update(table)
-                .where(*conditions)
-                .values(state=WorkerState.REVOKED.value, ended_at=now, revoked_by=by)
-            )
-            connection.execute(
-                sa.delete(table).where(
-                    table.c.state != WorkerState.LIVE.value,
-                    table.c.ended_at < now - KEEP_ENDED,
+        try:
+            with self._database.begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    # A worker paused in the middle of its renewal holds its row: give up
+                    # for now rather than hang the watchdog (below).
+                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = {REVOKE_LOCK_WAIT_MS}")
+                now = db_now(connection)
+                conditions = [
+                    table.c.worker_id == worker_id,
+                    table.c.state == WorkerState.LIVE.value,
+                ]
+                if expired_only:
+                    conditions.append(table.c.expires_at < now)
+                result = connection.execute(
+                    sa.update(table)
+                    .where(*conditions)
+                    .values(state=WorkerState.REVOKED.value, ended_at=now, revoked_by=by)
                 )
+                connection.execute(
+                    sa.delete(table).where(
+                        table.c.state != WorkerState.LIVE.value,
+                        table.c.ended_at < now - KEEP_ENDED,
+                    )
+                )
+                revoked = result.rowcount == 1
+        except sa.exc.OperationalError as error:
+            if getattr(error.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            # Its renewal's transaction holds the row: ending it frees the row for the
+            # next look, which revokes the lease.
+            self._end_transactions(worker_id)
+            return False
+        if revoked:
+            self._end_transactions(worker_id)
+        return revoked
+
+    def _end_transactions(self, worker_id: str) -> None:
+        """End the open transactions of a worker taken for dead, so that the locks they
+        hold (its streams' commit order) free up now (:mod:`durable_sse.log.sessions`)."""
+        table = workers_table
+        with self._database.begin() as connection:
+            row = connection.execute(
+                sa.select(table.c.host, table.c.pid, table.c.boot_id).where(
+                    table.c.worker_id == worker_id
+                )
+            ).one_or_none()
+            if row is None:
+                return
+            ended = end_open_transactions(connection, session_name(row.host, row.pid, row.boot_id))
+        if ended:
+            logger.warning(
+                "ended %d open database transaction(s) of worker %s, taken for dead while "
+                "in the middle of them: their locks held up the streams that moved",
+                ended,
+                worker_id,
             )
-            return result.rowcount == 1
 
     def _lease(self, worker_id: str) -> WorkerLease | None:
         table = workers_table

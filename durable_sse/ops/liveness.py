@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from secrets import token_hex
 
 from durable_sse.errors import StoreError
+from durable_sse.log.sessions import boot_id
 from durable_sse.log.workers import RENEW_INTERVAL, HeldConnection, WorkerLease, WorkerLeases
 from durable_sse.ops.metrics import LivenessMetrics
 from durable_sse.ops.processes import process_alive
@@ -60,17 +59,6 @@ Revoked = Callable[[str], None]
 Shed = Callable[[int, float], Awaitable[int]]
 """Hands ``n`` of this worker's connections over to the pool within ``seconds``;
 returns how many it did."""
-
-
-@functools.cache
-def boot_id() -> str:
-    """This host's boot (Linux): two hosts with one name, or a host that rebooted, never
-    pass for the same. Empty where the kernel does not say. Read once: a process's boot
-    never changes, and the failover asks for it once per connection it moves."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 def to_shed(

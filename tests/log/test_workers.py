@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
+import sqlalchemy as sa
 
 from durable_sse.cursor.readers import ReaderLease
 from durable_sse.errors import StoreError
 from durable_sse.log.records import EventRecord
+from durable_sse.log.schema import STREAM_LOCK_CLASS, stream_lock_key
+from durable_sse.log.sessions import end_open_transactions, session_name, this_process
 from durable_sse.log.workers import (
     HeldConnection,
     WorkerLease,
@@ -282,3 +287,75 @@ async def test_connection_counts_are_per_live_worker_of_the_pool(
         await stores.workers.acquire(worker, pool=its_pool, host="h", pid=1, boot_id="b")
     await hold_connections(stores, busy, stream_name, 3)
     assert await stores.workers.connection_counts(pool) == {busy: 3, idle: 0}
+
+
+def paused_session(pg_url: str, name: str) -> psycopg.Connection:
+    """A session named like another process's, standing in for a worker paused in it."""
+    url = sa.make_url(pg_url).set(drivername="postgresql")
+    return psycopg.connect(url.render_as_string(hide_password=False), application_name=name)
+
+
+def lock_is_free(pg_url: str, key: int) -> bool:
+    with paused_session(pg_url, "probe") as probe:
+        row = probe.execute(
+            "SELECT pg_try_advisory_xact_lock(%s, %s)", [STREAM_LOCK_CLASS, key]
+        ).fetchone()
+        return bool(row and row[0])
+
+
+async def test_this_processs_sessions_carry_its_name(pg_stores: Stores) -> None:
+    def name() -> str:
+        with pg_stores.database.begin() as connection:
+            return connection.exec_driver_sql(
+                "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            ).scalar_one()
+
+    assert await asyncio.to_thread(name) == this_process()
+    with pg_stores.database.begin() as connection:
+        assert end_open_transactions(connection, this_process()) == 0  # never our own
+
+
+async def test_revoking_a_paused_worker_ends_its_open_transactions(
+    pg_stores: Stores, pg_url: str, stream_name: str
+) -> None:
+    leases = pg_stores.workers
+    paused, host = worker_name(), f"host-{uuid.uuid4().hex[:6]}"
+    await leases.acquire(paused, pool=POOL, host=host, pid=4242, boot_id="b")
+    name = session_name(host, 4242, "b")
+    key = stream_lock_key(stream_name)
+    committing = paused_session(pg_url, name)  # paused in the middle of a commit
+    committing.execute("SELECT pg_advisory_xact_lock(%s, %s)", [STREAM_LOCK_CLASS, key])
+    idle = paused_session(pg_url, name)  # paused between two commits: holds nothing
+    idle.execute("SELECT 1")
+    idle.commit()
+    assert not await asyncio.to_thread(lock_is_free, pg_url, key)
+
+    assert await leases.revoke(paused, by="watchdog", expired_only=False)
+    # pg_terminate_backend signals; the lock is free once the backend has gone.
+    deadline = time.monotonic() + 5
+    while not await asyncio.to_thread(lock_is_free, pg_url, key):
+        assert time.monotonic() < deadline, "the paused transaction still holds its lock"
+        await asyncio.sleep(0.05)
+    with pytest.raises(psycopg.OperationalError):
+        committing.execute("SELECT 1")  # back from the pause: its session is gone
+    assert idle.execute("SELECT 1").fetchone() == (1,)
+    committing.close()
+    idle.close()
+
+
+async def test_a_worker_paused_in_its_renewal_is_revoked_at_the_next_look(
+    pg_stores: Stores, pg_url: str
+) -> None:
+    leases = pg_stores.workers
+    paused, host = worker_name(), f"host-{uuid.uuid4().hex[:6]}"
+    await leases.acquire(paused, pool=POOL, host=host, pid=4242, boot_id="b")
+    renewing = paused_session(pg_url, session_name(host, 4242, "b"))
+    renewing.execute(
+        "UPDATE sse_workers SET renewed_at = renewed_at WHERE worker_id = %s", [paused]
+    )  # holds the lease's row, as a renewal does until it commits
+
+    assert not await leases.revoke(paused, by="watchdog", expired_only=False)  # lock_timeout
+    assert await leases.revoke(paused, by="watchdog", expired_only=False)
+    lease = await leases.lease(paused)
+    assert lease is not None and lease.state == WorkerState.REVOKED
+    renewing.close()

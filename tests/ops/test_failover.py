@@ -14,8 +14,9 @@ from temporalio.converter import DataConverter, DefaultFailureConverter
 from temporalio.exceptions import ApplicationError
 
 from durable_sse.contracts import CONNECTION_MOVED, RETRY_NOW
+from durable_sse.log.sessions import boot_id
 from durable_sse.log.workers import WorkerLease
-from durable_sse.ops.liveness import boot_id, ended_here
+from durable_sse.ops.liveness import ended_here
 
 
 def lease(*, host: str | None = None, pid: int, boot: str | None = None) -> WorkerLease:
