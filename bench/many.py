@@ -31,7 +31,7 @@ from bench.hot import PERSIST_HISTOGRAM
 from bench.temporal_stack import temporal
 from durable_sse.config.spec import StreamSpec
 from durable_sse.cursor.l2 import cursor_key
-from durable_sse.log.writer import POSTGRES_LANES
+from durable_sse.log.database import COMMIT_LANES
 from durable_sse.source import SourceStreamConfig, SSESource
 from durable_sse.source.stream import SourceStream
 
@@ -147,7 +147,7 @@ async def many_rows(
         Row(
             "3",
             f"{label}: ms from batch queued to committed / batches committing "
-            f"(mean; {POSTGRES_LANES} commit lanes)",
+            f"(mean; {COMMIT_LANES} commit lanes)",
             f"{1000 * commit_seconds / commits:.0f} / {commit_seconds / (wall + 3.6):.1f}",
         )
     )

@@ -37,7 +37,15 @@ T = TypeVar("T")
 DEFAULT_CONNECT_TIMEOUT = 5
 SQLITE_BUSY_TIMEOUT = 30.0
 WORKERS = 16
-"""Threads for database calls: the commit lanes plus checkpoint reads and writes."""
+"""Threads for database calls other than commits: connection starts, checkpoint and
+retention reads and writes, leases."""
+COMMIT_LANES = 4
+"""Group transactions written at once on PostgreSQL (threads of their own, so that a
+burst of connection starts never queues the commits behind it): a hot stream's next
+batch is written while the previous one commits, and quiet streams' batches gather
+behind a busy lane."""
+POOL_SIZE = 8
+"""Sessions a process keeps open; more open as its threads need them, up to one each."""
 IDLE_IN_TRANSACTION_TIMEOUT = 30.0
 """Seconds the event log's PostgreSQL sessions may sit idle inside a transaction. None of
 ours does for long (a commit lane waits for the lane before it, a few ms, seconds under a
@@ -68,12 +76,22 @@ class Database:
         self.where = describe_database(self.engine.url)
         """The database in words, for messages (never the password)."""
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sse-db")
+        self.commit_executor = ThreadPoolExecutor(
+            max_workers=self.commit_lanes, thread_name_prefix="sse-commit"
+        )
+        """The commit lanes' threads (:mod:`durable_sse.log.commits`)."""
         self._closed = False
 
     @property
     def dialect(self) -> str:
         """``"postgresql"`` or ``"sqlite"``."""
         return self.engine.dialect.name
+
+    @property
+    def commit_lanes(self) -> int:
+        """Group transactions written at once: SQLite has one writer at a time, and a
+        second lane would only wait for its lock."""
+        return COMMIT_LANES if self.dialect == "postgresql" else 1
 
     @property
     def closed(self) -> bool:
@@ -132,6 +150,7 @@ class Database:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.engine.dispose)
         self.executor.shutdown(wait=False)
+        self.commit_executor.shutdown(wait=False)
 
 
 def make_engine(
@@ -156,8 +175,10 @@ def make_engine(
             url,
             connect_args={"connect_timeout": max(2, int(connect_timeout))},
             pool_pre_ping=True,
-            pool_size=8,
-            max_overflow=8,
+            pool_size=POOL_SIZE,
+            # One session per thread at most (a thread waiting for a session would hold
+            # up a commit lane or a start for the pool's timeout).
+            max_overflow=WORKERS + COMMIT_LANES - POOL_SIZE,
             hide_parameters=True,
         )
         event.listen(engine, "connect", _prepare_postgresql)

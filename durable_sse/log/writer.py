@@ -38,9 +38,6 @@ from durable_sse.log.workers import WorkerLeaseLostError, revoked_among
 
 logger = logging.getLogger(__name__)
 
-POSTGRES_LANES = 4
-"""Group transactions written at once on PostgreSQL: a hot stream's next batch is written
-while the previous one commits, and quiet streams' batches gather behind a busy lane."""
 MAX_GROUP_ROWS = 5000
 """Rows one group transaction takes (a larger batch still goes in whole, alone)."""
 BatchHook = Callable[[Connection, str, BatchPayload, int], None]
@@ -82,9 +79,8 @@ class Writer:
         """Optimistic COPYs that met a stored key and were written again through staging."""
         self._commits = CommitQueue(
             self._write_group_guarded,
-            database.executor,
-            # SQLite has one writer at a time: a second lane would only wait for the lock.
-            lanes=POSTGRES_LANES if database.dialect == "postgresql" else 1,
+            database.commit_executor,
+            lanes=database.commit_lanes,
             max_group_rows=MAX_GROUP_ROWS,
         )
 

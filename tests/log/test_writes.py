@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 
 from durable_sse.errors import StoreError
+from durable_sse.log.database import WORKERS
 from durable_sse.log.keys import FollowerKeys
 from durable_sse.log.records import EventRecord, InsertResult
 from durable_sse.log.staging import SMALL_BATCH
@@ -474,3 +476,24 @@ async def test_an_id_too_large_for_the_index_fails_its_batch_alone(
     with pytest.raises(StoreError, match=f"refused a batch of stream '{stream_name}'"):
         await log.writer.committed(bad)
     assert await stored(log, stream_name) == []
+
+
+async def test_a_commit_is_not_queued_behind_other_database_calls(
+    event_log: Stores, stream_name: str
+) -> None:
+    """A burst of connection starts (a failover moves a hundred) fills the database
+    threads; the commit lanes have threads of their own, so storing goes on meanwhile."""
+    database = event_log.database
+    release = threading.Event()
+    busy = [
+        asyncio.ensure_future(database.run("stand in for a start", release.wait, 30))
+        for _ in range(WORKERS * 2)
+    ]
+    try:
+        result = await asyncio.wait_for(
+            event_log.writer.insert_batch(stream_name, "numeric", [record("1")]), 10
+        )
+        assert result == InsertResult(1, 0)
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
