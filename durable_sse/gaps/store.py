@@ -199,15 +199,19 @@ class GapStore:
         the event at its ``seq`` still reaches it: the position counts marks apart.
         """
         events, table = events_table, gaps_table
-        newest = connection.execute(
-            sa.select(sa.func.max(events.c.seq)).where(events.c.stream == stream)
-        ).scalar_one_or_none()
-        marks = [
-            connection.execute(
-                sa.select(sa.func.max(column)).where(table.c.stream == stream)
-            ).scalar_one_or_none()
-            for column in (table.c.opened_mark, table.c.closed_mark)
-        ]
+        # One round trip: this runs inside the group transaction, which holds up the
+        # commits queued behind it (a failover places two markers per stream moved).
+        newest, *marks = connection.execute(
+            sa.select(
+                sa.select(sa.func.max(events.c.seq))
+                .where(events.c.stream == stream)
+                .scalar_subquery(),
+                *(
+                    sa.select(sa.func.max(column)).where(table.c.stream == stream).scalar_subquery()
+                    for column in (table.c.opened_mark, table.c.closed_mark)
+                ),
+            )
+        ).one()
         mark = max((value for value in marks if value is not None), default=0)
         at = int(newest or 0)
         for names, seq_column, mark_column in (
