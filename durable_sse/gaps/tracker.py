@@ -291,6 +291,29 @@ class GapTracker:
         """
         return self._open_skipped(last_id, event_id, kind=GapKind.ID_GAP, lost=False)
 
+    def passed_floor(self, last_id: str, event_id: str) -> bool:
+        """Ids that are not counters: whether the read went from before the newest stored
+        id (the floor when this connection started) to past it without reading it,
+        through a gap this connection re-reads. That id is stored, so the server skipped
+        it, and what else it skipped beside it cannot be told: the repair did not get
+        through, and the connection is no longer evidence (True: it must end).
+
+        Simulation seed 1268022177: a repair read 2, 3 and 4, then 11, passing the
+        stored 5, 6, 9 and 10, and closed as repaired a gap whose skipped 7 and 8 it
+        never read.
+        """
+        floor, order = self.context.floor, self.order
+        if (
+            floor is None
+            or compare_ids(last_id, floor, order) >= 0
+            or compare_ids(event_id, floor, order) <= 0
+        ):
+            return False
+        if not any(self._overlaps(gap, last_id, event_id) for gap in self.gaps.values()):
+            return False
+        self.clean = False
+        return True
+
     def drop_signal(
         self,
         kind: GapKind,

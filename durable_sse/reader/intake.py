@@ -476,6 +476,10 @@ class Intake:
                 )
         if self.spec.contiguous_ids:
             self._contiguity(event_id, first)
+        elif not first and self._last_read is not None:
+            if self.gaps.passed_floor(self._last_read, event_id):
+                self._signal(GapKind.ID_GAP.value, "the server skipped the newest stored id")
+                self.outcome = Outcome.DROP_SIGNAL
         self.gaps.id_read(event_id)
         self._last_read, self._last_key = event_id, key
         if self._pending_last_key is None or key > self._pending_last_key:

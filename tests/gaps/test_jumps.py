@@ -70,6 +70,27 @@ def test_a_jump_next_to_an_open_gap_is_not_through_it() -> None:
     assert t.clean
 
 
+def test_a_repair_that_skips_the_newest_stored_id_proves_nothing_past_it() -> None:
+    """Ids that are not counters show no hole, but the newest stored id does: a server
+    that passes it by skipped it (seed 1268022177: 2, 3, 4, then 11, floor 10)."""
+    t = tracker("1", floor="10", witness="2", gaps=[gap("a", "1", "10")])
+    read(t, 2, 3, 4)
+    assert t.passed_floor("4", "11") is True
+    assert not t.clean
+    read(t, 11, 12)
+    changes = t.batch_changes(last_id="12", segment=frozenset())
+    assert [c for c in changes if c.close or c.reread_to] == []
+
+
+def test_passing_the_floor_outside_any_gap_or_reading_it_is_no_skip() -> None:
+    t = tracker("1", floor="10", witness="2", gaps=[gap("a", "1", "5")])
+    read(t, 2, 3, 4, 5, 6)
+    assert t.passed_floor("6", "11") is False  # stored ids only, past the gap
+    assert t.passed_floor("10", "11") is False  # the floor itself was read
+    assert t.passed_floor("3", "9") is False  # not past the floor: nothing shows a skip
+    assert t.clean
+
+
 def test_a_repair_from_the_resume_point_itself_is_this_connection_s_to_repair() -> None:
     """Nothing stored before the gap: the repair sends its resume point as the cursor."""
     t = tracker("20", floor="40", witness="21", gaps=[gap("a", "20", "30")])

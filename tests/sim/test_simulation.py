@@ -598,3 +598,13 @@ def test_the_oracle_catches_a_reader_that_forgets_drop_events(
     monkeypatch.setattr(intake.Intake, "_comment", lambda self, text, now: None)
     outcome = run_seeds(range(0, 200))
     assert outcome.failures
+
+
+async def test_a_repair_that_skips_the_floor_does_not_close_its_gap() -> None:
+    """Seed 1268022177: a notice of 2 dropped ids opened a gap over 1..10 (7 and 8 were
+    the ones); its repair read 2, 3 and 4, then 11, passing the stored 5, 6, 9 and the
+    floor 10, and closed the gap as repaired without 7 and 8. Passing the floor unread
+    now ends the repair as evidence."""
+    world = World(1268022177)
+    await world.run()
+    world.verdict()
