@@ -28,7 +28,7 @@ from durable_sse.gaps.model import (
     numeric_span,
     summarize,
 )
-from durable_sse.gaps.transitions import apply_change, opening_past_horizon
+from durable_sse.gaps.transitions import apply_change, changes_nothing, opening_past_horizon
 from durable_sse.ids import IdOrder, contiguous_number, sort_key
 from durable_sse.log.database import Database
 from durable_sse.log.locks import hold_retention
@@ -84,7 +84,13 @@ class GapStore:
         horizon (:func:`~durable_sse.gaps.transitions.opening_past_horizon`).
         """
         order = payload.order
-        changes = [change for change in payload.gap_changes if isinstance(change, GapChange)]
+        changes = [
+            change
+            for change in payload.gap_changes
+            if isinstance(change, GapChange) and not changes_nothing(change, new_rows)
+        ]
+        if not changes:
+            return
         if any(change.opened is not None for change in changes):
             hold_retention(connection, stream, exclusive=False)
             changes = self._past_horizon(connection, stream, order, changes)

@@ -82,6 +82,24 @@ def apply_change(
     return record
 
 
+def changes_nothing(change: GapChange, new_rows: int) -> bool:
+    """Whether :func:`apply_change` leaves every record as it is: the batch lies inside a
+    gap, stored no new row and proves nothing. The store skips such a change without
+    reading the gap; a retry's replay over rows its dead attempt stored is mostly these,
+    and gap changes are applied inside the group transaction the next one waits for."""
+    return (
+        change.opened is None
+        and change.end_id is None
+        and change.reread_to is None
+        and change.lost_to is None
+        and change.short_to is None
+        and not change.truncated
+        and not change.close
+        and change.early_floor is None
+        and (not change.recovered or new_rows == 0)
+    )
+
+
 def _close(record: GapRecord, *, order: IdOrder | str, now: str, stored: StoredIds | None) -> None:
     record.closed_at = now
     if stored is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +25,7 @@ from durable_sse.gaps.model import (
     numeric_span,
     summarize,
 )
-from durable_sse.gaps.transitions import count_missing
+from durable_sse.gaps.transitions import apply_change, changes_nothing, count_missing
 from tests.gaps.helpers import (
     LATER,
     NOW,
@@ -411,3 +412,39 @@ def test_summarize_names_at_most_so_many_open_gaps() -> None:
     assert summary.totals.open == 30
     assert summary.open_ids == [f"g{n:03d}" for n in range(MAX_GAPS_IN_SUMMARY)]
     assert summarize([], ORDER).open == [] and summarize([], ORDER).totals.open == 0
+
+
+def test_a_change_that_changes_nothing_leaves_every_record_as_it_is() -> None:
+    """The store skips such changes unread (``changes_nothing``): for any record and
+    change it calls so, ``apply_change`` must agree. Random changes, seed printed."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    records = [
+        None,
+        gap("g", "20", "30"),
+        gap("g", "20", None, reread_to="24", recovered=3),
+        gap("g", "20", "30", state=GapState.REPAIRED.value, missing=0),
+    ]
+    skipped = 0
+    for _ in range(2000):
+        change = GapChange(
+            "g",
+            end_id=rng.choice([None, "31"]),
+            reread_to=rng.choice([None, None, "25"]),
+            lost_to=rng.choice([None, None, None, "22"]),
+            short_to=rng.choice([None, None, None, "23"]),
+            truncated=rng.random() < 0.1,
+            recovered=rng.random() < 0.5,
+            close=rng.random() < 0.2,
+            contiguous=rng.random() < 0.5,
+        )
+        new_rows = rng.choice([0, 0, 2])
+        if not changes_nothing(change, new_rows):
+            continue
+        skipped += 1
+        for record in records:
+            after = apply_change(
+                record, change, order=ORDER, lagging_id="10", new_rows=new_rows, now="t"
+            )
+            assert after == record, f"seed {seed}: {change} changed {record}"
+    assert skipped > 100, f"seed {seed}: too few changes that change nothing"

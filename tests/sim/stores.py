@@ -47,7 +47,7 @@ from durable_sse.gaps.model import (
     summarize,
 )
 from durable_sse.gaps.tracker import CONFIRM_IDS, CONFIRM_SECONDS
-from durable_sse.gaps.transitions import apply_change, opening_past_horizon
+from durable_sse.gaps.transitions import apply_change, changes_nothing, opening_past_horizon
 from durable_sse.ids import IdOrder, contiguous_number, is_newer, sort_key
 from durable_sse.log.keys import CARRIER_KEY, reused_key
 from durable_sse.log.records import EventRecord, InsertResult, StoredPage
@@ -167,6 +167,7 @@ class MemoryEventLog:
                 if number is not None:
                     self.first_seq.setdefault(number, self.seq)
         self.dropped_by_horizon += dropped
+        changes = [change for change in changes if not changes_nothing(change, new_rows)]
         if self.horizon is not None and any(change.opened is not None for change in changes):
             moved = (opening_past_horizon(c, self.horizon[1], self.order) for c in changes)
             changes = [change for change in moved if change is not None]
