@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import socket
 from pathlib import Path
 
 from sqlalchemy.engine import Connection
-
-logger = logging.getLogger(__name__)
 
 PREFIX = "durable-sse "
 """Start of every session name this package gives (``pg_stat_activity.application_name``)."""
