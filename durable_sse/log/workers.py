@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_sse.errors import StoreError
-from durable_sse.log.database import Database
+from durable_sse.log.database import Database, error_summary
 from durable_sse.log.schema import readers_table, workers_table
 from durable_sse.log.sessions import end_open_transactions, session_name
 
@@ -292,17 +293,31 @@ class WorkerLeases:
 
     def _end_transactions(self, worker_id: str) -> None:
         """End the open transactions of a worker taken for dead, so that the locks they
-        hold (its streams' commit order) free up now (:mod:`durable_sse.log.sessions`)."""
+        hold (its streams' commit order) free up now (:mod:`durable_sse.log.sessions`).
+
+        Never raises: the lease is revoked already, and its streams must move whether or
+        not this works (a role that may not end sessions, say; PostgreSQL's idle timeout
+        ends them later)."""
         table = workers_table
-        with self._database.begin() as connection:
-            row = connection.execute(
-                sa.select(table.c.host, table.c.pid, table.c.boot_id).where(
-                    table.c.worker_id == worker_id
-                )
-            ).one_or_none()
-            if row is None:
-                return
-            ended = end_open_transactions(connection, session_name(row.host, row.pid, row.boot_id))
+        try:
+            with self._database.begin() as connection:
+                row = connection.execute(
+                    sa.select(table.c.host, table.c.pid, table.c.boot_id).where(
+                        table.c.worker_id == worker_id
+                    )
+                ).one_or_none()
+                if row is None:
+                    return
+                name = session_name(row.host, row.pid, row.boot_id)
+                ended = end_open_transactions(connection, name)
+        except (sa.exc.SQLAlchemyError, psycopg.Error) as error:
+            logger.warning(
+                "could not end the open database transactions of worker %s (%s): the "
+                "streams that moved may wait for their locks until PostgreSQL ends them",
+                worker_id,
+                error_summary(error),
+            )
+            return
         if ended:
             logger.warning(
                 "ended %d open database transaction(s) of worker %s, taken for dead while "

@@ -359,3 +359,21 @@ async def test_a_worker_paused_in_its_renewal_is_revoked_at_the_next_look(
     lease = await leases.lease(paused)
     assert lease is not None and lease.state == WorkerState.REVOKED
     renewing.close()
+
+
+async def test_a_revocation_holds_when_the_sessions_cannot_be_ended(
+    pg_stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A role that may not end sessions (some managed PostgreSQL): the lease is revoked
+    and the caller moves the streams all the same; the idle timeout ends them later."""
+
+    def refused(connection: object, name: str) -> int:
+        raise psycopg.errors.InsufficientPrivilege("must be a member of the role")
+
+    monkeypatch.setattr("durable_sse.log.workers.end_open_transactions", refused)
+    leases = pg_stores.workers
+    paused = worker_name()
+    await leases.acquire(paused, pool=POOL, host="elsewhere", pid=4242, boot_id="b")
+    assert await leases.revoke(paused, by="watchdog", expired_only=False)
+    lease = await leases.lease(paused)
+    assert lease is not None and lease.state == WorkerState.REVOKED
