@@ -262,5 +262,14 @@ async def outlast_cancellation(future: asyncio.Future[T]) -> T:
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        # The shield no longer looks at the work once it is cancelled: take its error
+        # here (the cancellation wins), or asyncio logs it as never retrieved, with a
+        # traceback, for every connection a paused worker ends after SIGCONT.
+        future.add_done_callback(_take_error)
         await asyncio.wait([future])
         raise
+
+
+def _take_error(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
