@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError
 
 from durable_sse.config.secrets import DeclaredSecrets
@@ -49,6 +49,7 @@ from durable_sse.contracts import (
 )
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, StreamRefusedError
+from durable_sse.log.workers import WorkerLeaseLostError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.connection import Connection
@@ -212,6 +213,16 @@ class _ActivityConnection:
         except StreamRefusedError as error:
             raise ApplicationError(
                 str(error), type="StreamRefusedError", non_retryable=True
+            ) from None
+        except WorkerLeaseLostError as error:
+            # This worker was taken for dead and its streams moved: the watchdog failed
+            # this attempt already, most likely, and Temporal ignores this answer. One
+            # line in the log, not a traceback per connection.
+            raise ApplicationError(
+                str(error),
+                type=CONNECTION_MOVED,
+                next_retry_delay=RETRY_NOW,
+                category=ApplicationErrorCategory.BENIGN,
             ) from None
         finally:
             if watch is not None:

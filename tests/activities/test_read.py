@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+import uuid
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import ActivityEnvironment
 
 import durable_sse.reader.heartbeat_policy as heartbeat_policy
@@ -600,6 +601,30 @@ async def test_a_cancelled_connection_stores_what_it_had_read_ahead(
     assert result.counts == ReadCounts(events_read=200, new_rows=200)
     assert result.last_cursor == "200"
     assert await stored_ids(pg_event_log, stream_name) == numbers(1, 200)
+
+
+async def test_a_connection_under_a_revoked_lease_ends_as_moved_without_a_traceback(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    """The fence refuses a worker taken for dead (here at the connection's start): the
+    attempt ends as a retry at once, and as a benign failure, which the SDK logs in one
+    line (at SIGCONT a paused worker ends a hundred connections this way)."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=5, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    leases = pg_event_log.workers
+    revoked = f"revoked-{uuid.uuid4().hex[:8]}"
+    await leases.acquire(revoked, pool="test", host="elsewhere", pid=1, boot_id="b")
+    assert await leases.revoke(revoked, by="watchdog", expired_only=False)
+    before, reader.worker_lease = reader.worker_lease, lambda: revoked
+    try:
+        with pytest.raises(ApplicationError) as raised:
+            await read(reader, spec)
+    finally:
+        reader.worker_lease = before
+    error = raised.value
+    assert error.type == CONNECTION_MOVED and not error.non_retryable
+    assert error.category == ApplicationErrorCategory.BENIGN
+    assert await stored_ids(pg_event_log, stream_name) == []
 
 
 async def test_an_attempt_that_reached_a_revoked_worker_earlier_does_not_start(
