@@ -201,6 +201,7 @@ class _ActivityConnection:
                 "as a retry",
                 type=CONNECTION_MOVED,
                 next_retry_delay=RETRY_NOW,
+                category=ApplicationErrorCategory.BENIGN,  # expected after SIGCONT
             )
         task = asyncio.current_task()
         watch = None

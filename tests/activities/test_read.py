@@ -643,6 +643,7 @@ async def test_an_attempt_that_reached_a_revoked_worker_earlier_does_not_start(
     with pytest.raises(ApplicationError) as raised:
         await read(reader, spec, env=env)
     assert raised.value.type == CONNECTION_MOVED and not raised.value.non_retryable
+    assert raised.value.category == ApplicationErrorCategory.BENIGN
     assert await pg_event_log.readers.readers(stream_name) == []
     assert await stored_ids(pg_event_log, stream_name) == []
     # one scheduled after the revocation starts as usual
