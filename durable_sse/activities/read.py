@@ -196,12 +196,10 @@ class _ActivityConnection:
         if self.reader.pool.stale(self.info.current_attempt_scheduled_time):
             # Failed again by the watchdog while this worker was paused, most likely: a
             # retry (at once) goes wherever the stream is not read already.
-            raise ApplicationError(
+            raise _moved(
                 "the attempt reached this worker before its lease was revoked; it goes on "
                 "as a retry",
-                type=CONNECTION_MOVED,
-                next_retry_delay=RETRY_NOW,
-                category=ApplicationErrorCategory.BENIGN,  # expected after SIGCONT
+                expected=True,  # after SIGCONT
             )
         task = asyncio.current_task()
         watch = None
@@ -219,12 +217,7 @@ class _ActivityConnection:
             # This worker was taken for dead and its streams moved: the watchdog failed
             # this attempt already, most likely, and Temporal ignores this answer. One
             # line in the log, not a traceback per connection.
-            raise ApplicationError(
-                str(error),
-                type=CONNECTION_MOVED,
-                next_retry_delay=RETRY_NOW,
-                category=ApplicationErrorCategory.BENIGN,
-            ) from None
+            raise _moved(str(error), expected=True) from None
         finally:
             if watch is not None:
                 watch.cancel()
@@ -286,7 +279,7 @@ class _ActivityConnection:
         details, through the client: Temporal retries it at once wherever there is room,
         with no workflow task in between. A heartbeat sent just before would race the
         failure and could be lost."""
-        error = ApplicationError(why, type=CONNECTION_MOVED, next_retry_delay=RETRY_NOW)
+        error = _moved(why)
         handle = activity.client().get_async_activity_handle(task_token=self.info.task_token)
         try:
             await handle.fail(error, last_heartbeat_details=[asdict(progress)])
@@ -365,6 +358,20 @@ class _ActivityConnection:
 def handed(progress: ReadProgress) -> ReadProgress:
     """``progress`` as a hand-over's: its retry starts at the committed cursor."""
     return replace(progress, start_cursor=progress.cursor, first_id=None, handed_over=True)
+
+
+def _moved(why: str, *, expected: bool = False) -> ApplicationError:
+    """The failure of an attempt that goes on as a retry elsewhere, at once
+    (:data:`CONNECTION_MOVED`). ``expected``: the benign kind, which the SDK logs at debug
+    (a paused worker that comes back ends a hundred connections so)."""
+    return ApplicationError(
+        why,
+        type=CONNECTION_MOVED,
+        next_retry_delay=RETRY_NOW,
+        category=(
+            ApplicationErrorCategory.BENIGN if expected else ApplicationErrorCategory.UNSPECIFIED
+        ),
+    )
 
 
 def _cancel_reason() -> str:

@@ -476,7 +476,7 @@ class Intake:
                 )
         if self.spec.contiguous_ids:
             self._contiguity(event_id, first)
-        elif not first and self._last_read is not None:
+        elif self._last_read is not None:  # not the first id
             if self.gaps.passed_floor(self._last_read, event_id):
                 self._signal(GapKind.ID_GAP.value, "the server skipped the newest stored id")
                 self.outcome = Outcome.DROP_SIGNAL
