@@ -98,8 +98,8 @@ class ReadInput:
     resume, a loss window (``GapKind.NO_RESUME``)."""
     verify: bool = False
     """Suspect what was read since the lagging id and re-read it (``verify_reconnects``:
-    the connection before was ended by the server, which may have skipped events and
-    dropped it before its notice went out; ``GapKind.SUSPECTED``)."""
+    the connection before ended mid-read, and the server may have skipped events whose
+    notice was still to come; ``GapKind.SUSPECTED``)."""
     verify_from: str | None = None
     """With ``verify``: where the oldest connection the suspicion covers started (its
     ``ReadResult.start_cursor``), the suspicion's start while the stream has no lagging

@@ -233,9 +233,10 @@ class StreamSpec:
     contiguous_ids: bool = False
     """Ids are consecutive integers: a hole in them is a drop signal."""
     verify_reconnects: bool = False
-    """After a connection the server ended, re-read from the lagging id (throttled like a
-    repair): for servers that may skip events and drop the connection before their
-    notice goes out, which no drop signal can show without contiguous ids."""
+    """After a connection ended mid-read (by the server, or cancelled by the workflow),
+    re-read from the lagging id (throttled like a repair): for servers that may skip
+    events and announce it only a few events later, a notice lost with the connection,
+    which no drop signal can show without contiguous ids."""
     idle_timeout: Annotated[float, seconds(0.01, 30 * DAY)] = 45.0
     headers_from_env: Annotated[dict[HeaderName, EnvName], Field(max_length=MAX_TABLE_ITEMS)] = (
         field(default_factory=dict)

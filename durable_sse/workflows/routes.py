@@ -18,10 +18,10 @@ after each connection, and routes on it:
 * a requested replay (``replay`` signal) reads from its ``from_id`` (or the lagging id)
   up to the live cursor of the time it was asked for, resuming from its own progress
   after a disconnect; it closes the gaps it re-reads and no other;
-* with ``verify_reconnects``, a connection the server ended (a drop, a drop signal) may
-  have lost a notice with it: the next connection suspects what was read since the
-  lagging id (a gap of kind ``suspected``, recorded by the reader) and that span is
-  re-read like a repair, under the same throttle.
+* with ``verify_reconnects``, a connection ended mid-read (a drop, a drop signal, a
+  cancel) may have lost a notice with it: the next connection suspects what was read
+  since the lagging id (a gap of kind ``suspected``, recorded by the reader) and that
+  span is re-read like a repair, under the same throttle.
 """
 
 # No `from __future__ import annotations`: Temporal decodes these dataclasses, and
@@ -133,7 +133,7 @@ class StreamState:
     """The server's last ``retry:`` (ms) when it asked for more than ``max_retry_delay``
     and the wait was cut to that bound (None: the last one was honoured, or none came)."""
     verify_pending: bool = False
-    """``verify_reconnects``: a connection the server ended read events, and no
+    """``verify_reconnects``: a connection ended mid-read after reading events, and no
     connection has recorded the suspicion yet (the next one does, and re-reads it)."""
     verify_from: str | None = None
     """Where the oldest connection the pending suspicion covers started."""
@@ -335,6 +335,21 @@ def should_interrupt(
     return lagged_allowed(state, now, interval)
 
 
+def may_have_lost_a_notice(outcome: Outcome, counts: ReadCounts) -> bool:
+    """Whether a connection that ended so may have taken a drop notice with it: it read
+    events, and the server ended it (a drop, a drop signal) or the workflow did (a
+    cancel): a server that skipped events and announces them a few events later never
+    gets to, either way. A rotation is the reader's own end, after a grace once it
+    repaired (``DROP_GRACE``); a refusal or a retry read nothing. With
+    ``verify_reconnects`` the next connection re-reads such a connection's span (chaos 12,
+    seed 498927536: a live connection cancelled for a repair between a skip and its notice
+    lost 40 ids, the repair ending before it re-read them)."""
+    return (
+        outcome in (Outcome.DROPPED, Outcome.DROP_SIGNAL, Outcome.CANCELLED)
+        and counts.events_read > 0
+    )
+
+
 def record_result(
     state: StreamState,
     plan: ConnectionPlan,
@@ -358,7 +373,7 @@ def record_result(
         refused: the message of a non-retryable refusal (StreamRefusedError/ConfigError).
         max_retry_delay: the stream's bound on the server's ``retry:`` (None: none, see
             :func:`server_retry_delay`).
-        verify_reconnects: the stream's setting: a connection the server ended after
+        verify_reconnects: the stream's setting: a connection ended mid-read after
             reading events makes the next one a verification.
     """
     decision = Decision()
@@ -370,17 +385,14 @@ def record_result(
         state.last_error = refused
         state.gaps_stale = decision.refresh_gaps = True
         return decision
+    unknown = result is None
     if result is None:
         result = ReadResult(outcome=Outcome.CANCELLED)  # the suspicion, if any, stays pending
     elif plan.verify:
         state.verify_pending = False  # recorded with the connection's first batch or flush
         state.verify_from = None
     outcome = Outcome(result.outcome)
-    if (
-        verify_reconnects
-        and outcome in (Outcome.DROPPED, Outcome.DROP_SIGNAL)
-        and result.counts.events_read > 0
-    ):
+    if verify_reconnects and (unknown or may_have_lost_a_notice(outcome, result.counts)):
         if not state.verify_pending:
             # Where the connection to verify began: before the stream has a lagging id,
             # the suspicion starts there (the next connection's own cursor is the newest

@@ -32,7 +32,8 @@ class Profile:
     """Notices may come a few events after the skip."""
     verify: bool = False
     """The consumer declares ``verify_reconnects``: a notice lost with a connection the
-    server cut is no excuse (the next connection re-reads from the lagging id)."""
+    server cut or the workflow cancelled is no excuse (the next connection re-reads from
+    the lagging id)."""
 
 
 @dataclass
@@ -83,8 +84,12 @@ class SimConnection:
     cut: bool = False
     """The server cut it while it was the workflow's connection (not a presumed-dead
     attempt's): what it skipped with a notice still to come is lost with the notice."""
+    ended: bool = False
+    """It ended mid-read while it was the workflow's connection: cut, or cancelled by the
+    workflow (a repair due, a signal). A notice still to come is lost with it either way
+    (a rotation, the reader's own end, is not verified)."""
     verified: tuple[str | None, str | None] | None = None
-    """``(lagging id, floor)`` as the next connection started, when ``cut``: the span a
+    """``(lagging id, floor)`` as the next connection started, when ``ended``: the span a
     verification re-reads (``verify_reconnects``)."""
     behind: bool = False
     """Its cursor was older than the newest stored id (a replay), as the reader saw it."""

@@ -26,11 +26,13 @@ from dataclasses import dataclass
 
 import pytest
 
+from durable_sse import contracts
 from durable_sse.consume import items
 from durable_sse.cursor import fence
 from durable_sse.gaps import tracker, transitions
 from durable_sse.gaps.model import GapRecord, GapState, numeric_span
 from durable_sse.reader import intake
+from durable_sse.workflows import routes
 from tests.sim import stores
 from tests.sim.server import Profile, ScriptedDrop
 from tests.sim.world import Faults, Violation, World
@@ -146,9 +148,10 @@ def verify_world() -> World:
     """A verified reconnect that must hold its suspicion (issue 24, item 10): the live
     connection skips 340..342, its notice due after 346; the server cuts it after 344,
     so the notice is lost with it. The verified reconnect re-reads from the lagging id
-    and is interrupted at once by a pause; while paused the lagging id moves on (a window
-    is a second here), and the next connection reads live from 344. Only the suspicion
-    recorded as the reconnect began (it holds the lagging id) brings 340..342 back."""
+    and is interrupted at once by a pause of three seconds, while which the lagging id
+    would move past 344 (a window is a second here): the reconnect after the pause starts
+    there. Only the suspicion recorded as the verified reconnect began (it holds the
+    lagging id) brings 340..342 back."""
     profile = Profile(
         contiguous=False,
         counts=True,
@@ -173,6 +176,8 @@ def verify_world() -> World:
         if not paused and len(connections) == 2 and connections[1].sent:
             paused.append(True)
             world.state.paused = True
+            for _ in range(60):  # a long pause: the lagging id moves past 344 unless held
+                world.tick()
 
     world.maybe_signal = pause_the_reconnect  # type: ignore[method-assign]
     world.server.generate(300)
@@ -185,6 +190,65 @@ async def test_a_verified_reconnect_holds_what_a_cut_connection_skipped_silently
     world.verdict()
     assert {340, 341, 342} <= world.log.stored_numbers()
     assert world.tally.counts["ids skipped with a notice lost, verified"] == 3
+
+
+def cancelled_world() -> World:
+    """A notice lost with a connection the workflow ended: the live connection skips
+    340..342, its notice due after 346, and a pause cancels it once 344 is read. The
+    reconnect after the pause reads live from 345: only a verification of the cancelled
+    connection brings 340..342 back (chaos 12, seed 498927536, lost 40 ids so: a cancel
+    for a repair that ended before it re-read them)."""
+    profile = Profile(
+        contiguous=False,
+        counts=True,
+        mercure=False,
+        drop_rate=0.0,
+        disconnect_rate=0.0,
+        window=2000,
+        late_notices=True,
+        verify=True,
+    )
+    world = World(24, profile=profile, faults=Faults.none())
+    world.faults.quiet = False
+    world.spec.replay_window = 2.0
+    world.next_advance = 2.0
+    world.spec.lagged_reconnect_interval = 0.0
+    world.server.script = [ScriptedDrop(connection=None, first=340, last=342, notice_after=346)]
+    paused: list[bool] = []
+
+    def pause_after_344() -> None:
+        connections = world.server.connections
+        if not paused and connections and 344 in connections[0].sent:
+            paused.append(True)
+            world.state.paused = True
+
+    world.maybe_signal = pause_after_344  # type: ignore[method-assign]
+    world.server.generate(300)
+    return world
+
+
+async def test_a_reconnect_after_a_cancel_is_verified() -> None:
+    world = cancelled_world()
+    await world.run(steps=300, quiet_steps=4000)
+    world.verdict()
+    assert world.server.connections[0].ended and not world.server.connections[0].cut
+    assert {340, 341, 342} <= world.log.stored_numbers()
+    assert world.tally.counts["ids skipped with a notice lost, verified"] == 3
+
+
+async def test_the_oracle_catches_a_cancel_never_verified(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule before chaos seed 498927536: only a connection the server ended was
+    verified."""
+
+    def server_ended_only(outcome: contracts.Outcome, counts: contracts.ReadCounts) -> bool:
+        ended = (contracts.Outcome.DROPPED, contracts.Outcome.DROP_SIGNAL)
+        return outcome in ended and counts.events_read > 0
+
+    monkeypatch.setattr(routes, "may_have_lost_a_notice", server_ended_only)
+    world = cancelled_world()
+    with pytest.raises(Violation, match=r"lost ids the server can still replay: \[340, 341, 342\]"):
+        await world.run(steps=300, quiet_steps=4000)
+        world.verdict()
 
 
 async def test_a_repair_cut_before_the_first_lagging_id_is_verified() -> None:
@@ -371,10 +435,14 @@ async def test_a_gap_at_the_only_stored_id_converges_once_the_source_is_quiet() 
     world.verdict()
     # The gap, and the suspicion of the verified reconnect that re-read it (with no
     # lagging id yet, a suspicion starts at the connection's cursor: seed 19597293): both
-    # counted as lost.
-    gaps = sorted(world.log.gaps.values(), key=lambda gap: gap.kind)
-    assert [gap.kind for gap in gaps] == ["comment", "suspected"]
-    assert all(gap.state == GapState.UNRECOVERABLE for gap in gaps)
+    # counted as lost. The live connection after them, cancelled for the repair, is
+    # suspected in turn (chaos seed 498927536) and re-read whole.
+    gaps = sorted(world.log.gaps.values(), key=lambda gap: (gap.kind, gap.seen_at))
+    assert [(gap.kind, gap.state) for gap in gaps] == [
+        ("comment", GapState.UNRECOVERABLE),
+        ("suspected", GapState.UNRECOVERABLE),
+        ("suspected", GapState.REPAIRED),
+    ]
 
 
 async def test_a_paused_worker_that_comes_back_is_stopped_by_the_fence() -> None:

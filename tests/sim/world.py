@@ -218,7 +218,7 @@ class World:
                 self.spec.replay_window,
             )
         self.deleting: RetentionRun | None = None
-        self.cut_connections: list[SimConnection] = []
+        self.ended_connections: list[SimConnection] = []
         """Connections the server cut since the last connection started."""
         self.consumer = SimConsumer(self.log)
         self.zombie_gaps: set[str] = set()
@@ -492,10 +492,10 @@ class World:
             verify=plan.verify,
             verify_from=plan.verify_from,
         )
-        for cut in self.cut_connections:
+        for ended in self.ended_connections:
             # What a verification of this reconnect covers, as the store has it now.
-            cut.verified = (self.log.lagging_id, self.log.floor)
-        self.cut_connections.clear()
+            ended.verified = (self.log.lagging_id, self.log.floor)
+        self.ended_connections.clear()
         attempt = await Attempt.start(self, read_input, retried=False, progress=None)
         self.note(
             f"connect {plan.route.value} start_id={plan.start_id} -> cursor "
@@ -540,6 +540,9 @@ class World:
                 result = attempt.finish(Outcome.ROTATED)
                 break
         assert result is not None
+        if attempt.connection.cut or result.outcome is Outcome.CANCELLED:
+            attempt.connection.ended = True
+            self.ended_connections.append(attempt.connection)
         self.note(
             f"end {result.outcome.value} last={result.last_cursor} drop={result.drop} "
             f"lost={lost} gaps={[vars(g) for g in self.log.gaps.values() if g.is_open]}"
@@ -624,12 +627,12 @@ class World:
     # -- the end ----------------------------------------------------------------------
 
     def _verifiable_skips(self) -> set[int]:
-        """Ids a cut connection skipped whose notice was lost with it, inside the span the
+        """Ids an ended connection skipped whose notice was lost with it, inside the span the
         next connection's verification covers: ``verify_reconnects`` must bring them back
         (or count them, when the history lost them before the re-read)."""
         found: set[int] = set()
         for connection in self.server.connections:
-            if not connection.cut or connection.verified is None:
+            if not connection.ended or connection.verified is None:
                 continue
             lagging, floor = connection.verified
             if lagging is None or floor is None:
@@ -707,10 +710,11 @@ class World:
                 if not notice.read
                 for n in notice.skipped
             }
-            # With verify_reconnects a notice lost with a connection the server cut is no
-            # excuse: the next connection suspects everything read since the lagging id
-            # and re-reads it. Only ids outside that span (no lagging id yet, or ids the
-            # lagging id had passed) stay unknowable.
+            # With verify_reconnects a notice lost with a connection the server cut or
+            # the workflow cancelled is no excuse: the next connection suspects
+            # everything read since the lagging id and re-reads it. Only ids outside
+            # that span (no lagging id yet, or ids the lagging id had passed) stay
+            # unknowable.
             must_recover = self._verifiable_skips() if self.profile.verify else set()
             silent -= must_recover
             if must_recover:
@@ -986,7 +990,6 @@ class Attempt:
             self._take(connection.read(cut))
             if not self.zombie:
                 connection.cut = True
-                self.world.cut_connections.append(connection)
             outcome = session.ended()
             self._collect()
             return outcome

@@ -338,8 +338,10 @@ def verifying(s: StreamState, connection: ConnectionPlan, outcome: ReadResult) -
     )
 
 
-@pytest.mark.parametrize("outcome", [Outcome.DROPPED, Outcome.DROP_SIGNAL])
-def test_a_connection_the_server_ended_makes_the_next_a_verification(outcome: Outcome) -> None:
+@pytest.mark.parametrize("outcome", [Outcome.DROPPED, Outcome.DROP_SIGNAL, Outcome.CANCELLED])
+def test_a_connection_ended_mid_read_makes_the_next_a_verification(outcome: Outcome) -> None:
+    """Ended by the server, or cancelled by the workflow (a repair due, a signal): either
+    way a notice the server was about to send is lost with it."""
     s = state("90")
     verifying(s, LIVE, result(outcome, "100", read=10))
     assert s.verify_pending and s.repair_wanted
@@ -368,10 +370,25 @@ def test_the_verification_s_result_clears_it_and_its_open_suspicion_is_repaired(
     verifying(s, LIVE, result(Outcome.DROPPED, "100", read=10))
     nxt = plan(s)
     suspicion = view("s1", "60", None)
-    verifying(s, nxt, result(Outcome.CANCELLED, "120", gaps=summary(suspicion), read=20))
+    verifying(s, nxt, result(Outcome.ROTATED, "120", gaps=summary(suspicion), read=20))
     assert not s.verify_pending and s.repair_wanted
     repair = plan(s, at(INTERVAL))
     assert (repair.route, repair.verify, repair.known_gaps) == (Route.LAGGED, False, ["s1"])
+
+
+def test_a_verification_cancelled_for_its_re_read_is_verified_again() -> None:
+    """The live connection that recorded the suspicion is cancelled once the throttle
+    allows the re-read: what it read after the suspicion's end is suspected in turn."""
+    s = state("90", last_lagged_at=at(-10).isoformat())
+    verifying(s, LIVE, result(Outcome.DROPPED, "100", read=10))
+    nxt = plan(s)
+    assert interrupts(s, nxt, at(INTERVAL))
+    suspicion = view("s1", "60", None)
+    verifying(s, nxt, result(Outcome.CANCELLED, "120", gaps=summary(suspicion), read=20))
+    assert s.verify_pending
+    repair = plan(s, at(INTERVAL))
+    assert (repair.route, repair.verify, repair.known_gaps) == (Route.LAGGED, True, ["s1"])
+    assert not interrupts(s, repair, at(INTERVAL))
 
 
 def test_a_verification_starts_where_the_connection_it_verifies_began() -> None:
@@ -385,7 +402,7 @@ def test_a_verification_starts_where_the_connection_it_verifies_began() -> None:
     verifying(s, LIVE, result(Outcome.DROPPED, "110", read=10, start_cursor="100"))
     nxt = plan(s)
     assert (nxt.verify, nxt.verify_from) == (True, "44")
-    verifying(s, nxt, result(Outcome.CANCELLED, "120", read=5, start_cursor="110"))
+    verifying(s, nxt, result(Outcome.ROTATED, "120", read=5, start_cursor="110"))
     assert not s.verify_pending and s.verify_from is None
     assert plan(s).verify_from is None
 
@@ -402,12 +419,12 @@ def test_a_verification_whose_result_was_lost_stays_pending() -> None:
     ("outcome", "read"),
     [
         (Outcome.ROTATED, 10),
-        (Outcome.CANCELLED, 10),
         (Outcome.RETRY_LATER, 0),
         (Outcome.DROPPED, 0),
+        (Outcome.CANCELLED, 0),
     ],
 )
-def test_our_own_endings_and_connections_that_read_nothing_verify_nothing(
+def test_the_reader_s_own_endings_and_connections_that_read_nothing_verify_nothing(
     outcome: Outcome, read: int
 ) -> None:
     s = state("90")
