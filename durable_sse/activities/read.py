@@ -218,6 +218,15 @@ class _ActivityConnection:
             # this attempt already, most likely, and Temporal ignores this answer. One
             # line in the log, not a traceback per connection.
             raise _moved(str(error), expected=True) from None
+        except asyncio.CancelledError:
+            if not self._ended_by_revocation():
+                raise
+            # Ended by its own worker while it started (ConnectionPool.lease_revoked):
+            # the same answer as a commit the fence refuses.
+            raise _moved(
+                f"worker lease {self.worker_id} was revoked while the connection started",
+                expected=True,
+            ) from None
         finally:
             if watch is not None:
                 watch.cancel()
@@ -287,6 +296,12 @@ class _ActivityConnection:
             activity.logger.warning("could not hand the connection over: %s", rpc)
             return False
         return True
+
+    def _ended_by_revocation(self) -> bool:
+        """Whether the cancellation came from this worker's pool, its lease revoked, and
+        not from Temporal."""
+        revoked = self.worker_id is not None and self.worker_id in self.reader.pool.revoked
+        return revoked and activity.cancellation_details() is None
 
     def _moving(self, result: ReadResult) -> str | None:
         """Why this connection, cancelled by its own worker, goes on as a retry elsewhere

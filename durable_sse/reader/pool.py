@@ -56,6 +56,8 @@ class ConnectionPool:
         budget is shared among them)."""
         self.revoked_at: datetime | None = None
         """When this worker last found its lease revoked (None: never)."""
+        self.revoked: set[str] = set()
+        """The worker leases this worker found revoked."""
 
     @contextlib.contextmanager
     def holding(self, connection: PooledConnection) -> Iterator[None]:
@@ -80,6 +82,7 @@ class ConnectionPool:
         elsewhere and the fence refuses every commit under that lease, so the
         connections still running under it end now rather than at their next batch."""
         self.revoked_at = datetime.now(UTC)
+        self.revoked.add(worker_id)
         tasks = self.under_lease.pop(worker_id, set())
         for task in tasks:
             task.cancel()

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import sqlalchemy as sa
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import ActivityEnvironment
 
@@ -52,6 +53,7 @@ from tests.reader.helpers import (
     gap_rows,
     make_spec,
     numbers,
+    query,
     read,
     stored,
     stored_ids,
@@ -625,6 +627,49 @@ async def test_a_connection_under_a_revoked_lease_ends_as_moved_without_a_traceb
     assert error.type == CONNECTION_MOVED and not error.non_retryable
     assert error.category == ApplicationErrorCategory.BENIGN
     assert await stored_ids(pg_event_log, stream_name) == []
+
+
+async def test_a_connection_starting_when_its_lease_is_revoked_ends_as_moved(
+    source: SSESource, reader: ReadActivities, pg_event_log: Stores, stream_name: str
+) -> None:
+    """At SIGCONT the pool ends the connections of the revoked lease by cancelling their
+    tasks. One still starting (here: registering itself, the table locked, its lease
+    still live as the registration reads it) escaped as a bare ``CancelledError``, a
+    traceback in the worker's log each; it ends as moved, a benign retry, like one the
+    fence stops at a commit."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name)
+    lease = f"lease-{uuid.uuid4().hex[:8]}"
+    # Live in the database as the registration reads it: the revocation lands after.
+    await pg_event_log.workers.acquire(lease, pool="test", host="here", pid=1, boot_id="b")
+    before, reader.worker_lease = reader.worker_lease, lambda: lease
+    blocker = await asyncio.to_thread(pg_event_log.database.engine.connect)
+    try:
+        await asyncio.to_thread(
+            blocker.execute, sa.text("LOCK TABLE sse_readers IN ACCESS EXCLUSIVE MODE")
+        )
+        attempt = asyncio.create_task(read(reader, spec))
+        await wait_until_a_session_waits_for(pg_event_log, "sse_readers")
+        reader.pool.lease_revoked(lease)
+        await asyncio.to_thread(blocker.rollback)
+        with pytest.raises(ApplicationError) as raised:
+            await asyncio.wait_for(attempt, GUARD)
+    finally:
+        reader.worker_lease = before
+        await asyncio.to_thread(blocker.close)
+    error = raised.value
+    assert error.type == CONNECTION_MOVED and not error.non_retryable
+    assert error.category == ApplicationErrorCategory.BENIGN
+
+
+async def wait_until_a_session_waits_for(log: Stores, table: str) -> None:
+    """Until some session waits for a lock on ``table``."""
+    statement = (
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = CAST(:t AS regclass)"
+    )
+    async with asyncio.timeout(GUARD):
+        while not (await query(log, statement, t=table))[0][0]:
+            await asyncio.sleep(0.01)
 
 
 async def test_an_attempt_that_reached_a_revoked_worker_earlier_does_not_start(
