@@ -144,14 +144,10 @@ async def test_the_issue_sequence_repairs_both_holes_and_counts_nothing_lost() -
     assert world.state.counters.events_unrecoverable == 0
 
 
-def verify_world() -> World:
-    """A verified reconnect that must hold its suspicion (issue 24, item 10): the live
-    connection skips 340..342, its notice due after 346; the server cuts it after 344,
-    so the notice is lost with it. The verified reconnect re-reads from the lagging id
-    and is interrupted at once by a pause of three seconds, while which the lagging id
-    would move past 344 (a window is a second here): the reconnect after the pause starts
-    there. Only the suspicion recorded as the verified reconnect began (it holds the
-    lagging id) brings 340..342 back."""
+def skipping_world(*, window: float) -> World:
+    """A stream that verifies its reconnects, with ids that are not counters: its live
+    connection skips 340..342 and would announce it after 346 (a replay window of
+    ``window`` seconds, 300 events of history before it starts)."""
     profile = Profile(
         contiguous=False,
         counts=True,
@@ -164,10 +160,22 @@ def verify_world() -> World:
     )
     world = World(24, profile=profile, faults=Faults.none())
     world.faults.quiet = False
-    world.spec.replay_window = 1.0
-    world.next_advance = 1.0
+    world.spec.replay_window = window
+    world.next_advance = window
     world.spec.lagged_reconnect_interval = 0.0
     world.server.script = [ScriptedDrop(connection=None, first=340, last=342, notice_after=346)]
+    world.server.generate(300)
+    return world
+
+
+def verify_world() -> World:
+    """A verified reconnect that must hold its suspicion (issue 24, item 10): the server
+    cuts the skipping connection after 344, so the notice is lost with it. The verified
+    reconnect re-reads from the lagging id and is interrupted at once by a pause of three
+    seconds, while which the lagging id would move past 344 (a window is a second here):
+    the reconnect after the pause starts there. Only the suspicion recorded as the
+    verified reconnect began (it holds the lagging id) brings 340..342 back."""
+    world = skipping_world(window=1.0)
     world.server.cut_after = {0: 344}
     paused: list[bool] = []
 
@@ -180,7 +188,6 @@ def verify_world() -> World:
                 world.tick()
 
     world.maybe_signal = pause_the_reconnect  # type: ignore[method-assign]
-    world.server.generate(300)
     return world
 
 
@@ -193,27 +200,11 @@ async def test_a_verified_reconnect_holds_what_a_cut_connection_skipped_silently
 
 
 def cancelled_world() -> World:
-    """A notice lost with a connection the workflow ended: the live connection skips
-    340..342, its notice due after 346, and a pause cancels it once 344 is read. The
-    reconnect after the pause reads live from 345: only a verification of the cancelled
-    connection brings 340..342 back (chaos 12, seed 498927536, lost 40 ids so: a cancel
-    for a repair that ended before it re-read them)."""
-    profile = Profile(
-        contiguous=False,
-        counts=True,
-        mercure=False,
-        drop_rate=0.0,
-        disconnect_rate=0.0,
-        window=2000,
-        late_notices=True,
-        verify=True,
-    )
-    world = World(24, profile=profile, faults=Faults.none())
-    world.faults.quiet = False
-    world.spec.replay_window = 2.0
-    world.next_advance = 2.0
-    world.spec.lagged_reconnect_interval = 0.0
-    world.server.script = [ScriptedDrop(connection=None, first=340, last=342, notice_after=346)]
+    """A notice lost with a connection the workflow ended: a pause cancels the skipping
+    connection once 344 is read. The reconnect after the pause reads live from 345: only
+    a verification of the cancelled connection brings 340..342 back (chaos 12, seed
+    498927536, lost 40 ids so: a cancel for a repair that ended before it re-read them)."""
+    world = skipping_world(window=2.0)
     paused: list[bool] = []
 
     def pause_after_344() -> None:
@@ -223,7 +214,6 @@ def cancelled_world() -> World:
             world.state.paused = True
 
     world.maybe_signal = pause_after_344  # type: ignore[method-assign]
-    world.server.generate(300)
     return world
 
 
