@@ -21,6 +21,7 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from durable_sse.gaps.model import GapRecord, GapState, numeric_span
 from durable_sse.reader import intake
 from durable_sse.workflows import routes
 from tests.sim import stores
-from tests.sim.server import Profile, ScriptedDrop
+from tests.sim.server import Profile, ScriptedDrop, SimConnection
 from tests.sim.world import Faults, Violation, World
 
 SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "10000"))
@@ -168,6 +169,22 @@ def skipping_world(*, window: float) -> World:
     return world
 
 
+def pause_once(world: World, when: Callable[[list[SimConnection]], bool], ticks: int = 60) -> None:
+    """Pause the stream (a ``pause`` signal) the first time ``when`` holds of the
+    server's connections, and let the clock run ``ticks`` steps first (a long pause: the
+    lagging id may move on meanwhile)."""
+    paused: list[bool] = []
+
+    def maybe_pause() -> None:
+        if not paused and when(world.server.connections):
+            paused.append(True)
+            world.state.paused = True
+            for _ in range(ticks):
+                world.tick()
+
+    world.maybe_signal = maybe_pause  # type: ignore[method-assign]
+
+
 def verify_world() -> World:
     """A verified reconnect that must hold its suspicion (issue 24, item 10): the server
     cuts the skipping connection after 344, so the notice is lost with it. The verified
@@ -177,17 +194,8 @@ def verify_world() -> World:
     verified reconnect began (it holds the lagging id) brings 340..342 back."""
     world = skipping_world(window=1.0)
     world.server.cut_after = {0: 344}
-    paused: list[bool] = []
-
-    def pause_the_reconnect() -> None:
-        connections = world.server.connections
-        if not paused and len(connections) == 2 and connections[1].sent:
-            paused.append(True)
-            world.state.paused = True
-            for _ in range(60):  # a long pause: the lagging id moves past 344 unless held
-                world.tick()
-
-    world.maybe_signal = pause_the_reconnect  # type: ignore[method-assign]
+    # A long pause: the lagging id moves past 344 unless the suspicion holds it.
+    pause_once(world, lambda connections: len(connections) == 2 and bool(connections[1].sent))
     return world
 
 
@@ -205,15 +213,7 @@ def cancelled_world() -> World:
     a verification of the cancelled connection brings 340..342 back (chaos 12, seed
     498927536, lost 40 ids so: a cancel for a repair that ended before it re-read them)."""
     world = skipping_world(window=2.0)
-    paused: list[bool] = []
-
-    def pause_after_344() -> None:
-        connections = world.server.connections
-        if not paused and connections and 344 in connections[0].sent:
-            paused.append(True)
-            world.state.paused = True
-
-    world.maybe_signal = pause_after_344  # type: ignore[method-assign]
+    pause_once(world, lambda connections: bool(connections) and 344 in connections[0].sent, 0)
     return world
 
 
