@@ -15,7 +15,10 @@ N streams of the SSE source (in this driver process, loopback) each send a stead
 * ``term``: SIGTERM the worker holding more connections (its exit time is measured).
 
 Per stream that worker held, two figures, each seen stored in ``sse_events`` by a poll
-every ``POLL_EVERY`` s (one clock: this process's):
+every ``POLL_EVERY`` s (one clock: this process's), on one connection, timed as the poll
+is sent (its snapshot shows what was committed by then; before 2026-12-07 each poll
+opened a connection and was timed as it answered, which added the poll's own latency to
+every wait; that latency is printed):
 
 * longest wait (the goal's): the longest any event the source generated after the
   signal waited to be stored, by whichever connection, until the stream came back (its
@@ -25,7 +28,9 @@ every ``POLL_EVERY`` s (one clock: this process's):
   connections read on until their retries start (make before break), so for SIGTERM
   this is how long the stream's storing paused, not how long the hand-over took;
 * next connection: seconds until the first event of the first connection the source saw
-  open after the signal is stored (the hand-over itself).
+  open after the signal is stored (the hand-over itself). A retry after a death starts a
+  few ids behind the newest stored one, so its first event is most often stored already:
+  then this is when its connection opened, not when its new events were stored.
 
 A stream that has neither within ``timeout`` counts as not recovered. After the modes the source
 stops generating and the run settles: lost = ids from the first the source sent to the
@@ -47,6 +52,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from temporalio.client import Client
@@ -120,6 +126,9 @@ class ModeResult:
     """Seconds from the signal to the source seeing the stream's next connection open."""
     sent: list[float] = field(default_factory=list)
     """Seconds from the signal to that connection's first event sent."""
+    poll_latency: list[float] = field(default_factory=list)
+    """Seconds each poll of the streams' newest ids took to answer (left out of the
+    waits, which are taken as the poll is sent)."""
     owners: int | None = None
     """Streams read by more than one connection once the paused worker ran again for
     :data:`OWNER_SETTLE` seconds (stop only)."""
@@ -388,30 +397,13 @@ async def _failover(
     pending, unconnected = set(held), set(held)
     waited: dict[str, float] = {}
     deadline = time.monotonic() + timeout
-    while (pending or unconnected) and time.monotonic() < deadline:
-        await asyncio.sleep(POLL_EVERY)
-        floors = await _floors(running, list(pending)) if pending else {}
-        now = time.time()
-        for name, floor in floors.items():
-            # The oldest event generated since the signal and not stored yet, and how
-            # long it has waited (the source generates RATE a second from ``following``).
-            waiting = max(floor + 1, following[name])
-            generated = began + (waiting - following[name] + 0.5) / RATE
-            waited[name] = max(waited.get(name, 0.0), now - generated)
-            if floor >= following[name] and name not in unconnected:
-                if now - generated < CAUGHT_UP:
-                    result.recovered.append(waited[name])
-                    pending.discard(name)
-        targets = {n: first for n in unconnected if (first := _next_first_id(n, began))}
-        stored = await _stored_ids(running, targets) if targets else []
-        now = time.time()
-        for name in stored:
-            result.connected.append(now - began)
-            unconnected.discard(name)
-            connection = _next_connection(name, began)
-            if connection is not None and connection.first_event is not None:
-                result.opened.append(connection.opened - began)
-                result.sent.append(connection.first_event - began)
+    poll = Poll(running.psycopg_url)
+    try:
+        while (pending or unconnected) and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_EVERY)
+            await _look(poll, result, began, following, pending, unconnected, waited)
+    finally:
+        poll.close()
     if stopping is not None:
         result.stop_seconds = await stopping
     if paused is not None:
@@ -425,6 +417,52 @@ async def _failover(
         percentile(result.recovered, 99),
     )
     return result
+
+
+async def _look(
+    poll: Poll,
+    result: ModeResult,
+    began: float,
+    following: dict[str, int],
+    pending: set[str],
+    unconnected: set[str],
+    waited: dict[str, float],
+) -> None:
+    """One poll of the event log: each stream's waits, and which came back.
+
+    Times are taken as each query is sent: its snapshot shows what was committed by then
+    (the query's own latency is left out of the waits; :attr:`ModeResult.poll_latency`
+    records it)."""
+    if pending:
+        now = time.time()
+        floors = await poll.floors(list(pending))
+        result.poll_latency.append(time.time() - now)
+        for name, floor in floors.items():
+            # The oldest event generated since the signal and not stored yet, and how
+            # long it has waited (the source generates RATE a second from ``following``).
+            waiting = max(floor + 1, following[name])
+            generated = began + (waiting - following[name] + 0.5) / RATE
+            waited[name] = max(waited.get(name, 0.0), now - generated)
+            if floor >= following[name] and name not in unconnected:
+                if now - generated < CAUGHT_UP:
+                    result.recovered.append(waited[name])
+                    pending.discard(name)
+    targets = {n: first for n in unconnected if (first := _next_first_id(n, began))}
+    if targets:
+        now = time.time()
+        for name in await poll.stored_ids(targets):
+            result.connected.append(now - began)
+            unconnected.discard(name)
+            connection = _next_connection(name, began)
+            if connection is not None and connection.first_event is not None:
+                result.opened.append(connection.opened - began)
+                result.sent.append(connection.first_event - began)
+
+
+STORED_IDS_SQL = (
+    "SELECT t.s FROM unnest(%s::text[], %s::text[]) AS t(s, id) "
+    "WHERE EXISTS (SELECT 1 FROM sse_events e WHERE e.stream = t.s AND e.event_id = t.id)"
+)
 
 
 async def _extra_readers(names: list[str]) -> int:
@@ -457,25 +495,47 @@ def _next_first_id(name: str, after: float) -> int | None:
     return connection.start_id if connection is not None else None
 
 
-async def _floors(running: Stack, names: list[str]) -> dict[str, int]:
-    """The newest stored id of each stream (0: none yet)."""
-    rows = await pg_query(
-        running.psycopg_url,
-        "SELECT t.s, (SELECT e.event_id FROM sse_events e WHERE e.stream = t.s "
-        "AND e.id_key IS NOT NULL ORDER BY e.id_key DESC LIMIT 1) FROM unnest(%s::text[]) AS t(s)",
-        (names,),
-    )
-    return {name: int(floor) if floor else 0 for name, floor in rows}
+class Poll:
+    """The failover's polls of the event log, on one connection held for the mode."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._connection: psycopg.Connection[Any] | None = None
+
+    async def floors(self, names: list[str]) -> dict[str, int]:
+        """The newest stored id of each stream (0: none yet)."""
+        rows = await self._query(
+            "SELECT t.s, (SELECT e.event_id FROM sse_events e WHERE e.stream = t.s "
+            "AND e.id_key IS NOT NULL ORDER BY e.id_key DESC LIMIT 1) "
+            "FROM unnest(%s::text[]) AS t(s)",
+            (names,),
+        )
+        return {name: int(floor) if floor else 0 for name, floor in rows}
+
+    async def stored_ids(self, targets: dict[str, int]) -> list[str]:
+        """Streams whose given id is stored."""
+        names = list(targets)
+        rows = await self._query(STORED_IDS_SQL, (names, [str(targets[n]) for n in names]))
+        return [row[0] for row in rows]
+
+    async def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        def run() -> list[Any]:
+            if self._connection is None:
+                self._connection = psycopg.connect(self._url, autocommit=True)
+            return list(self._connection.execute(sql, params).fetchall())
+
+        return await asyncio.to_thread(run)
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
 
 
 async def _stored_ids(running: Stack, targets: dict[str, int]) -> list[str]:
     """Streams whose given id is stored."""
     names = list(targets)
     rows = await pg_query(
-        running.psycopg_url,
-        "SELECT t.s FROM unnest(%s::text[], %s::text[]) AS t(s, id) "
-        "WHERE EXISTS (SELECT 1 FROM sse_events e WHERE e.stream = t.s AND e.event_id = t.id)",
-        (names, [str(targets[name]) for name in names]),
+        running.psycopg_url, STORED_IDS_SQL, (names, [str(targets[name]) for name in names])
     )
     return [row[0] for row in rows]
 
@@ -567,6 +627,15 @@ def _rows(
                     "p50 / p99 / max (s)",
                     f"{percentile(connected, 50):.2f} / {percentile(connected, 99):.2f}"
                     f" / {max(connected):.2f}",
+                )
+            )
+        if result.poll_latency:
+            latency = result.poll_latency
+            rows.append(
+                Row(
+                    "10",
+                    f"{label}: {result.mode} -> the bench's own poll, answered in p50 / p99 (s)",
+                    f"{percentile(latency, 50):.2f} / {percentile(latency, 99):.2f}",
                 )
             )
         if result.opened:
