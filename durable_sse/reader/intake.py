@@ -177,9 +177,16 @@ class Intake:
         """A reconnect that cannot resume: its loss window is recorded once the stream
         opens (:meth:`head`)."""
         self._no_resume_gap: str | None = None
+        self._retry_gap: str | None = None
+        """A live retry's suspicion of what its dead attempt read: repairing it is no news
+        the workflow must have at once (it never knew of it)."""
 
         if retried:
-            self.gaps.suspect("an attempt that read here died; what it read is read again")
+            suspicion = self.gaps.suspect(
+                "an attempt that read here died; what it read is read again"
+            )
+            if suspicion is not None and self.route is Route.LIVE:
+                self._retry_gap = suspicion.gap_id
         if verify:
             self.gaps.verify(
                 "a reconnect of a stream that verifies its reconnects: what was read since "
@@ -255,6 +262,18 @@ class Intake:
             and self.gaps.clean
         ):
             self.outcome = Outcome.ROTATED
+
+    def _closes_quietly(self, change: GapChange) -> bool:
+        """Whether closing a gap so is no reason to end the connection: a reconnect's own
+        loss window closes as it opens (no repair finished, and a stream that cannot
+        resume must not end: each reconnect loses more); a live retry's suspicion that
+        its re-read repaired would end every stream a dead worker's successor took over
+        a moment after its connection opened, for a second reconnect under the same
+        burst (2-4 s more in the failover bench). One that finds a loss is news."""
+        if change.gap_id == self._no_resume_gap:
+            return True
+        lost = change.lost_to is not None or change.short_to is not None or change.truncated
+        return change.gap_id == self._retry_gap and not lost
 
     def next_deadline(self, now: float) -> float | None:
         """Seconds until :meth:`poll` has something to do (None: nothing pending)."""
@@ -545,9 +564,7 @@ class Intake:
         changes = self.gaps.batch_changes(
             last_id=last_id, segment=self._pending_segment, now=self._now
         )
-        # A reconnect's own loss window closes as it opens: no repair finished, and a
-        # stream that cannot resume must not end (each reconnect loses more).
-        closed = any(c.close and c.gap_id != self._no_resume_gap for c in changes)
+        closed = any(c.close and not self._closes_quietly(c) for c in changes)
         if self._repaired_at is None and not self.gaps.gaps and closed:
             # Every gap this connection knew of is closed: end soon, so the workflow
             # (status, metrics, logs) learns now, not at the next rotation; after a grace,

@@ -224,6 +224,30 @@ def test_a_retried_attempt_records_what_the_dead_one_read_with_its_first_batch()
     assert (reread.gap_id, reread.reread_to, reread.close) == (opened.gap_id, "70", False)
 
 
+def test_a_live_retry_that_repairs_its_own_suspicion_reads_on() -> None:
+    """After a worker dies each of its streams' retries suspects what the dead attempt
+    read, and re-reads it. Ending the connection once that suspicion was repaired (as a
+    repair ends, so the workflow learns) cost every moved stream a second reconnect in the
+    failover's burst; the workflow never knew of the suspicion, and the stream is live."""
+    i = intake(
+        "39",
+        route=Route.LIVE,
+        lagging="40",
+        floor="90",
+        witness="40",
+        retried=True,
+        batch_max_events=10,
+        batch_max_delay=0.5,
+    )
+    take(i, *events(*range(40, 100)), now=2.0)
+    i.poll(2.5)
+    closed = [c for b in cut(i) for c in b.gap_changes if c.close]
+    assert len(closed) == 1 and not i.gaps.gaps  # the suspicion, repaired
+    i.poll(2.5 + DROP_GRACE)
+    i.poll(100.0)
+    assert i.outcome is None and i.next_deadline(100.0) is None
+
+
 def test_a_retry_whose_first_row_lies_inside_its_own_span_proves_nothing_of_it() -> None:
     """Where the dead attempt began (40), the first row stored after it (50) is one it may
     have read past a skip it never recorded: no witness. The retry reads on as evidence
