@@ -459,12 +459,6 @@ async def _look(
                 result.sent.append(connection.first_event - began)
 
 
-STORED_IDS_SQL = (
-    "SELECT t.s FROM unnest(%s::text[], %s::text[]) AS t(s, id) "
-    "WHERE EXISTS (SELECT 1 FROM sse_events e WHERE e.stream = t.s AND e.event_id = t.id)"
-)
-
-
 async def _extra_readers(names: list[str]) -> int:
     """Streams the source still sends on more than one connection, waited for up to
     :data:`OWNER_SETTLE` seconds after the paused worker resumed (its lease was revoked:
@@ -496,7 +490,7 @@ def _next_first_id(name: str, after: float) -> int | None:
 
 
 class Poll:
-    """The failover's polls of the event log, on one connection held for the mode."""
+    """The failover's polls of the event log, on one connection held while it polls."""
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -515,7 +509,11 @@ class Poll:
     async def stored_ids(self, targets: dict[str, int]) -> list[str]:
         """Streams whose given id is stored."""
         names = list(targets)
-        rows = await self._query(STORED_IDS_SQL, (names, [str(targets[n]) for n in names]))
+        rows = await self._query(
+            "SELECT t.s FROM unnest(%s::text[], %s::text[]) AS t(s, id) WHERE EXISTS "
+            "(SELECT 1 FROM sse_events e WHERE e.stream = t.s AND e.event_id = t.id)",
+            (names, [str(targets[n]) for n in names]),
+        )
         return [row[0] for row in rows]
 
     async def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
@@ -531,25 +529,20 @@ class Poll:
             self._connection.close()
 
 
-async def _stored_ids(running: Stack, targets: dict[str, int]) -> list[str]:
-    """Streams whose given id is stored."""
-    names = list(targets)
-    rows = await pg_query(
-        running.psycopg_url, STORED_IDS_SQL, (names, [str(targets[name]) for name in names])
-    )
-    return [row[0] for row in rows]
-
-
 async def _settle(running: Stack, newest: dict[str, int]) -> bool:
     """Wait until every stream's newest generated id is stored (False: not in time)."""
 
+    poll = Poll(running.psycopg_url)
+
     async def done() -> bool:
-        return len(await _stored_ids(running, newest)) == len(newest)
+        return len(await poll.stored_ids(newest)) == len(newest)
 
     try:
         await wait_until(done, timeout=SETTLE_TIMEOUT, what="the run to settle", every=1)
     except TimeoutError:
         return False
+    finally:
+        poll.close()
     return True
 
 
