@@ -219,7 +219,7 @@ class World:
             )
         self.deleting: RetentionRun | None = None
         self.ended_connections: list[SimConnection] = []
-        """Connections the server cut since the last connection started."""
+        """Connections that ended mid-read (cut, or cancelled) since the last one started."""
         self.consumer = SimConsumer(self.log)
         self.zombie_gaps: set[str] = set()
         """Gaps that the transaction a presumed-dead attempt had open at its pause opened
