@@ -48,7 +48,7 @@ from durable_sse.contracts import (
     Route,
 )
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
-from durable_sse.errors import ConfigError, StreamRefusedError
+from durable_sse.errors import ConfigError, StoreError, StreamRefusedError
 from durable_sse.log.workers import WorkerLeaseLostError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
@@ -227,6 +227,14 @@ class _ActivityConnection:
                 f"worker lease {self.worker_id} was revoked while the connection started",
                 expected=True,
             ) from None
+        except StoreError as error:
+            if not self._lease_revoked():
+                raise
+            # The worker that revoked the lease ended this worker's open transactions
+            # (log.sessions): one line, like a refused commit, not a traceback each.
+            raise _moved(
+                f"worker lease {self.worker_id} was revoked: {error}", expected=True
+            ) from None
         finally:
             if watch is not None:
                 watch.cancel()
@@ -297,11 +305,15 @@ class _ActivityConnection:
             return False
         return True
 
+    def _lease_revoked(self) -> bool:
+        """Whether this worker found the lease this connection runs under revoked: the
+        watchdog that revoked it failed the attempt already, so its own end is moot."""
+        return self.worker_id is not None and self.worker_id in self.reader.pool.revoked
+
     def _ended_by_revocation(self) -> bool:
         """Whether the cancellation came from this worker's pool, its lease revoked, and
         not from Temporal."""
-        revoked = self.worker_id is not None and self.worker_id in self.reader.pool.revoked
-        return revoked and activity.cancellation_details() is None
+        return self._lease_revoked() and activity.cancellation_details() is None
 
     def _moving(self, result: ReadResult) -> str | None:
         """Why this connection, cancelled by its own worker, goes on as a retry elsewhere

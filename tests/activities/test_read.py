@@ -662,6 +662,43 @@ async def test_a_connection_starting_when_its_lease_is_revoked_ends_as_moved(
     assert error.category == ApplicationErrorCategory.BENIGN
 
 
+async def test_a_commit_whose_session_the_revoker_ended_ends_as_moved(
+    source: SSESource,
+    reader: ReadActivities,
+    pg_event_log: Stores,
+    pg_url: str,
+    stream_name: str,
+) -> None:
+    """At SIGCONT a paused worker's open transactions are gone: the worker that revoked
+    its lease ended them (``log.sessions``). Each connection whose commit was among them
+    failed with a ``StoreError``, a traceback in the log each (88 in one failover run);
+    with its lease revoked it ends as moved, a benign retry, like a refused commit."""
+    source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=40, keepalive=0))
+    spec = make_spec(source.url(stream_name), stream_name, batch_max_events=10)
+    lease = f"lease-{uuid.uuid4().hex[:8]}"
+    await pg_event_log.workers.acquire(lease, pool="test", host="here", pid=1, boot_id="b")
+    before, reader.worker_lease = reader.worker_lease, lambda: lease
+    try:
+        async with Blocker(pg_url) as blocker:
+            await blocker.insert_uncommitted(stream_name, "5")
+            attempt = asyncio.create_task(read(reader, spec))
+            await blocker.until_waited_on()
+            reader.pool.lease_revoked(lease)
+            await blocker.hold(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE %s = ANY(pg_blocking_pids(pid))",
+                (blocker.holder.info.backend_pid,),
+            )
+            with pytest.raises(ApplicationError) as raised:
+                await asyncio.wait_for(attempt, GUARD)
+    finally:
+        reader.worker_lease = before
+    error = raised.value
+    assert error.type == CONNECTION_MOVED and not error.non_retryable
+    assert error.category == ApplicationErrorCategory.BENIGN
+    assert "was revoked" in str(error)
+
+
 async def wait_until_a_session_waits_for(log: Stores, table: str) -> None:
     """Until some session waits for a lock on ``table``."""
     statement = (
