@@ -109,7 +109,9 @@ class ConnectionPool:
         pause = seconds / max(len(chosen), 1)
         done = 0
         for task, connection in chosen:
-            if task.done():
+            if task not in self.running or not connection.streaming:
+                # Ended meanwhile, or ending: a cancellation in its clean-up (releasing
+                # its registration) would replace the answer it has with a traceback.
                 continue
             connection.moving = HANDED_OVER
             task.cancel()

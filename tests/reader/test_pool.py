@@ -68,6 +68,44 @@ async def test_a_hand_over_takes_live_streaming_connections_first_and_marks_them
     await asyncio.gather(*tasks)
 
 
+async def test_a_hand_over_leaves_alone_a_connection_that_ended_meanwhile() -> None:
+    """A hand-over spreads its cancellations over seconds; one chosen connection that
+    ended in the meantime and is still cleaning up (out of the pool, its task not done)
+    is not cancelled: the cancellation would replace its answer with a traceback."""
+    pool, ended = ConnectionPool(), []
+    first, second = Held(), Held()
+    releasing = asyncio.Event()
+    cleaned: list[Held] = []
+
+    async def ends_on_its_own() -> None:
+        with pool.holding(second):
+            await releasing.wait()
+        await asyncio.sleep(0.05)  # its clean-up, out of the pool
+        cleaned.append(second)
+
+    tasks = [*(await _start(pool, [first], ended)), asyncio.create_task(ends_on_its_own())]
+    await asyncio.sleep(0)
+    handing = asyncio.create_task(pool.hand_over(2, 0.04))
+    await asyncio.sleep(0)
+    releasing.set()
+    assert await handing == 1
+    await asyncio.gather(*tasks)
+    assert ended == [first] and cleaned == [second] and second.moving is None
+
+
+async def test_a_hand_over_leaves_alone_a_connection_that_stopped_streaming() -> None:
+    pool, ended = ConnectionPool(), []
+    first, second = Held(), Held()
+    tasks = await _start(pool, [first, second], ended)
+    handing = asyncio.create_task(pool.hand_over(2, 0.02))
+    await asyncio.sleep(0)
+    second.streaming = False  # ending on its own, flushing
+    assert await handing == 1
+    assert ended == [first] and second.moving is None
+    tasks[1].cancel()
+    await asyncio.gather(*tasks)
+
+
 def test_an_attempt_scheduled_before_a_revocation_is_stale() -> None:
     """A paused worker's polls take retries while it is stopped; the watchdog has failed
     them again by the time it runs them, under the new lease it takes after SIGCONT."""
