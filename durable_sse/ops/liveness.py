@@ -300,10 +300,16 @@ class WorkerLiveness:
         counts = await self.leases.connection_counts(self.pool)
         return any(worker != self.worker_id for worker in counts)
 
-    async def leave(self) -> None:
-        """A clean shutdown: the lease ends and nothing is moved."""
+    def stop_balancing(self) -> None:
+        """At shutdown every connection hands over anyway: a hand-over under way would
+        cancel some that are reading on until their retries start."""
+        self.shed = None
         if self._shedding is not None:
             self._shedding.cancel()
+
+    async def leave(self) -> None:
+        """A clean shutdown: the lease ends and nothing is moved."""
+        self.stop_balancing()
         worker_id, self.worker_id = self.worker_id, None
         if worker_id is not None:
             with contextlib.suppress(StoreError):

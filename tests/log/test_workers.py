@@ -278,6 +278,42 @@ def test_a_worker_hands_over_only_what_it_holds_beyond_its_share(
     assert to_shed(counts, "a") == shed
 
 
+async def test_a_hand_over_under_way_stops_at_shutdown(stores: Stores, stream_name: str) -> None:
+    """At SIGTERM every connection hands over and reads on until its retry starts; a
+    balancing hand-over still under way would cancel some of those early (and one in its
+    clean-up with a traceback). It stops, and no later look starts another."""
+    pool = f"default:shutdown-{uuid.uuid4().hex[:8]}"
+    shed: list[int] = []
+    handing = asyncio.Event()
+
+    async def hand_over(count: int, seconds: float) -> int:
+        shed.append(count)
+        handing.set()
+        await asyncio.sleep(30)
+        return count
+
+    async def move(connection: HeldConnection, lease: WorkerLease) -> None:
+        raise AssertionError("nothing to move")
+
+    busy = WorkerLiveness(stores.workers, pool=pool, move=move, shed=hand_over, host="busy")
+    idle = WorkerLiveness(stores.workers, pool=pool, move=move, host="idle")
+    await busy.start()
+    await idle.start()
+    assert busy.worker_id is not None
+    await hold_connections(stores, busy.worker_id, stream_name, 4)
+    await busy.balance()
+    await asyncio.wait_for(handing.wait(), 10)
+    shedding = busy._shedding
+    assert shedding is not None and shed == [2]
+    busy.stop_balancing()
+    await asyncio.sleep(0)
+    assert shedding.cancelled()
+    await busy.balance()
+    assert shed == [2] and busy._shedding is shedding
+    await busy.leave()
+    await idle.leave()
+
+
 async def test_connection_counts_are_per_live_worker_of_the_pool(
     stores: Stores, stream_name: str
 ) -> None:
