@@ -55,14 +55,11 @@ STREAM_KINDS = {
     "WorkflowExecutionContinuedAsNew": "continue-as-new",
     "MarkerRecorded": "markers",
 }
-LOCAL_ACTIVITY_MARKER = "core_local_activity"
-"""The marker a local activity's result is recorded with (a patch's is ``core_patch``)."""
 ACTION_KINDS = (
     "heartbeats",
     "signals received",
     "timers",
     "activity starts",
-    "local activity tasks",
     "search attribute upserts",
     "continue-as-new",
 )
@@ -95,7 +92,6 @@ def _event_kind(event: Any) -> str | None:
 async def _stream_events(client: Any, names: list[str], window: Window) -> Counter[str]:
     """Events of each kind the streams' workflows (every run) gained in the window."""
     found: Counter[str] = Counter()
-    tasks: set[tuple[str, int]] = set()
     for name in names:
         async for execution in client.list_workflows(f'WorkflowId = "{stream_workflow_id(name)}"'):
             handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
@@ -106,24 +102,11 @@ async def _stream_events(client: Any, names: list[str], window: Window) -> Count
                 kind = _event_kind(event)
                 if kind is not None:
                     found[kind] += 1
-                if (
-                    kind == "markers"
-                    and event.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
-                ):
-                    # Temporal Cloud bills the local activities one workflow task records
-                    # as one action.
-                    tasks.add(
-                        (
-                            execution.run_id,
-                            event.marker_recorded_event_attributes.workflow_task_completed_event_id,
-                        )
-                    )
                 if kind == "activity starts" and (
                     event.activity_task_scheduled_event_attributes.activity_type.name
                     == "read_stream"
                 ):
                     found["connections"] += 1
-    found["local activity tasks"] = len(tasks)
     return found
 
 
@@ -233,8 +216,7 @@ async def cost_rows(
     scale = replay_window / DEFAULT_WINDOW
     for label, (kinds, runs) in figures.items():
         per = {
-            kind: _per_hour(kinds.get(kind, 0), streams, window)
-            for kind in (*STREAM_KINDS.values(), "local activity tasks")
+            kind: _per_hour(kinds.get(kind, 0), streams, window) for kind in STREAM_KINDS.values()
         }
         per["heartbeats"] = _per_hour(heartbeats, 2 * streams, window)
         run_rate = _per_hour(runs.get("checkpoint runs", 0), streams, window)

@@ -200,18 +200,8 @@ def build_worker(
         # Polls as this Worker Deployment Version, the workflows Pinned to it.
         options.setdefault("deployment_config", deployment_config(deployment))
     workflows = [StreamWorkflow, CheckpointAdvanceWorkflow] if role.runs_workflows else []
-    checkpoints = CheckpointActivities(resources.stores, worker_retention=retention)
-    attributes = SearchAttributeActivities(client)
     if not role.runs_activities:
-        # The run's start checks, local activities in its own workflow task (LOCAL_CHECKS).
-        return Worker(
-            client,
-            task_queue=task_queue,
-            workflows=workflows,
-            activities=[checkpoints.stream_gaps, attributes.stream_state_attribute_registered],
-            no_remote_activities=True,
-            **options,
-        )
+        return Worker(client, task_queue=task_queue, workflows=workflows, **options)
     schedules = ScheduleActivities(client, task_queue, resources.stores)
     reader = ReadActivities(
         http=resources.http,
@@ -233,10 +223,10 @@ def build_worker(
     activities = [
         *reader.activities(),
         *NudgeActivities(resources.nudges).activities(),
-        *checkpoints.activities(),
+        *CheckpointActivities(resources.stores, worker_retention=retention).activities(),
         *RetentionActivities(resources.stores, worker_retention=retention).activities(),
         *schedules.activities(),
-        *attributes.activities(),
+        *SearchAttributeActivities(client).activities(),
     ]
     return Worker(
         client, task_queue=task_queue, workflows=workflows, activities=activities, **options

@@ -97,27 +97,16 @@ async def store(
     *,
     stopped: Callable[[], bool] | None,
     result_type: type | None = None,
-    local: bool = False,
 ) -> Any:
     """A store activity, retried until it succeeds, but never past a ``stop`` (when
     ``stopped`` is given): a store that fails for good (or a setting it refuses) must not
     keep the stream alive."""
-    task = (
-        workflow.start_local_activity(
-            activity,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=STORE_TIMEOUT,
-            retry_policy=STORE_RETRY,
-        )
-        if local
-        else workflow.start_activity(
-            activity,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=STORE_TIMEOUT,
-            retry_policy=STORE_RETRY,
-        )
+    task = workflow.start_activity(
+        activity,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=STORE_TIMEOUT,
+        retry_policy=STORE_RETRY,
     )
     if stopped is not None:
         await workflow.wait_condition(lambda: task.done() or stopped())
@@ -189,12 +178,11 @@ def nudge_reader(ref: StreamRef) -> asyncio.Task[None]:
     return asyncio.create_task(nudge())
 
 
-async def attribute_registered(*, local: bool = False) -> bool:
+async def attribute_registered() -> bool:
     """Whether the namespace has ``SseStreamState``: asked once per run."""
-    run = workflow.execute_local_activity if local else workflow.execute_activity
     try:
         return bool(
-            await run(
+            await workflow.execute_activity(
                 "stream_state_attribute_registered",
                 result_type=bool,
                 start_to_close_timeout=ATTRIBUTE_CHECK_TIMEOUT,

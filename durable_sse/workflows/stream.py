@@ -77,11 +77,6 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["READ_MARGIN", "READ_RETRY", "SCHEDULE_TIMER_SUMMARY", "StreamState", "StreamWorkflow"]
 
 STREAM_STATE = SearchAttributeKey.for_keyword(STREAM_STATE_ATTRIBUTE)
-LOCAL_CHECKS = "local-start-checks"
-"""Patch: the search attribute's check and the gaps' reads run as local activities, in
-the workflow task that asks, not as a round trip through the server each. A run's start
-then takes one workflow task before its first connection, not three (a thousand streams
-starting at once queue for those tasks)."""
 
 
 @workflow.defn
@@ -105,9 +100,6 @@ class StreamWorkflow:
         """Connections made by this run."""
         self._nudges: set[asyncio.Task[None]] = set()
         """Nudges not yet known to be done (awaited before the run's last task)."""
-        self._local_checks = False
-        """The search attribute's check and the gaps' reads run as local activities (see
-        :data:`LOCAL_CHECKS`)."""
         self._attribute = False
         """The namespace has ``SseStreamState`` registered: upsert it on every change."""
         self._attribute_value: str | None = None
@@ -119,8 +111,7 @@ class StreamWorkflow:
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
         s = self._state
         spec = self._spec
-        self._local_checks = workflow.patched(LOCAL_CHECKS)
-        self._attribute = await calls.attribute_registered(local=self._local_checks)
+        self._attribute = await calls.attribute_registered()
         if self._attribute:  # continue-as-new carries it over: no upsert unless it changes
             self._attribute_value = workflow.info().typed_search_attributes.get(STREAM_STATE)
         try:
@@ -436,9 +427,7 @@ class StreamWorkflow:
         """Read the stream's gaps and lagging id from the store (a result did not say);
         ``report``: export and warn of what became unrecoverable meanwhile."""
         s = self._state
-        found = await self._store(
-            "stream_gaps", self._ref(), result_type=StreamGaps, local=self._local_checks
-        )
+        found = await self._store("stream_gaps", self._ref(), result_type=StreamGaps)
         before_events = s.counters.events_unrecoverable
         before_gaps = s.counters.gaps_unrecoverable
         fold_gaps(s, found.gaps)
@@ -475,15 +464,9 @@ class StreamWorkflow:
         workflow.logger.info("stream stopped")
         return self.status()
 
-    async def _store(
-        self, activity: str, arg: object, *, result_type: type | None = None, local: bool = False
-    ) -> Any:
+    async def _store(self, activity: str, arg: object, *, result_type: type | None = None) -> Any:
         return await calls.store(
-            activity,
-            arg,
-            stopped=lambda: self._state.stop_requested,
-            result_type=result_type,
-            local=local,
+            activity, arg, stopped=lambda: self._state.stop_requested, result_type=result_type
         )
 
     def _history_full(self) -> bool:

@@ -12,10 +12,6 @@ it needs a patch. Each history is written by the test that runs it, with
 ``checkpoint_retention`` (tests/system/test_retention_stream.py), ``checkpoint_rest``
 (tests/system/test_checkpoint_rest.py). All were recaptured when the nine patches of 0.1.0
 were retired: refresh them the same way when a change is *meant* to be incompatible.
-
-``stream_gap_repaired_local_checks`` is ``stream_gap_repaired`` recorded after the
-``local-start-checks`` patch (its start checks as local activities); the others, recorded
-before it, replay through the patch's old branch. Keep both kinds until the patch retires.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ the wall.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -290,21 +289,13 @@ def routes(run: Run) -> list[tuple[Route, str | None]]:
 
 
 async def activity_types(handle: WorkflowHandle) -> list[str]:
-    """Every activity the run ran, in order: scheduled through the server, or local (its
-    marker; one cancelled before it ran records attempt 0 and is left out)."""
+    """Every activity the run scheduled, in order."""
     history = await handle.fetch_history()
-    names = []
-    for event in history.events:
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-        elif event.HasField("marker_recorded_event_attributes"):
-            marker = event.marker_recorded_event_attributes
-            if marker.marker_name != "core_local_activity":
-                continue
-            data = json.loads(marker.details["data"].payloads[0].data)
-            if data["attempt"] >= 1:
-                names.append(data["activity_type"])
-    return names
+    return [
+        event.activity_task_scheduled_event_attributes.activity_type.name
+        for event in history.events
+        if event.HasField("activity_task_scheduled_event_attributes")
+    ]
 
 
 async def timers(handle: WorkflowHandle, *, schedule: bool = False) -> list[float]:

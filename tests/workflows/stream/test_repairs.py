@@ -89,27 +89,6 @@ async def test_stop_in_the_first_window_creates_no_schedule_and_nudges_the_reade
     ]
 
 
-async def test_a_runs_first_workflow_task_schedules_its_first_connection(
-    env: WorkflowEnvironment, event_log: Stores
-) -> None:
-    """The start checks (the search attribute, the stream's gaps) are local activities: a
-    thousand streams started at once each wait for one workflow task before connecting,
-    not three, with an activity's round trip through the server between each."""
-    run = await run_stream(env, event_log, [])
-    steps = [
-        "task"
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-        else event.activity_task_scheduled_event_attributes.activity_type.name
-        for event in (await run.handle.fetch_history()).events
-        if event.event_type
-        in (
-            EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
-            EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
-        )
-    ]
-    assert steps[:2] == ["task", "read_stream"]
-
-
 async def test_a_stop_waits_for_its_nudge_before_the_run_completes(
     env: WorkflowEnvironment, event_log: Stores
 ) -> None:
