@@ -49,7 +49,7 @@ from durable_sse.contracts import (
 )
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, StoreError, StreamRefusedError
-from durable_sse.log.workers import WorkerLeaseLostError
+from durable_sse.log.workers import WorkerLeaseLostError, WorkerState
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.connection import Connection
@@ -228,7 +228,7 @@ class _ActivityConnection:
                 expected=True,
             ) from None
         except StoreError as error:
-            if not self._lease_revoked():
+            if not await self._lease_lost():
                 raise
             # The worker that revoked the lease ended this worker's open transactions
             # (log.sessions): one line, like a refused commit, not a traceback each.
@@ -309,6 +309,19 @@ class _ActivityConnection:
         """Whether this worker found the lease this connection runs under revoked: the
         watchdog that revoked it failed the attempt already, so its own end is moot."""
         return self.worker_id is not None and self.worker_id in self.reader.pool.revoked
+
+    async def _lease_lost(self) -> bool:
+        """Whether the lease is revoked, as this worker knows or (a commit that failed at
+        SIGCONT, before this worker's renewal found out) as the store says."""
+        if self._lease_revoked():
+            return True
+        if self.worker_id is None:
+            return False
+        try:
+            lease = await self.reader.stores.workers.lease(self.worker_id)
+        except StoreError:
+            return False
+        return lease is not None and lease.state == WorkerState.REVOKED
 
     def _ended_by_revocation(self) -> bool:
         """Whether the cancellation came from this worker's pool, its lease revoked, and

@@ -662,17 +662,20 @@ async def test_a_connection_starting_when_its_lease_is_revoked_ends_as_moved(
     assert error.category == ApplicationErrorCategory.BENIGN
 
 
+@pytest.mark.parametrize("known", [True, False], ids=["renewal-found-out", "store-says"])
 async def test_a_commit_whose_session_the_revoker_ended_ends_as_moved(
     source: SSESource,
     reader: ReadActivities,
     pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
+    known: bool,
 ) -> None:
     """At SIGCONT a paused worker's open transactions are gone: the worker that revoked
     its lease ended them (``log.sessions``). Each connection whose commit was among them
     failed with a ``StoreError``, a traceback in the log each (88 in one failover run);
-    with its lease revoked it ends as moved, a benign retry, like a refused commit."""
+    with its lease revoked it ends as moved, a benign retry, like a refused commit. Its
+    worker's renewal may find out first (``known``) or not yet (the store says)."""
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=40, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name, batch_max_events=10)
     lease = f"lease-{uuid.uuid4().hex[:8]}"
@@ -683,7 +686,9 @@ async def test_a_commit_whose_session_the_revoker_ended_ends_as_moved(
             await blocker.insert_uncommitted(stream_name, "5")
             attempt = asyncio.create_task(read(reader, spec))
             await blocker.until_waited_on()
-            reader.pool.lease_revoked(lease)
+            assert await pg_event_log.workers.revoke(lease, by="watchdog", expired_only=False)
+            if known:
+                reader.pool.lease_revoked(lease)
             await blocker.hold(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE %s = ANY(pg_blocking_pids(pid))",
