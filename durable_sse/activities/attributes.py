@@ -6,9 +6,11 @@ and a failed workflow task is retried forever: a stream would hang on it. So eac
 only where it is registered as a Keyword. Where it is not, the stream works the same and
 only Temporal's list views lack the column (the worker logs how to register it).
 
-A worker answers from its last listing for ``ANSWER_TTL`` seconds, and concurrent asks
-share one listing: a thousand streams started at once ask the server once, not a
-thousand times (docs/benchmarks.md, section 3).
+A worker answers from its last listing, and concurrent asks share one listing: a thousand
+streams started at once ask the server once, not a thousand times (docs/benchmarks.md,
+section 3). A listing older than ``ANSWER_TTL`` is renewed in the background while runs
+still get its answer: only a worker that has no answer yet waits for the server, so a
+listing slowed by a start burst times no run's check out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import timedelta
 
 from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
@@ -27,9 +30,12 @@ from durable_sse.contracts import STREAM_STATE_ATTRIBUTE
 
 logger = logging.getLogger(__name__)
 
+LISTING_TIMEOUT = timedelta(seconds=5)
+"""A listing the server has not answered by then fails (the run goes without the
+attribute, and the next ask lists again) rather than holding every run's check."""
 ANSWER_TTL = 30.0
-"""Seconds a worker reuses its answer: an attribute registered (or removed) meanwhile is
-seen by runs that start after this."""
+"""Seconds after which a worker lists again: an attribute registered (or removed)
+meanwhile is seen by runs that start once that listing answered."""
 
 REGISTER_HINT = (
     f"register it with `temporal operator search-attribute create --name "
@@ -47,21 +53,42 @@ class SearchAttributeActivities:
         self._lock = asyncio.Lock()
         self._answer: tuple[float, bool] | None = None
         """(monotonic time it was listed, the answer)."""
+        self._renewal: asyncio.Task[bool] | None = None
         self.listings = 0
 
     @activity.defn(name="stream_state_attribute_registered")
     async def stream_state_attribute_registered(self) -> bool:
         """True when ``SseStreamState`` is a Keyword search attribute of this namespace."""
+        answer = self._answer
+        if answer is not None:
+            if not answer_fresh(answer, time.monotonic()):
+                self._renew_in_background()
+            return answer[1]
         async with self._lock:
-            if answer_fresh(self._answer, time.monotonic()):
-                assert self._answer is not None
+            if self._answer is not None:
                 return self._answer[1]
-            listed_at = time.monotonic()
-            answer = await self._list()
-            if answer is None:  # the listing failed: this run goes without, no caching
-                return False
-            self._answer = (listed_at, answer)
-            return answer
+            return await self._listing()
+
+    def _renew_in_background(self) -> None:
+        if self._renewal is None or self._renewal.done():
+            self._renewal = asyncio.create_task(self._renew())
+
+    async def _renew(self) -> bool:
+        try:
+            return await self._listing()
+        except Exception as error:  # noqa: BLE001 - the next ask tries again
+            logger.debug("could not renew the search attribute listing: %s", error)
+            return False
+
+    async def _listing(self) -> bool:
+        """List, and keep the answer; a listing that fails keeps the last one (with
+        none, this run goes without the attribute)."""
+        listed_at = time.monotonic()
+        answer = await self._list()
+        if answer is None:
+            return False
+        self._answer = (listed_at, answer)
+        return answer
 
     async def _list(self) -> bool | None:
         """The answer, or None when the namespace could not be listed."""
@@ -69,7 +96,7 @@ class SearchAttributeActivities:
         namespace = self.client.namespace
         try:
             response = await self.client.operator_service.list_search_attributes(
-                ListSearchAttributesRequest(namespace=namespace)
+                ListSearchAttributesRequest(namespace=namespace), timeout=LISTING_TIMEOUT
             )
         except RPCError as error:
             self._tell(

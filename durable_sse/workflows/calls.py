@@ -51,7 +51,12 @@ STORE_RETRY = RetryPolicy(
 NUDGE_TIMEOUT = timedelta(seconds=10)
 NUDGE_RETRY = RetryPolicy(maximum_attempts=1)
 """One try: a nudge only hurries a cancellation the reader's heartbeat also brings."""
-ATTRIBUTE_CHECK_TIMEOUT = timedelta(seconds=10)
+ATTRIBUTE_CHECK_TIMEOUT = timedelta(seconds=60)
+"""The check answers from the worker's last listing, and a listing is bounded by its own
+RPC timeout (``activities.attributes.LISTING_TIMEOUT``): this only covers a worker so busy
+starting connections that the check waits to run. At 10 s, 1,000 streams started at once
+saw up to 311 checks time out twice, each such stream 21 s late and without the attribute
+for its whole run."""
 ATTRIBUTE_CHECK_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=2)
 """Two tries, then the run goes without the attribute (a namespace that refuses the
 listing): never a hung stream."""

@@ -176,3 +176,33 @@ async def test_streams_started_at_once_share_one_listing(
     )
     assert answers == [True] * 50
     assert activities.listings == 1
+
+
+async def test_an_old_listing_answers_while_a_new_one_is_made(
+    registered: WorkflowEnvironment,
+) -> None:
+    """Past ``ANSWER_TTL`` the worker lists again in the background: the runs that ask
+    meanwhile get the last answer at once, not a wait on the server (a start burst slowed
+    one listing past the check's 10 s timeout, 311 times, twice each)."""
+    activities = SearchAttributeActivities(registered.client)
+    env = ActivityEnvironment()
+    assert await env.run(activities.stream_state_attribute_registered)
+    listed_at, answer = activities._answer or (0.0, False)
+    activities._answer = (listed_at - ANSWER_TTL - 1, answer)
+    renewed = asyncio.Event()
+    listing = activities._list
+
+    async def slow_list() -> bool | None:
+        await renewed.wait()
+        return await listing()
+
+    activities._list = slow_list  # type: ignore[method-assign]
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(env.run(activities.stream_state_attribute_registered) for _ in range(20))),
+        5,
+    )
+    assert answers == [True] * 20
+    renewed.set()
+    assert activities._renewal is not None and await activities._renewal
+    assert activities.listings == 2
+    assert activities._answer is not None and activities._answer[0] > listed_at
