@@ -484,6 +484,13 @@ async def _extra_readers(held: list[str], paused: float, resumed: float) -> int:
                 len(stale),
                 doubled,
             )
+            for name in stale:
+                logger.info(
+                    "  %s: connections opened at %s s from the pause, still open: %s",
+                    name,
+                    [round(c.opened - paused, 2) for c in CONNECTIONS[name]],
+                    [c.closed is None for c in CONNECTIONS[name]],
+                )
             return len(stale)
         await asyncio.sleep(0.5)
 
