@@ -9,9 +9,10 @@ N streams of the SSE source (in this driver process, loopback) each send a stead
   the streams came back (or ``timeout`` passed), so two run again, and takes its share
   (or ``SPREAD_TIMEOUT`` passes);
 * ``stop``: SIGSTOP the worker holding more connections for ``PAUSE_SECONDS``, then
-  SIGCONT: its streams move as after a death, and once it runs again no stream may be
-  read by two connections for more than ``OWNER_SETTLE`` s (its lease was revoked: it
-  ends its connections, and the fence refuses their commits);
+  SIGCONT: its streams move as after a death, and once it runs again none of them may
+  still be read by its connection from before the pause, beside the new one, for more
+  than ``OWNER_SETTLE`` s (its lease was revoked: it ends its connections, and the fence
+  refuses their commits; the balancer's make-before-break hand-overs are not counted);
 * ``term``: SIGTERM the worker holding more connections (its exit time is measured).
 
 Per stream that worker held, two figures, each seen stored in ``sse_events`` by a poll
@@ -130,8 +131,8 @@ class ModeResult:
     """Seconds each poll of the streams' newest ids took to answer (left out of the
     waits, which are taken as the poll is sent)."""
     owners: int | None = None
-    """Streams read by more than one connection once the paused worker ran again for
-    :data:`OWNER_SETTLE` seconds (stop only)."""
+    """The paused worker's streams still read by its connection from before the pause,
+    beside a newer one, :data:`OWNER_SETTLE` seconds after SIGCONT (stop only)."""
 
     @property
     def not_recovered(self) -> int:
