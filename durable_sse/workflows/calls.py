@@ -96,32 +96,6 @@ def failed_read(error: ActivityError) -> tuple[ReadResult | None, str | None]:
     return ReadResult(outcome=Outcome.RETRY_LATER, error=str(cause or error)), None
 
 
-def start_store(
-    activity: str, arg: object, *, result_type: type | None = None
-) -> workflow.ActivityHandle[Any]:
-    """A store activity, retried until it succeeds: await it with :func:`store_result`."""
-    return workflow.start_activity(
-        activity,
-        arg,
-        result_type=result_type,
-        start_to_close_timeout=STORE_TIMEOUT,
-        retry_policy=STORE_RETRY,
-    )
-
-
-async def store_result(
-    task: workflow.ActivityHandle[Any], *, stopped: Callable[[], bool] | None
-) -> Any:
-    """A store activity's result, but never past a ``stop`` (when ``stopped`` is given):
-    a store that fails for good (or a setting it refuses) must not keep the stream alive."""
-    if stopped is not None:
-        await workflow.wait_condition(lambda: task.done() or stopped())
-        if not task.done():
-            task.cancel()
-            raise StopRequested()
-    return await task
-
-
 async def store(
     activity: str,
     arg: object,
@@ -129,9 +103,22 @@ async def store(
     stopped: Callable[[], bool] | None,
     result_type: type | None = None,
 ) -> Any:
-    """A store activity, retried until it succeeds, but never past a ``stop``
-    (:func:`store_result`)."""
-    return await store_result(start_store(activity, arg, result_type=result_type), stopped=stopped)
+    """A store activity, retried until it succeeds, but never past a ``stop`` (when
+    ``stopped`` is given): a store that fails for good (or a setting it refuses) must not
+    keep the stream alive."""
+    task = workflow.start_activity(
+        activity,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=STORE_TIMEOUT,
+        retry_policy=STORE_RETRY,
+    )
+    if stopped is not None:
+        await workflow.wait_condition(lambda: task.done() or stopped())
+        if not task.done():
+            task.cancel()
+            raise StopRequested()
+    return await task
 
 
 async def resolve_since(state: StreamState, ref: StreamRef, *, stopped: Callable[[], bool]) -> None:

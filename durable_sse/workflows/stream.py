@@ -12,9 +12,8 @@ What goes through this workflow's history is what changes the stream's course: s
 route, gaps and errors. Cursors and counts arrive when a connection ends; while one runs,
 the reader writes them to Redis and ``durable-sse status`` folds them in.
 
-The workflow is Pinned to the Worker Deployment Version it started on: on a versioned
-deployment a change of its code needs no ``workflow.patched`` branch; the one patch below
-(:data:`GAPS_BESIDE_CHECK`) is for unversioned ones. When the target version changes, the run ends
+The workflow is Pinned to the Worker Deployment Version it started on: a change of its
+code needs no ``workflow.patched`` branch. When the target version changes, the run ends
 its connection the way ``pause`` does and continues-as-new onto the new version
 (:mod:`workflows.upgrade` says when); an idle run does so at least once a day.
 
@@ -78,11 +77,6 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["READ_MARGIN", "READ_RETRY", "SCHEDULE_TIMER_SUMMARY", "StreamState", "StreamWorkflow"]
 
 STREAM_STATE = SearchAttributeKey.for_keyword(STREAM_STATE_ATTRIBUTE)
-GAPS_BESIDE_CHECK = "gaps-read-beside-attribute-check"
-"""Patch (2026-12-07): a run that needs its gaps reads them in its first workflow task,
-beside the search attribute's check, instead of in a second task after it. One workflow
-task and one queued round trip fewer per start (1,000 streams starting at once wait on
-each). Retire it as docs/deploys.md says once no unversioned run predates it."""
 
 
 @workflow.defn
@@ -112,14 +106,11 @@ class StreamWorkflow:
         self._schedule = SpreadSchedule()
         self._retry_cap_logged = False
         """A ``retry:`` over ``max_retry_delay`` was logged in this run (once is enough)."""
-        self._gaps_read: workflow.ActivityHandle[StreamGaps] | None = None
-        """The gaps' read scheduled in the run's first task, until the loop takes it."""
 
     @workflow.run
     async def run(self, spec: Any, state: StreamState | None = None) -> StreamStatus:
         s = self._state
         spec = self._spec
-        self._gaps_read = self._read_gaps_early()
         self._attribute = await calls.attribute_registered()
         if self._attribute:  # continue-as-new carries it over: no upsert unless it changes
             self._attribute_value = workflow.info().typed_search_attributes.get(STREAM_STATE)
@@ -432,28 +423,11 @@ class StreamWorkflow:
             self._waiting = False
         return True
 
-    def _read_gaps_early(self) -> workflow.ActivityHandle[StreamGaps] | None:
-        """Schedule the gaps' read now, beside the attribute check, when the run will
-        read them before its first connection anyway (a fresh stream, or gaps a result
-        left stale) and its spec is valid (an invalid one parks and reads nothing)."""
-        if self._spec_error is not None or not (self._fresh or self._state.gaps_stale):
-            return None
-        try:
-            require_stream_owner(workflow.info().workflow_id, self._spec.name)
-        except ConfigError:
-            return None
-        if not workflow.patched(GAPS_BESIDE_CHECK):
-            return None  # replaying a run recorded before the patch
-        return calls.start_store("stream_gaps", self._ref(), result_type=StreamGaps)
-
     async def _refresh_gaps(self, *, report: bool = False) -> None:
         """Read the stream's gaps and lagging id from the store (a result did not say);
         ``report``: export and warn of what became unrecoverable meanwhile."""
         s = self._state
-        task, self._gaps_read = self._gaps_read, None
-        if task is None:
-            task = calls.start_store("stream_gaps", self._ref(), result_type=StreamGaps)
-        found = await calls.store_result(task, stopped=lambda: s.stop_requested)
+        found = await self._store("stream_gaps", self._ref(), result_type=StreamGaps)
         before_events = s.counters.events_unrecoverable
         before_gaps = s.counters.gaps_unrecoverable
         fold_gaps(s, found.gaps)
@@ -474,14 +448,10 @@ class StreamWorkflow:
         """Before the run's last task (continue-as-new or completion): nothing of the run
         may complete while that task does, or the server refuses it (UnhandledCommand) and
         runs it again. So the nudges and the schedule's creation end first (a creation not
-        yet due is dropped; a next run starts it again at the same due time), an early
-        gaps' read no one took is cancelled, and the signal handlers end."""
+        yet due is dropped; a next run starts it again at the same due time), and so do
+        the signal handlers."""
         await asyncio.gather(*self._nudges)
         await self._schedule.settle()
-        if self._gaps_read is not None:  # stopped before the loop took it
-            self._gaps_read.cancel()
-            await asyncio.gather(self._gaps_read, return_exceptions=True)
-            self._gaps_read = None
         await workflow.wait_condition(workflow.all_handlers_finished)
 
     async def _finish(self, *, delete_schedule: bool) -> StreamStatus:

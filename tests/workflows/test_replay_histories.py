@@ -12,11 +12,6 @@ it needs a patch. Each history is written by the test that runs it, with
 ``checkpoint_retention`` (tests/system/test_retention_stream.py), ``checkpoint_rest``
 (tests/system/test_checkpoint_rest.py). All were recaptured when the nine patches of 0.1.0
 were retired: refresh them the same way when a change is *meant* to be incompatible.
-
-``stream_gap_repaired_unpatched`` is written by no test: the run of
-``stream_gap_repaired`` as recorded before the patch ``GAPS_BESIDE_CHECK``
-(durable_sse/workflows/stream.py), kept so that the code's old path stays covered
-whatever is recaptured. Delete it when that patch is deprecated.
 """
 
 from __future__ import annotations

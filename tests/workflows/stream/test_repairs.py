@@ -78,40 +78,15 @@ async def test_stop_in_the_first_window_creates_no_schedule_and_nudges_the_reade
     assert run.schedules.ensured == [] and run.schedules.deleted == []
     assert routes(run) == [(Route.LIVE, None)]
     assert run.script.nudged == [run.spec.name]
-    # A fresh stream reads its gaps from the store before its first connection, in its
-    # first workflow task, beside the attribute's check (GAPS_BESIDE_CHECK).
+    # A fresh stream reads its gaps from the store before its first connection.
     assert await activity_types(run.handle) == [
-        "stream_gaps",
         "stream_state_attribute_registered",  # once per run: may it set SseStreamState?
+        "stream_gaps",
         "read_stream",
         # The stop cancels the reader, then nudges it to notice now. The stop's CANCELLED
         # result carried no gaps, but a stopping workflow reads no more: it ends.
         "nudge_reader",
     ]
-
-
-async def test_a_fresh_run_reads_its_gaps_in_its_first_task_beside_the_check(
-    env: WorkflowEnvironment, event_log: Stores
-) -> None:
-    """Each of a start's workflow tasks waits in the worker's queue (1,000 streams start
-    at once): the gaps' read goes out in the first task with the attribute's check, so
-    the connection waits for the slower of the two, not for both in turn. The patch
-    marker lets runs recorded before it replay (tests/histories)."""
-    run = await run_stream(env, event_log, [])
-    events = list((await run.handle.fetch_history()).events)
-    scheduled = [
-        e.activity_task_scheduled_event_attributes
-        for e in events
-        if e.HasField("activity_task_scheduled_event_attributes")
-    ]
-    first_task = [
-        a.activity_type.name
-        for a in scheduled
-        if a.workflow_task_completed_event_id == scheduled[0].workflow_task_completed_event_id
-    ]
-    assert sorted(first_task) == ["stream_gaps", "stream_state_attribute_registered"]
-    markers = [e for e in events if e.HasField("marker_recorded_event_attributes")]
-    assert len(markers) == 1
 
 
 async def test_a_stop_waits_for_its_nudge_before_the_run_completes(
@@ -148,8 +123,8 @@ async def test_the_schedule_is_created_within_the_first_window_and_deleted_on_st
     assert run.schedules.ensured == [spec.name]
     assert run.schedules.deleted == [spec.name]
     assert await activity_types(run.handle) == [
-        "stream_gaps",
         "stream_state_attribute_registered",
+        "stream_gaps",
         "read_stream",
         "stream_gaps",  # the result carried no gaps
         "ensure_checkpoint_schedule",  # due while the stream backed off
@@ -194,9 +169,9 @@ async def test_spread_zero_creates_the_schedule_before_connecting(
     assert run.schedules.ensured == [run.spec.name]
     assert run.schedules.deleted == [run.spec.name]
     assert await activity_types(run.handle) == [
-        "stream_gaps",
         "stream_state_attribute_registered",
         "ensure_checkpoint_schedule",
+        "stream_gaps",
         "read_stream",
         "nudge_reader",
         "delete_checkpoint_schedule",
