@@ -16,7 +16,8 @@ Temporal understands:
 * the attempt's registration in ``sse_readers`` expires when nothing the attempt can
   still write needs holding (:meth:`_ActivityConnection.lease`);
 * a connection its own worker ends (a hand-over, a shutdown) fails its attempt through
-  the client, so Temporal retries it at once elsewhere (:meth:`_ActivityConnection._move`);
+  the client, so Temporal retries it at once elsewhere
+  (:class:`durable_sse.activities.handover.HandOver`);
 * what retrying cannot fix (a setting, a refusal) is a non-retryable
   ``ApplicationError`` named after the error's class: the stream parks.
 """
@@ -27,29 +28,22 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import asdict
+from datetime import UTC, datetime
 from secrets import token_hex
 from typing import Any
 
 import httpx
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
-from temporalio.service import RPCError
+from temporalio.exceptions import ApplicationError
 
+from durable_sse.activities.handover import SHUTTING_DOWN, HandOver, moved
 from durable_sse.config.secrets import DeclaredSecrets
-from durable_sse.contracts import (
-    CONNECTION_MOVED,
-    RETRY_NOW,
-    Outcome,
-    ReadInput,
-    ReadProgress,
-    ReadResult,
-    Route,
-)
+from durable_sse.config.spec import attempt_timeout
+from durable_sse.contracts import Outcome, ReadInput, ReadProgress, ReadResult, Route
 from durable_sse.cursor.readers import ReaderLease, reader_expiry
 from durable_sse.errors import ConfigError, StoreError, StreamRefusedError
-from durable_sse.log.workers import WorkerLeaseLostError, WorkerState
+from durable_sse.log.workers import WorkerLeaseLostError
 from durable_sse.ops.logs import install_redaction
 from durable_sse.ops.nudge import Nudges
 from durable_sse.reader.connection import Connection
@@ -64,13 +58,6 @@ from durable_sse.reader.successors import Successors
 from durable_sse.stores import Stores
 
 logger = logging.getLogger(__name__)
-
-SHUTTING_DOWN = "its worker is shutting down: the connection goes on on another worker"
-"""Why a connection of a stopping worker moves."""
-ATTEMPT_MARGIN = timedelta(seconds=60)
-"""Added to ``max_connection_age + connect_timeout + idle_timeout`` for a connection's
-registration when the attempt has no ``start_to_close`` timeout to go by (run outside a
-workflow); ``workflows/stream.py`` gives the read activity the same margin."""
 
 
 class ReadActivities:
@@ -156,12 +143,6 @@ class _ActivityConnection:
         """The attempt's heartbeat timeout (None: none, outside a workflow)."""
         self.worker_id = reader.worker_lease() if reader.worker_lease is not None else None
         """The worker lease this connection runs and commits under."""
-        self.moving: str | None = None
-        """Why its worker cancels it to go on elsewhere (a hand-over), if it does."""
-        self.handed_over = False
-        """Failed through the client while it reads on (make before break): it sends no
-        more heartbeats, and whatever it ends with, Temporal has its answer already."""
-        self._failing: asyncio.Task[bool] | None = None
         details = info.heartbeat_details
         self.connection = Connection(
             input,
@@ -189,22 +170,30 @@ class _ActivityConnection:
             wake_checkpoint=reader.wake_checkpoint,
             log=activity.logger,
         )
+        self.hand_over = HandOver(self.connection, successors=reader.successors)
         self.context = contextvars.copy_context()
         """The activity's context: a nudge heartbeats from the worker's listener task."""
+
+    @property
+    def moving(self) -> str | None:
+        """Why its worker cancels it to go on elsewhere, if it does (set by the pool)."""
+        return self.hand_over.moving
+
+    @moving.setter
+    def moving(self, why: str | None) -> None:
+        self.hand_over.moving = why
 
     async def run(self) -> ReadResult:
         if self.reader.pool.stale(self.info.current_attempt_scheduled_time):
             # Failed again by the watchdog while this worker was paused, most likely: a
             # retry (at once) goes wherever the stream is not read already.
-            raise _moved(
+            raise moved(
                 "the attempt reached this worker before its lease was revoked; it goes on "
                 "as a retry",
                 expected=True,  # after SIGCONT
             )
         task = asyncio.current_task()
-        watch = None
-        if self.reader.successors is not None and task is not None:
-            watch = asyncio.create_task(self._read_on_until_replaced(task))
+        watch = self.hand_over.watch(task) if task is not None else None
         try:
             result = await self.connection.run()
         except ConfigError as error:
@@ -217,13 +206,13 @@ class _ActivityConnection:
             # This worker was taken for dead and its streams moved: the watchdog failed
             # this attempt already, most likely, and Temporal ignores this answer. One
             # line in the log, not a traceback per connection.
-            raise _moved(str(error), expected=True) from None
+            raise moved(str(error), expected=True) from None
         except asyncio.CancelledError:
             if not self._ended_by_revocation():
                 raise
             # Ended by its own worker while it started (ConnectionPool.lease_revoked):
             # the same answer as a commit the fence refuses.
-            raise _moved(
+            raise moved(
                 f"worker lease {self.worker_id} was revoked while the connection started",
                 expected=True,
             ) from None
@@ -232,78 +221,19 @@ class _ActivityConnection:
                 raise
             # The worker that revoked the lease ended this worker's open transactions
             # (log.sessions): one line, like a refused commit, not a traceback each.
-            raise _moved(
+            raise moved(
                 f"worker lease {self.worker_id} was revoked: {error}", expected=True
             ) from None
         finally:
             if watch is not None:
                 watch.cancel()
-            if self._failing is not None:
-                # Ended on its own while the hand-over was being sent: its answer decides.
-                self.handed_over = await self._failing
-        if self.handed_over:
+            await self.hand_over.settle()
+        if self.hand_over.handed_over:
             activity.raise_complete_async()  # answered at the hand-over, through the client
         moving = self._moving(result)
-        if moving is None or not await self._move(moving):
+        if moving is None or not await self.hand_over.move(moving):
             return result
         activity.raise_complete_async()  # completed above, through the client
-
-    async def _read_on_until_replaced(self, task: asyncio.Task[Any]) -> None:
-        """At the worker's shutdown: hand the stream over now, at the committed cursor,
-        and read on until the retry has started on another worker
-        (:mod:`durable_sse.reader.successors`); then end ``task``. A connection that is
-        not reading yet, or with no other worker to take it, ends first and hands over
-        after (:meth:`_move`)."""
-        successors = self.reader.successors
-        assert successors is not None
-        await activity.wait_for_worker_shutdown()
-        progress = self.connection.session.progress()
-        if not self.streaming or progress.cursor is None or not await successors.expected():
-            self.moving = SHUTTING_DOWN
-            task.cancel()
-            return
-        self.handed_over = True  # no heartbeat from here on: it would race the failure
-        self._failing = asyncio.create_task(self._fail(SHUTTING_DOWN, handed(progress)))
-        if not await asyncio.shield(self._failing):
-            self._failing = None
-            self.handed_over = False
-            self.moving = SHUTTING_DOWN
-            task.cancel()
-            return
-        self._failing = None
-        activity.logger.info(
-            "stream %s handed over at %s: reading on until its retry starts elsewhere",
-            self.input.spec.name,
-            progress.cursor,
-        )
-        await successors.wait(self.input.spec.name, self.info.activity_id, self.info.attempt)
-        task.cancel()
-
-    async def _move(self, why: str) -> bool:
-        """Fail this attempt, flushed and committed, through the client (see :meth:`_fail`),
-        so that the retry resumes from this cursor (nothing read twice, nothing to
-        suspect). False: the attempt could not be failed (it is routed as a cancelled
-        result)."""
-        progress = self.connection.session.progress()
-        if progress.cursor is not None:
-            # Everything read is committed: the retry starts where this one got to, not
-            # where it began (as after a death), so it has nothing to re-read or suspect.
-            progress = handed(progress)
-        return await self._fail(why, progress)
-
-    async def _fail(self, why: str, progress: ReadProgress) -> bool:
-        """Fail this attempt with a retryable error and ``progress`` as its last heartbeat
-        details, through the client: Temporal retries it at once wherever there is room,
-        with no workflow task in between. A heartbeat sent just before would race the
-        failure and could be lost."""
-        error = _moved(why)
-        handle = activity.client().get_async_activity_handle(task_token=self.info.task_token)
-        try:
-            await handle.fail(error, last_heartbeat_details=[asdict(progress)])
-        except RPCError as rpc:
-            activity.logger.warning("could not hand the connection over: %s", rpc)
-            return False
-        return True
 
     def _lease_revoked(self) -> bool:
         """Whether this worker found the lease this connection runs under revoked: the
@@ -313,15 +243,9 @@ class _ActivityConnection:
     async def _lease_lost(self) -> bool:
         """Whether the lease is revoked, as this worker knows or (a commit that failed at
         SIGCONT, before this worker's renewal found out) as the store says."""
-        if self._lease_revoked():
-            return True
         if self.worker_id is None:
             return False
-        try:
-            lease = await self.reader.stores.workers.lease(self.worker_id)
-        except StoreError:
-            return False
-        return lease is not None and lease.state == WorkerState.REVOKED
+        return await self.reader.pool.lease_lost(self.worker_id, self.reader.stores.workers)
 
     def _ended_by_revocation(self) -> bool:
         """Whether the cancellation came from this worker's pool, its lease revoked, and
@@ -355,11 +279,7 @@ class _ActivityConnection:
         """This attempt's registration: its own id (a retry registers anew) and an expiry
         past anything the attempt can still write (see ``readers.reader_expiry``)."""
         info = activity.info()
-        spec = self.input.spec
-        timeout = info.start_to_close_timeout or (
-            timedelta(seconds=spec.max_connection_age + spec.connect_timeout + spec.idle_timeout)
-            + ATTEMPT_MARGIN
-        )
+        timeout = info.start_to_close_timeout or attempt_timeout(self.input.spec)
         retry = info.retry_policy.maximum_interval if info.retry_policy is not None else None
         return ReaderLease(
             reader_id=f"{info.activity_id}.{info.attempt}.{token_hex(4)}",
@@ -378,12 +298,12 @@ class _ActivityConnection:
 
     def _why_cancelled(self) -> str:
         """Why the connection was cancelled, in words: its own worker's reason first."""
-        if self.handed_over:
+        if self.hand_over.handed_over:
             return "handed over at its worker's shutdown; its retry reads on another worker"
         return self.moving or _cancel_reason()
 
     def _heartbeat(self, progress: ReadProgress) -> None:
-        if not self.handed_over:
+        if not self.hand_over.handed_over:
             activity.heartbeat(asdict(progress))
 
     def _interval(self, streaming: bool) -> float:
@@ -393,25 +313,6 @@ class _ActivityConnection:
         """The workflow asked for a cancellation: heartbeat now, so its answer brings it
         (the SDK still spaces heartbeats by its throttle, 0.5 s)."""
         self.context.run(self.connection.heartbeat, force=True)
-
-
-def handed(progress: ReadProgress) -> ReadProgress:
-    """``progress`` as a hand-over's: its retry starts at the committed cursor."""
-    return replace(progress, start_cursor=progress.cursor, first_id=None, handed_over=True)
-
-
-def _moved(why: str, *, expected: bool = False) -> ApplicationError:
-    """The failure of an attempt that goes on as a retry elsewhere, at once
-    (:data:`CONNECTION_MOVED`). ``expected``: the benign kind, which the SDK logs at debug
-    (a paused worker that comes back ends a hundred connections so)."""
-    return ApplicationError(
-        why,
-        type=CONNECTION_MOVED,
-        next_retry_delay=RETRY_NOW,
-        category=(
-            ApplicationErrorCategory.BENIGN if expected else ApplicationErrorCategory.UNSPECIFIED
-        ),
-    )
 
 
 def _cancel_reason() -> str:

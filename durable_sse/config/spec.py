@@ -26,6 +26,7 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Annotated, Any
 
 import httpx
@@ -309,6 +310,17 @@ EXPECTED = {
 
 
 # --- parsing -------------------------------------------------------------------------------
+
+
+ATTEMPT_MARGIN = timedelta(seconds=60)
+"""What a read attempt may take beyond its connection's own bounds (age, connect, idle)."""
+
+
+def attempt_timeout(spec: StreamSpec) -> timedelta:
+    """A read attempt's start-to-close timeout; also how long its registration in
+    ``sse_readers`` lasts when it runs outside a workflow, with no such timeout."""
+    bounds = spec.max_connection_age + spec.connect_timeout + spec.idle_timeout
+    return timedelta(seconds=bounds) + ATTEMPT_MARGIN
 
 
 def parse_spec(value: object, *, source: str = "") -> StreamSpec:

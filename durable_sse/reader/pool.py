@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from durable_sse.contracts import Route
+from durable_sse.errors import StoreError
+from durable_sse.log.workers import WorkerLeases, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,18 @@ class ConnectionPool:
             logger.warning(
                 "ended %d connection(s) of revoked worker lease %s", len(tasks), worker_id
             )
+
+    async def lease_lost(self, worker_id: str, workers: WorkerLeases) -> bool:
+        """Whether ``worker_id`` is revoked, as this worker found or, when it has not found
+        out yet (a commit that failed at SIGCONT, before the worker's renewal ran), as the
+        store says. A store that does not answer says no."""
+        if worker_id in self.revoked:
+            return True
+        try:
+            lease = await workers.lease(worker_id)
+        except StoreError:
+            return False
+        return lease is not None and lease.state == WorkerState.REVOKED
 
     def stale(self, scheduled: datetime) -> bool:
         """Whether an attempt Temporal scheduled at ``scheduled`` came to this worker

@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from durable_sse.config.replay import ReplaySignal
-    from durable_sse.config.spec import StreamSpec, parse_spec
+    from durable_sse.config.spec import StreamSpec, attempt_timeout, parse_spec
     from durable_sse.contracts import (
         STREAM_STATE_ATTRIBUTE,
         Outcome,
@@ -39,8 +39,6 @@ READ_RETRY = RetryPolicy(
     maximum_attempts=0,
     non_retryable_error_types=NON_RETRYABLE_ERRORS,
 )
-READ_MARGIN = timedelta(seconds=60)
-"""Beyond a connection's own bounds (age, connect, idle): its start-to-close timeout."""
 STORE_TIMEOUT = timedelta(seconds=30)
 STORE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -72,10 +70,7 @@ def start_read(spec: StreamSpec, read_input: ReadInput) -> workflow.ActivityHand
         "read_stream",
         read_input,
         result_type=ReadResult,
-        start_to_close_timeout=timedelta(
-            seconds=spec.max_connection_age + spec.connect_timeout + spec.idle_timeout
-        )
-        + READ_MARGIN,
+        start_to_close_timeout=attempt_timeout(spec),
         heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout),
         retry_policy=READ_RETRY,
         cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,

@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.ops.metrics import WorkflowMetrics
     from durable_sse.ownership import require_stream_owner
     from durable_sse.workflows import calls
-    from durable_sse.workflows.calls import READ_MARGIN, READ_RETRY, StopRequested
+    from durable_sse.workflows.calls import READ_RETRY, StopRequested
     from durable_sse.workflows.reports import (
         log_decision,
         report_suspicions,
@@ -74,7 +74,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_sse.workflows.status import render_details, stream_status
     from durable_sse.workflows.upgrade import RunBudget, bounded_wait, continue_reason
 
-__all__ = ["READ_MARGIN", "READ_RETRY", "SCHEDULE_TIMER_SUMMARY", "StreamState", "StreamWorkflow"]
+__all__ = ["READ_RETRY", "SCHEDULE_TIMER_SUMMARY", "StreamState", "StreamWorkflow"]
 
 STREAM_STATE = SearchAttributeKey.for_keyword(STREAM_STATE_ATTRIBUTE)
 
