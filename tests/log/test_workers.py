@@ -212,8 +212,45 @@ async def test_watchdogs_move_a_dead_workers_connections_exactly_once(
         await watcher.start()
     await asyncio.sleep(0.5)
     await asyncio.gather(*(watcher.tick() for watcher in watchers))
+    await asyncio.gather(*(watcher.moves_done() for watcher in watchers))
     assert sorted(moved) == [(f"{stream_name}-{i}", dead) for i in range(3)]
     assert sum(watcher.moved for watcher in watchers) == 3
+
+
+async def test_a_watchdog_renews_its_own_lease_while_it_moves_a_dead_workers_streams(
+    stores: Stores, stream_name: str
+) -> None:
+    """Moving hundreds of connections through Temporal takes seconds on a loaded worker:
+    a watchdog whose renewal waited for them let its own lease lapse, and was taken for
+    dead in turn (seen at 1,000 streams)."""
+    leases = WorkerLeases(stores.database, ttl=0.3)
+    dead = worker_name()
+    await leases.acquire(dead, pool=POOL, host="dead-host", pid=1, boot_id="b")
+    await hold_connections(stores, dead, stream_name, 2)
+    release = asyncio.Event()
+    moved: list[str] = []
+
+    async def slow_move(connection: HeldConnection, lease: WorkerLease) -> None:
+        await release.wait()
+        moved.append(connection.stream)
+
+    watcher = WorkerLiveness(
+        leases, pool=POOL, move=slow_move, host="watcher", pid=7, renew_interval=0.1
+    )
+    await watcher.start()
+    await asyncio.sleep(0.5)
+    # Revokes the dead lease and starts moving its streams, without waiting for them.
+    await asyncio.wait_for(watcher.tick(), timeout=5)
+    assert moved == []
+    for _ in range(10):  # a second of the move: more than three leases of 0.3 s
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(watcher.tick(), timeout=5)
+        expired = [lease.worker_id for lease in await leases.expired(POOL)]
+        assert watcher.worker_id not in expired
+    assert watcher.revocations == 0
+    release.set()
+    await watcher.moves_done()
+    assert sorted(moved) == [f"{stream_name}-{i}" for i in range(2)]
 
 
 async def test_a_worker_that_finds_its_lease_revoked_ends_its_connections_and_takes_a_new_one(
@@ -255,6 +292,7 @@ async def test_a_restarted_worker_takes_its_dead_predecessors_streams_at_once(
     successor = WorkerLiveness(stores.workers, pool=POOL, move=move, host=host)
     successor.boot_id = "b"
     await successor.start()  # the old lease has not expired: taken over all the same
+    await successor.moves_done()
     assert moved == [stream_name]
     lease = await stores.workers.lease(gone)
     assert lease is not None and lease.state == WorkerState.REVOKED
