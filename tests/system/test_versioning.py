@@ -23,9 +23,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.deployment.v1 import WorkerDeploymentVersion
+from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkerDeploymentVersionRequest,
+)
 from temporalio.client import Client, WorkflowHandle
 
 from durable_sse.config.spec import StreamSpec
@@ -65,21 +68,6 @@ def versioned_worker(
     script = ROOT / "worker.py" if build == "v1" else ROOT / "tests" / "versioning" / "worker_v2.py"
     deployment_env = {"TEMPORAL_DEPLOYMENT_NAME": deployment, "TEMPORAL_WORKER_BUILD_ID": build}
     return stack.worker_process(task_queue, log, extra_env=deployment_env, script=script)
-
-
-async def versions_polling(client: Client, deployment: str) -> set[str]:
-    """The build ids of the deployment's versions the server knows of."""
-    request = DescribeWorkerDeploymentRequest(
-        namespace=client.namespace, deployment_name=deployment
-    )
-    try:
-        described = await client.workflow_service.describe_worker_deployment(request)
-    except Exception:  # noqa: BLE001 - not there until a worker of it polls
-        return set()
-    return {
-        summary.deployment_version.build_id
-        for summary in described.worker_deployment_info.version_summaries
-    }
 
 
 async def set_current(address: str, deployment: str, build: str) -> None:
@@ -274,8 +262,24 @@ async def test_streams_move_to_the_new_version_and_back(stack: Stack, tmp_path: 
             end_process(process)
 
 
+POLLED_TYPES = {TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY}
+
+
 async def _has(client: Client, deployment: str, build: str) -> bool:
-    return build in await versions_polling(client, deployment)
+    """Whether the version's workers poll the task queue for workflow and for activity
+    tasks. A version is listed once its first poller reaches the server, and the server
+    refuses to make current one that lacks a task queue type of the current version
+    ("missing active task queues"): seen once in CI, between the two pollers."""
+    request = DescribeWorkerDeploymentVersionRequest(
+        namespace=client.namespace,
+        deployment_version=WorkerDeploymentVersion(deployment_name=deployment, build_id=build),
+    )
+    try:
+        described = await client.workflow_service.describe_worker_deployment_version(request)
+    except Exception:  # noqa: BLE001 - not there until a worker of it polls
+        return False
+    infos = described.worker_deployment_version_info.task_queue_infos
+    return POLLED_TYPES <= {info.type for info in infos}
 
 
 async def drain(handle: WorkflowHandle, source: SSESource, log: Stores, name: str) -> Verdict:
