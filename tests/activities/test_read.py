@@ -24,7 +24,7 @@ from temporalio.testing import ActivityEnvironment
 import durable_sse.reader.heartbeat_policy as heartbeat_policy
 import durable_sse.reader.reports as reports_module
 from durable_sse.activities.read import ReadActivities
-from durable_sse.config.spec import ATTEMPT_MARGIN, DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec
+from durable_sse.config.spec import DEFAULT_HEARTBEAT_TIMEOUT, StreamSpec, attempt_timeout
 from durable_sse.contracts import (
     CONNECTION_MOVED,
     Outcome,
@@ -306,7 +306,7 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
     lifetime = timedelta(seconds=spec.max_connection_age + spec.connect_timeout + spec.idle_timeout)
     env.info = dataclasses.replace(
         env.info,
-        start_to_close_timeout=lifetime + ATTEMPT_MARGIN,
+        start_to_close_timeout=attempt_timeout(spec),
         heartbeat_timeout=READ_HEARTBEAT_TIMEOUT,
         retry_policy=READ_RETRY,
     )
@@ -319,7 +319,7 @@ async def test_a_running_connection_is_registered_from_its_start_until_it_ends(
     (running,) = registered
     assert running.start_id == "7"
     # Past the attempt's own life, and the wait before a retry would register anew.
-    assert running.expires_at > datetime.now(UTC) + lifetime + ATTEMPT_MARGIN
+    assert running.expires_at > datetime.now(UTC) + attempt_timeout(spec)
     assert running.expires_at < datetime.now(UTC) + lifetime + timedelta(minutes=5)
     env.cancel()
     assert (await task).outcome is Outcome.CANCELLED
