@@ -40,11 +40,12 @@ from durable_sse.log.sessions import end_open_transactions, session_name
 logger = logging.getLogger(__name__)
 
 LEASE_TTL = 5.0
-"""Seconds a lease lasts past its last renewal: two renewals may be lost, or the event
-loop starved for 3.5 s, before a live worker is taken for dead (its streams then move,
-nothing is lost). Short, since a dead worker's streams wait this long."""
+"""Seconds a lease lasts past its last renewal: two renewals may be lost, or the process
+paused for 3.5 s, before a live worker is taken for dead (its streams then move, nothing
+is lost). Short, since a dead worker's streams wait this long. A busy event loop does not
+delay renewals (:mod:`durable_sse.ops.lease_keeper`)."""
 RENEW_INTERVAL = 1.5
-"""Seconds between renewals of a worker's lease (and its watchdog's look at the others)."""
+"""Seconds between renewals of a worker's lease."""
 REVOKE_LOCK_WAIT_MS = 2000
 """Milliseconds a revocation waits for the lease's row (PostgreSQL ``lock_timeout``)."""
 LOCK_NOT_AVAILABLE = "55P03"
@@ -140,6 +141,12 @@ class WorkerLeases:
         """Extend the lease; False when it is not live any more (revoked: the worker was
         taken for dead and its streams moved)."""
         return await self._database.run("renew a worker lease", self._renew, worker_id)
+
+    def renew_here(self, worker_id: str) -> bool:
+        """:meth:`renew` in the calling thread: the lease keeper's own
+        (:mod:`durable_sse.ops.lease_keeper`), which no other call queues behind."""
+        self._database.refuse_if_closed("renew a worker lease")
+        return self._database.guarded("renew a worker lease", self._renew, worker_id)
 
     async def leave(self, worker_id: str) -> None:
         """A clean shutdown: the lease ends, and nobody moves anything."""

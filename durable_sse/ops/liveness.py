@@ -2,8 +2,10 @@
 
 Each worker process holds one lease (:mod:`durable_sse.log.workers`), renewed every
 :data:`~durable_sse.log.workers.RENEW_INTERVAL` seconds with one ``UPDATE`` and no
-Temporal action, so a thousand quiet streams cost nothing more to keep alive. Every
-:data:`WATCH_INTERVAL` the same loop looks for leases that expired: the first live worker
+Temporal action, so a thousand quiet streams cost nothing more to keep alive; a thread of
+its own renews it (:mod:`durable_sse.ops.lease_keeper`), so a busy event loop is not
+taken for a dead worker. Every :data:`WATCH_INTERVAL` the watchdog, on the loop, looks
+for leases that expired: the first live worker
 to revoke one (an atomic ``UPDATE``; exactly one succeeds) moves the dead worker's
 connections (:class:`~durable_sse.ops.failover.Failover`). Temporal's heartbeat timeout
 stays the backstop for a deployment where every worker died.
@@ -33,6 +35,7 @@ from secrets import token_hex
 from durable_sse.errors import StoreError
 from durable_sse.log.sessions import boot_id
 from durable_sse.log.workers import RENEW_INTERVAL, HeldConnection, WorkerLease, WorkerLeases
+from durable_sse.ops.lease_keeper import LOOP_STALL_LIMIT, LeaseKeeper
 from durable_sse.ops.metrics import LivenessMetrics
 from durable_sse.ops.processes import process_alive
 
@@ -139,6 +142,7 @@ class WorkerLiveness:
         pid: int | None = None,
         renew_interval: float = RENEW_INTERVAL,
         watch_interval: float = WATCH_INTERVAL,
+        stall_limit: float = LOOP_STALL_LIMIT,
     ) -> None:
         self.leases = leases
         self.pool = pool
@@ -153,7 +157,7 @@ class WorkerLiveness:
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
         self.boot_id = boot_id()
-        self.renew_interval = renew_interval
+        self.keeper = LeaseKeeper(leases, interval=renew_interval, stall_limit=stall_limit)
         self.watch_interval = watch_interval
         self.worker_id: str | None = None
         """The lease held now (None: none yet)."""
@@ -163,22 +167,20 @@ class WorkerLiveness:
         """Dead workers' connections being moved (:meth:`_move_off`)."""
         self.revocations = 0
         """Times this worker found its own lease revoked."""
-        self._next_renewal = 0.0
         self._next_balance = 0.0
-        self._healthy_since: float | None = None
-        """Since when every renewal succeeded (monotonic; None: the last one failed)."""
 
     def _new_id(self) -> str:
         return f"{self.host}:{self.pid}:{token_hex(4)}"
 
     async def start(self) -> None:
-        """Take a lease, then the streams of a predecessor on this host, if any."""
+        """Take a lease and keep renewing it, then take the streams of a predecessor on
+        this host, if any."""
         worker_id = self._new_id()
         await self._acquire(worker_id)
         self.worker_id = worker_id
-        now = time.monotonic()
-        self._healthy_since, self._next_renewal = now, now + self.renew_interval
-        self._next_balance = now + self.balance_interval
+        self.keeper.keep(worker_id)
+        self.keeper.start()
+        self._next_balance = time.monotonic() + self.balance_interval
         logger.info("worker lease %s taken", worker_id)
         on_host = await self.leases.on_host(self.pool, self.host, self.boot_id)
         for lease in predecessors(
@@ -193,9 +195,9 @@ class WorkerLiveness:
                 self._move_off(lease)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Renew the lease and watch the others' until ``stop``; a store that fails is
-        logged and tried again (the lease may lapse meanwhile: the others move this
-        worker's streams, and the fence keeps it from writing beside them)."""
+        """Watch the others' leases until ``stop``; a store that fails is logged and tried
+        again (this worker's own lease may lapse meanwhile: the others move its streams,
+        and the fence keeps it from writing beside them)."""
         while not stop.is_set():
             try:
                 await self.tick()
@@ -205,22 +207,20 @@ class WorkerLiveness:
                 await asyncio.wait_for(stop.wait(), self.watch_interval)
 
     async def tick(self) -> None:
-        """One renewal (when due) and one look at the other leases.
+        """Act on this worker's own lease if the keeper found it revoked, then look at
+        the other leases.
 
         A worker judges the others only after its own lease has been renewed without a
         failure for a whole lease: after a database outage every lease looks expired, and
         the live workers must have had their chance to renew before anyone is moved.
         """
+        lost = self.keeper.take_lost()
+        if lost is not None:
+            self._lost(lost)
+        if self.keeper.worker_id is None and self.worker_id is not None:
+            await self._renew_identity()
         now = time.monotonic()
-        if now >= self._next_renewal:
-            try:
-                await self.renew()
-            except StoreError:
-                self._healthy_since = None
-                raise
-            if self._healthy_since is None:
-                self._healthy_since = now
-        healthy = self._healthy_since
+        healthy = self.keeper.healthy_since
         if healthy is None or now - healthy < self.leases.ttl:
             return
         for dead in await self.leases.expired(self.pool):
@@ -270,13 +270,9 @@ class WorkerLiveness:
         except Exception as error:  # noqa: BLE001 - the next look tries again
             logger.warning("could not hand connections over: %s", error)
 
-    async def renew(self) -> None:
-        worker_id = self.worker_id
-        if worker_id is None:
-            return
-        self._next_renewal = time.monotonic() + self.renew_interval
-        if await self.leases.renew(worker_id):
-            return
+    def _lost(self, worker_id: str) -> None:
+        """This worker's lease ``worker_id`` was revoked: end what runs under it (the next
+        tick takes a new one)."""
         self.revocations += 1
         if self.metrics is not None:
             self.metrics.lease_revocations.add(1)
@@ -288,9 +284,14 @@ class WorkerLiveness:
         )
         if self.on_revoked is not None:
             self.on_revoked(worker_id)
+
+    async def _renew_identity(self) -> None:
+        """Take a new lease for the connections this worker starts from now on (a store
+        that fails leaves it for the next tick)."""
         fresh = self._new_id()
         await self._acquire(fresh)
         self.worker_id = fresh
+        self.keeper.keep(fresh)
 
     async def _acquire(self, worker_id: str) -> None:
         await self.leases.acquire(
@@ -314,6 +315,7 @@ class WorkerLiveness:
         one revoked), then the lease ends and nothing of this worker's is moved."""
         self.stop_balancing()
         await self.moves_done()
+        await self.keeper.stop()
         worker_id, self.worker_id = self.worker_id, None
         if worker_id is not None:
             with contextlib.suppress(StoreError):

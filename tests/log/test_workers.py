@@ -71,6 +71,10 @@ async def hold_connections(stores: Stores, worker_id: str, prefix: str, count: i
         )
 
 
+async def nothing_to_move(connection: HeldConnection, lease: WorkerLease) -> None:
+    raise AssertionError("nothing to move")
+
+
 async def stored_ids(stores: Stores, stream: str) -> list[str]:
     return [row.event_id for row in await stores.reads.events(stream)]
 
@@ -262,17 +266,57 @@ async def test_a_worker_that_finds_its_lease_revoked_ends_its_connections_and_ta
         raise AssertionError("nothing to move")
 
     paused = WorkerLiveness(
-        stores.workers, pool=POOL, move=move, on_revoked=revoked.append, host="p"
+        stores.workers,
+        pool=POOL,
+        move=move,
+        on_revoked=revoked.append,
+        host="p",
+        renew_interval=0.05,
     )
     await paused.start()
     first = paused.worker_id
     assert first is not None
     await stores.workers.revoke(first, by="watchdog", expired_only=False)
-    await paused.renew()
+    for _ in range(100):  # the keeper's next renewal finds it revoked; the tick acts
+        await asyncio.sleep(0.05)
+        await paused.tick()
+        if revoked:
+            break
     assert revoked == [first]
     assert paused.worker_id not in (None, first)
     assert paused.revocations == 1
-    assert await stores.workers.renew(paused.worker_id or "")
+    assert paused.keeper.worker_id == paused.worker_id
+    await paused.leave()
+
+
+async def test_a_busy_event_loop_keeps_its_lease(stores: Stores) -> None:
+    """A loop starved for longer than a lease (a burst of starts beside 1,500 events a
+    second) is not a dead worker: taken for dead, its streams would move onto another
+    starved worker, which it would take for dead in turn."""
+    leases = WorkerLeases(stores.database, ttl=0.5)
+    busy = WorkerLiveness(leases, pool=POOL, move=nothing_to_move, renew_interval=0.1)
+    await busy.start()
+    time.sleep(1.5)  # noqa: ASYNC251 - blocks the loop for three leases
+    assert busy.worker_id not in [lease.worker_id for lease in await leases.expired(POOL)]
+    await busy.tick()
+    assert busy.revocations == 0
+    await busy.leave()
+
+
+async def test_a_wedged_event_loop_lets_its_lease_lapse(stores: Stores) -> None:
+    """A loop that does not run at all for longer than the stall limit (a blocking call,
+    a deadlock) runs none of its streams: they must move."""
+    leases = WorkerLeases(stores.database, ttl=0.3)
+    wedged = WorkerLiveness(
+        leases, pool=POOL, move=nothing_to_move, renew_interval=0.05, stall_limit=0.4
+    )
+    await wedged.start()
+    time.sleep(1.5)  # noqa: ASYNC251 - the loop does not run
+    assert wedged.worker_id in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert wedged.keeper.healthy_since is None
+    await asyncio.sleep(0.3)  # answering again, it renews again
+    assert wedged.worker_id not in [lease.worker_id for lease in await leases.expired(POOL)]
+    await wedged.leave()
 
 
 async def test_a_restarted_worker_takes_its_dead_predecessors_streams_at_once(
