@@ -217,7 +217,15 @@ class _ActivityConnection:
                 expected=True,
             ) from None
         except StoreError as error:
-            if not await self._lease_lost():
+            try:
+                lost = await self._lease_lost()
+            except asyncio.CancelledError:
+                # Its worker, finding the lease revoked meanwhile, ended the connections
+                # that run under it (ConnectionPool.lease_revoked): the answer is moot.
+                if not self._ended_by_revocation():
+                    raise
+                lost = True
+            if not lost:
                 raise
             # The worker that revoked the lease ended this worker's open transactions
             # (log.sessions): one line, like a refused commit, not a traceback each.

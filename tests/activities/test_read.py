@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import threading
 import time
 import uuid
 from dataclasses import asdict, replace
@@ -662,20 +663,21 @@ async def test_a_connection_starting_when_its_lease_is_revoked_ends_as_moved(
     assert error.category == ApplicationErrorCategory.BENIGN
 
 
-@pytest.mark.parametrize("known", [True, False], ids=["renewal-found-out", "store-says"])
+@pytest.mark.parametrize("known", ["renewal-found-out", "store-says", "ended-while-asking"])
 async def test_a_commit_whose_session_the_revoker_ended_ends_as_moved(
     source: SSESource,
     reader: ReadActivities,
     pg_event_log: Stores,
     pg_url: str,
     stream_name: str,
-    known: bool,
+    known: str,
 ) -> None:
     """At SIGCONT a paused worker's open transactions are gone: the worker that revoked
     its lease ended them (``log.sessions``). Each connection whose commit was among them
     failed with a ``StoreError``, a traceback in the log each (88 in one failover run);
     with its lease revoked it ends as moved, a benign retry, like a refused commit. Its
-    worker's renewal may find out first (``known``) or not yet (the store says)."""
+    worker's renewal may find out first, or not yet (the store says), or while the
+    connection asks the store: its worker ends it then (615 tracebacks in one run)."""
     source.add_stream(stream_name, SourceStreamConfig(rate=0, disconnect_after=40, keepalive=0))
     spec = make_spec(source.url(stream_name), stream_name, batch_max_events=10)
     lease = f"lease-{uuid.uuid4().hex[:8]}"
@@ -687,13 +689,24 @@ async def test_a_commit_whose_session_the_revoker_ended_ends_as_moved(
             attempt = asyncio.create_task(read(reader, spec))
             await blocker.until_waited_on()
             assert await pg_event_log.workers.revoke(lease, by="watchdog", expired_only=False)
-            if known:
+            if known == "renewal-found-out":
                 reader.pool.lease_revoked(lease)
+            asking = threading.Event()
+            if known == "ended-while-asking":  # the lease check waits for the store
+                busy = asyncio.ensure_future(
+                    reader.stores.workers.database.run("hold", asking.wait)
+                )
             await blocker.hold(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE %s = ANY(pg_blocking_pids(pid))",
                 (blocker.holder.info.backend_pid,),
             )
+            if known == "ended-while-asking":
+                await asyncio.sleep(1)
+                assert not attempt.done()
+                reader.pool.lease_revoked(lease)
+                asking.set()
+                await busy
             with pytest.raises(ApplicationError) as raised:
                 await asyncio.wait_for(attempt, GUARD)
     finally:
