@@ -55,7 +55,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._worker_id: str | None = None
         self._lost: str | None = None
-        self._answered = time.monotonic()
+        self._answered = self._looked = time.monotonic()
         self._stalled = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,7 +84,7 @@ class LeaseKeeper:
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._answered = time.monotonic()
+        self._answered = self._looked = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="sse-lease", daemon=True)
         self._thread.start()
 
@@ -121,7 +121,13 @@ class LeaseKeeper:
         worker_id = self._worker_id
         if worker_id is None:
             return
-        silent = time.monotonic() - self._answered
+        now = time.monotonic()
+        if now - self._looked > self.stall_limit:
+            # This thread did not run either: the whole process was stopped (SIGSTOP, a
+            # frozen VM), not only its loop, which gets its chance again from now.
+            self._answered = now
+        self._looked = now
+        silent = now - self._answered
         if silent > self.stall_limit:
             self.healthy_since = None
             if not self._stalled:

@@ -30,6 +30,7 @@ from durable_sse.log.workers import (
     WorkerLeases,
     WorkerState,
 )
+from durable_sse.ops.lease_keeper import LeaseKeeper
 from durable_sse.ops.liveness import WorkerLiveness, predecessors, to_shed
 from durable_sse.stores import Stores
 
@@ -495,3 +496,21 @@ async def test_a_revocation_holds_when_the_sessions_cannot_be_ended(
     assert await leases.revoke(paused, by="watchdog", expired_only=False)
     lease = await leases.lease(paused)
     assert lease is not None and lease.state == WorkerState.REVOKED
+
+
+async def test_a_process_that_was_stopped_renews_as_soon_as_it_runs_again(
+    stores: Stores,
+) -> None:
+    """SIGSTOP stops the keeper's thread with the loop: the loop's silence is no stall
+    of its own, and the lease is renewed at once (if no other worker revoked it)."""
+    leases = WorkerLeases(stores.database, ttl=0.5)
+    keeper = LeaseKeeper(leases, interval=3600, stall_limit=1.0)
+    await leases.acquire("stopped", pool=POOL, host="h", pid=1, boot_id="b")
+    keeper.keep("stopped")
+    keeper.start()
+    keeper._looked = keeper._answered = time.monotonic() - 20  # both slept through it
+    await asyncio.sleep(0.6)  # the lease expired meanwhile
+    await asyncio.to_thread(keeper.renew_once)
+    assert "stopped" not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert keeper.healthy_since is not None
+    await keeper.stop()
