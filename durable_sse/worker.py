@@ -390,11 +390,12 @@ async def run_worker(
     client = await connect_client(settings, runtime=runtime)
     resources = WorkerResources.from_settings(settings)
     await wait_for("the database", resources.stores.create_schema, timeout=DEPENDENCY_WAIT)
-    failover = Failover(client)
+    failover = Failover(client, task_queue=settings.task_queue)
     liveness = WorkerLiveness(
         resources.stores.workers,
         pool=f"{settings.temporal_namespace}:{settings.task_queue}",
         move=failover.move,
+        unregistered=failover.unregistered,
         metrics=LivenessMetrics(runtime.metric_meter) if runtime is not None else None,
     )
     await wait_for(

@@ -180,6 +180,12 @@ class WorkerLeases:
         """The connections a worker registered and has not released."""
         return await self._database.run("read a worker's connections", self._connections, worker_id)
 
+    async def workflows_with_connections(self) -> set[str]:
+        """The workflow ids of every connection registered now, whichever worker runs it."""
+        return await self._database.run(
+            "read the registered connections", self._workflows_with_connections
+        )
+
     # -- in a database thread ----------------------------------------------------------
 
     def _acquire(self, worker_id: str, pool: str, host: str, pid: int, boot_id: str) -> None:
@@ -367,6 +373,12 @@ class WorkerLeases:
                 )
                 for row in rows
             ]
+
+    def _workflows_with_connections(self) -> set[str]:
+        table = readers_table
+        with self._database.begin() as connection:
+            query = sa.select(table.c.workflow_id).where(table.c.workflow_id.is_not(None))
+            return {row.workflow_id for row in connection.execute(query.distinct())}
 
 
 def _lease(row: sa.Row[object]) -> WorkerLease:

@@ -10,13 +10,20 @@ after a heartbeat timeout. No workflow task is needed for that, and the workflow
 sticky task queue (the dead worker's) is reset, so the connection's end is not held up
 waiting on it either.
 
-Cost: one activity attempt per stream moved; nothing while no worker dies.
+A worker may die between starting an attempt and registering its connection (a start
+waits its turn for the database, seconds in a burst): no row names that attempt, so
+:meth:`Failover.unregistered` asks Temporal for it, among the pool's running streams that
+have no registered connection.
+
+Cost: one activity attempt per stream moved; nothing while no worker dies (a list and
+describe calls, which are not billed actions, when one does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from datetime import timedelta
 
 from temporalio.api.common.v1 import WorkflowExecution
@@ -26,7 +33,7 @@ from temporalio.client import AsyncActivityHandle, Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_sse.contracts import RETRY_NOW, WORKER_LOST
+from durable_sse.contracts import RETRY_NOW, WORKER_LOST, WORKFLOW_ID_PREFIX
 from durable_sse.log.workers import HeldConnection, WorkerLease
 from durable_sse.ops.liveness import ended_here
 
@@ -39,13 +46,21 @@ MAX_FAILS = 8
 """Times one connection's attempt is failed at most (more than a worker's polls)."""
 MAX_LOOKS = 30
 """Looks at where a moved connection's retry went, :data:`VERIFY_AFTER` apart."""
+DESCRIBES_AT_ONCE = 16
+"""Workflows described at once while looking for a dead worker's unregistered attempts."""
+READ_ACTIVITY = "read_stream"
+STREAMS_QUERY = (
+    "WorkflowType = 'StreamWorkflow' AND ExecutionStatus = 'Running' AND TaskQueue = '{queue}'"
+)
+"""The pool's running streams (Temporal's visibility)."""
 
 
 class Failover:
     """Moves dead workers' connections through the Temporal client."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, task_queue: str) -> None:
         self.client = client
+        self.task_queue = task_queue
         self.failed_attempts = 0
         """Attempts this worker failed by id."""
         self._following: set[asyncio.Task[None]] = set()
@@ -145,6 +160,49 @@ class Failover:
             if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
                 return None
         return ""
+
+    async def unregistered(
+        self, dead: WorkerLease, registered: Collection[str]
+    ) -> list[HeldConnection]:
+        """The read attempts ``dead`` started and had not registered: those of the pool's
+        running streams whose workflow id is not in ``registered`` (no connection
+        registered) and whose pending read attempt ``dead`` runs, by its identity."""
+        identity = f"{dead.pid}@{dead.host}"
+        query = STREAMS_QUERY.format(queue=self.task_queue.replace("'", "''"))
+        candidates = [
+            execution
+            async for execution in self.client.list_workflows(query, rpc_timeout=CALL_TIMEOUT)
+            if execution.id not in registered
+        ]
+        gate = asyncio.Semaphore(DESCRIBES_AT_ONCE)
+
+        async def started_by_dead(workflow_id: str, run_id: str) -> HeldConnection | None:
+            async with gate:
+                handle = self.client.get_workflow_handle(workflow_id, run_id=run_id)
+                try:
+                    description = await handle.describe(rpc_timeout=CALL_TIMEOUT)
+                except RPCError:
+                    return None  # ended meanwhile
+            for pending in description.raw_description.pending_activities:
+                if (
+                    pending.activity_type.name == READ_ACTIVITY
+                    and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+                    and pending.last_worker_identity == identity
+                ):
+                    return HeldConnection(
+                        stream=workflow_id.removeprefix(WORKFLOW_ID_PREFIX),
+                        reader_id="",
+                        workflow_id=workflow_id,
+                        run_id=run_id,
+                        activity_id=pending.activity_id,
+                        attempt=pending.attempt,
+                    )
+            return None
+
+        found = await asyncio.gather(
+            *(started_by_dead(execution.id, execution.run_id) for execution in candidates)
+        )
+        return [connection for connection in found if connection is not None]
 
     async def reset_sticky(self, workflow_id: str, run_id: str) -> None:
         """The workflow's next task goes to the task queue every worker polls, not to the

@@ -57,6 +57,9 @@ MAX_SHED = 100
 
 MoveConnection = Callable[[HeldConnection, WorkerLease], Awaitable[None]]
 """Makes one connection of a dead worker read again elsewhere."""
+FindUnregistered = Callable[[WorkerLease, set[str]], Awaitable[list[HeldConnection]]]
+"""The read attempts a dead worker started and had not registered, given the workflow
+ids of every registered connection."""
 Revoked = Callable[[str], None]
 """Told the worker id of this worker's own lease when it finds it revoked."""
 Shed = Callable[[int, float], Awaitable[int]]
@@ -122,6 +125,8 @@ class WorkerLiveness:
         leases: the ``sse_workers`` rows.
         pool: the workers that can take each other's streams (``<namespace>:<queue>``).
         move: makes a dead worker's connection read again elsewhere.
+        unregistered: finds the attempts a dead worker had not registered yet, to move
+            them too (None: they wait for Temporal's heartbeat timeout).
         on_revoked: told when this worker's own lease was revoked (it ends the
             connections that run under it).
         shed: hands some of this worker's connections over, when it holds more than
@@ -134,6 +139,7 @@ class WorkerLiveness:
         *,
         pool: str,
         move: MoveConnection,
+        unregistered: FindUnregistered | None = None,
         on_revoked: Revoked | None = None,
         shed: Shed | None = None,
         balance_interval: float = BALANCE_INTERVAL,
@@ -147,6 +153,7 @@ class WorkerLiveness:
         self.leases = leases
         self.pool = pool
         self.move = move
+        self.unregistered = unregistered
         self.on_revoked = on_revoked
         self.shed = shed
         self.metrics = metrics
@@ -365,3 +372,24 @@ class WorkerLiveness:
 
         await asyncio.gather(*(move(connection) for connection in held))
         logger.info("moved %d connection(s) off worker %s", len(held), dead.worker_id)
+        if self.unregistered is None:
+            return
+        try:
+            registered = await self.leases.workflows_with_connections()
+            registered.update(c.workflow_id for c in held if c.workflow_id is not None)
+            late = await self.unregistered(dead, registered)
+        except Exception as error:  # noqa: BLE001 - Temporal's heartbeat timeout is the backstop
+            logger.warning(
+                "could not look for attempts worker %s had not registered: %s (Temporal's "
+                "heartbeat timeout will end them)",
+                dead.worker_id,
+                error,
+            )
+            return
+        if late:
+            await asyncio.gather(*(move(connection) for connection in late))
+            logger.info(
+                "moved %d attempt(s) worker %s had started and not registered",
+                len(late),
+                dead.worker_id,
+            )

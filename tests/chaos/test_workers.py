@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowHandle
 
+from durable_sse.contracts import WORKER_LOST
+from durable_sse.log.locks import hold_retention
 from tests.chaos.checker import CursorSampler, Verdict, stored
 from tests.chaos.harness import Chaos, assert_clean, end_process, reader_pid, unique, wait_until
 
@@ -105,6 +107,41 @@ async def test_4_sigterm_worker(chaos: Chaos, tmp_path: Path) -> None:
     verdict, sampler, rereads = await kill_readers(signal.SIGTERM, chaos, tmp_path)
     assert_clean(verdict, sampler)
     assert rereads == [0] * chaos.sizes.kills, f"re-read after a graceful stop: {rereads}"
+
+
+async def test_a_worker_killed_before_its_connection_registered_is_moved_too(
+    chaos: Chaos, tmp_path: Path
+) -> None:
+    """Temporal handed the worker a read attempt, and the worker died before the
+    connection's start registered it (a start waits its turn for the database: seconds
+    in a burst of starts). No row names the attempt, so only the heartbeat timeout
+    (five minutes) would end it; the watchdog asks Temporal for it instead."""
+    name = chaos.new_stream("unregistered")
+    task_queue = unique("unregistered")
+    processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        with chaos.log.database.engine.connect() as held, held.begin():
+            # Retention's lock: the connection's start waits for it before it registers.
+            hold_retention(held, name, exclusive=True)
+            handle = await chaos.start(name, task_queue)
+            pid = await _wait_reader(handle)
+            victim = next(p for p in processes if p.pid == pid)
+            await asyncio.sleep(1)  # the start is waiting for the lock
+            victim.kill()
+            await asyncio.to_thread(victim.wait, 60)
+        await _wait_reader(handle, other_than=pid)
+        await chaos.flowing(name, 2 * int(chaos.sizes.rate), timeout=90)
+        description = await handle.describe()
+        failures = [
+            pending.last_failure.application_failure_info.type
+            for pending in description.raw_description.pending_activities
+            if pending.activity_type.name == "read_stream"
+        ]
+        assert failures == [WORKER_LOST], failures
+        await handle.terminate("done")
+    finally:
+        for process in processes:
+            end_process(process)
 
 
 # -- 9. two writers of one cursor -------------------------------------------------------------
