@@ -15,6 +15,11 @@ N streams of the SSE source (in this driver process, loopback) each send a stead
   refuses their commits; the balancer's make-before-break hand-overs are not counted);
 * ``term``: SIGTERM the worker holding more connections (its exit time is measured).
 
+With ``herd`` (``--failover-herd``) the streams start on one worker instead; a second
+joins, idle, and the first is SIGKILLed as soon as the second polls, before the balancer
+hands it anything: every stream's next connection starts on the one survivor at once
+(the ``kill`` mode only).
+
 Per stream that worker held, two figures, each seen stored in ``sse_events`` by a poll
 every ``POLL_EVERY`` s (one clock: this process's), on one connection, timed as the poll
 is sent (its snapshot shows what was committed by then; before 2026-12-07 each poll
@@ -200,8 +205,11 @@ class Workers:
         self.processes.clear()
 
 
-async def failover_rows(running: Stack, *, streams: int, timeout: float) -> list[Row]:
-    """The failover section: ``streams`` streams, each mode bounded by ``timeout`` s."""
+async def failover_rows(
+    running: Stack, *, streams: int, timeout: float, herd: bool = False
+) -> list[Row]:
+    """The failover section: ``streams`` streams, each mode bounded by ``timeout`` s;
+    ``herd``: all on one worker, killed beside an idle one (see the module docstring)."""
     _instrument()
     tag = uuid.uuid4().hex[:6]
     names = [f"fo-{tag}-{i}" for i in range(streams)]
@@ -217,7 +225,8 @@ async def failover_rows(running: Stack, *, streams: int, timeout: float) -> list
     try:
         async with SSESource({name: config for name in names}) as source:
             await workers.start()
-            await workers.start()
+            if not herd:
+                await workers.start()
             await _start_streams(env.client, source, names, workers.task_queue)
             await _wait_persisting(running, names)
             await _wait_steady(env.client, names, set(workers.processes))
@@ -225,13 +234,17 @@ async def failover_rows(running: Stack, *, streams: int, timeout: float) -> list
             async def failover(mode: str) -> ModeResult:
                 return await _failover(env.client, running, source, workers, names, mode, timeout)
 
-            results.append(await failover("kill"))
-            await workers.start()
-            await _wait_steady(env.client, names, set(workers.processes))
-            await _wait_spread(env.client, names, set(workers.processes))
-            results.append(await failover("stop"))
-            await _wait_spread(env.client, names, set(workers.processes))
-            results.append(await failover("term"))
+            if herd:
+                await workers.start()  # idle: the kill comes before its first balance
+                results.append(await failover("kill"))
+            else:
+                results.append(await failover("kill"))
+                await workers.start()
+                await _wait_steady(env.client, names, set(workers.processes))
+                await _wait_spread(env.client, names, set(workers.processes))
+                results.append(await failover("stop"))
+                await _wait_spread(env.client, names, set(workers.processes))
+                results.append(await failover("term"))
 
             for name in names:
                 source.inject(name, paused=True)
@@ -246,7 +259,11 @@ async def failover_rows(running: Stack, *, streams: int, timeout: float) -> list
             CONNECTIONS.pop(name, None)
     return _rows(
         results,
-        streams=streams,
+        label=(
+            f"{streams} streams @ {RATE:g} ev/s on 1 worker, killed beside an idle one"
+            if herd
+            else f"{streams} streams @ {RATE:g} ev/s, 2 workers"
+        ),
         lost=lost,
         duplicates=duplicates,
         claimed=claimed,
@@ -616,14 +633,13 @@ async def _count_lost_and_duplicates(
 def _rows(
     results: list[ModeResult],
     *,
-    streams: int,
+    label: str,
     lost: int,
     duplicates: int,
     claimed: int,
     settled: bool,
 ) -> list[Row]:
     rows: list[Row] = []
-    label = f"{streams} streams @ {RATE:g} ev/s, 2 workers"
     for result in results:
         values = result.recovered
         p50, p99 = percentile(values, 50), percentile(values, 99)

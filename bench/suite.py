@@ -91,6 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--failover-streams", type=int, default=200, help="streams of the failover section"
     )
     parser.add_argument(
+        "--failover-herd",
+        action="store_true",
+        help="failover: every stream on one worker, SIGKILLed beside an idle one (kill only)",
+    )
+    parser.add_argument(
         "--failover-timeout",
         type=float,
         default=400.0,
@@ -208,7 +213,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
             _progress(rows)
         if "failover" in only:
             rows += await failover.failover_rows(
-                running, streams=args.failover_streams, timeout=args.failover_timeout
+                running,
+                streams=args.failover_streams,
+                timeout=args.failover_timeout,
+                herd=args.failover_herd,
             )
             _progress(rows)
         await redis.aclose()
