@@ -60,6 +60,9 @@ class ConnectionPool:
         """When this worker last found its lease revoked (None: never)."""
         self.revoked: set[str] = set()
         """The worker leases this worker found revoked."""
+        self._asking: dict[str, asyncio.Future[bool]] = {}
+        """The store's word on a lease being read now, shared by every connection that
+        asks (:meth:`lease_lost`)."""
 
     @contextlib.contextmanager
     def holding(self, connection: PooledConnection) -> Iterator[None]:
@@ -96,9 +99,22 @@ class ConnectionPool:
     async def lease_lost(self, worker_id: str, workers: WorkerLeases) -> bool:
         """Whether ``worker_id`` is revoked, as this worker found or, when it has not found
         out yet (a commit that failed at SIGCONT, before the worker's renewal ran), as the
-        store says. A store that does not answer says no."""
+        store says. A store that does not answer says no.
+
+        At SIGCONT every connection's commit fails at once: one read of the lease answers
+        them all (hundreds of reads queued on the leases' one thread), and a connection
+        its worker ends meanwhile stops waiting for it at once."""
         if worker_id in self.revoked:
             return True
+        asking = self._asking.get(worker_id)
+        if asking is None:
+            asking = asyncio.ensure_future(self._lease_revoked_in_store(worker_id, workers))
+            self._asking[worker_id] = asking
+            asking.add_done_callback(lambda _: self._asking.pop(worker_id, None))
+        return await asyncio.shield(asking)
+
+    @staticmethod
+    async def _lease_revoked_in_store(worker_id: str, workers: WorkerLeases) -> bool:
         try:
             lease = await workers.lease(worker_id)
         except StoreError:

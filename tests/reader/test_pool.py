@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from durable_sse.contracts import Route
+from durable_sse.log.workers import WorkerLease
 from durable_sse.reader.pool import HANDED_OVER, ConnectionPool
+from durable_sse.stores import Stores
 
 
 @dataclass
@@ -115,3 +119,36 @@ def test_an_attempt_scheduled_before_a_revocation_is_stale() -> None:
     pool.lease_revoked("w1")
     assert pool.stale(before)
     assert not pool.stale(datetime.now(UTC) + timedelta(seconds=1))
+
+
+async def test_connections_asking_about_their_lease_at_once_share_one_read(
+    pg_stores: Stores,
+) -> None:
+    """At SIGCONT every connection's commit fails at once and asks the store whether the
+    lease was revoked: one read answers them all, and one that its worker ends while it
+    waits stops waiting at once."""
+    leases, revoked = pg_stores.workers, f"w-{uuid.uuid4().hex[:8]}"
+    await leases.acquire(revoked, pool="p", host="h", pid=1, boot_id="b")
+    assert await leases.revoke(revoked, by="watchdog", expired_only=False)
+    pool, release = ConnectionPool(), threading.Event()
+    holding = asyncio.ensure_future(leases.database.run("hold", release.wait))
+    reads = 0
+    lease = leases.lease
+
+    async def counted(worker_id: str) -> WorkerLease | None:
+        nonlocal reads
+        reads += 1
+        return await lease(worker_id)
+
+    leases.lease = counted  # type: ignore[method-assign]
+    askers = [asyncio.create_task(pool.lease_lost(revoked, leases)) for _ in range(200)]
+    try:
+        await asyncio.sleep(0.1)
+        askers[0].cancel()  # ended by its worker meanwhile
+        await asyncio.sleep(0)
+        assert askers[0].cancelled()
+    finally:
+        release.set()
+        await holding
+    assert await asyncio.gather(*askers[1:]) == [True] * 199
+    assert reads == 1
