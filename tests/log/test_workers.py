@@ -503,14 +503,14 @@ async def test_a_process_that_was_stopped_renews_as_soon_as_it_runs_again(
 ) -> None:
     """SIGSTOP stops the keeper's thread with the loop: the loop's silence is no stall
     of its own, and the lease is renewed at once (if no other worker revoked it)."""
-    leases = WorkerLeases(stores.database, ttl=0.5)
+    leases, stopped = WorkerLeases(stores.database, ttl=0.5), worker_name()
     keeper = LeaseKeeper(leases, interval=3600, stall_limit=1.0)
-    await leases.acquire("stopped", pool=POOL, host="h", pid=1, boot_id="b")
-    keeper.keep("stopped")
+    await leases.acquire(stopped, pool=POOL, host="h", pid=1, boot_id="b")
+    keeper.keep(stopped)
     keeper.start()
     keeper._looked = keeper._answered = time.monotonic() - 20  # both slept through it
     await asyncio.sleep(0.6)  # the lease expired meanwhile
     await asyncio.to_thread(keeper.renew_once)
-    assert "stopped" not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert stopped not in [lease.worker_id for lease in await leases.expired(POOL)]
     assert keeper.healthy_since is not None
     await keeper.stop()
