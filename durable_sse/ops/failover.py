@@ -11,9 +11,12 @@ sticky task queue (the dead worker's) is reset, so the connection's end is not h
 waiting on it either.
 
 A worker may die between starting an attempt and registering its connection (a start
-waits its turn for the database, seconds in a burst): no row names that attempt, so
-:meth:`Failover.unregistered` asks Temporal for it, among the pool's running streams that
-have no registered connection.
+waits its turn for the database, seconds in a burst), or while it runs one of the
+workflow's short activities (the gaps' read, the search attribute check): no row names
+that attempt, so :meth:`Failover.unregistered` asks Temporal for it, among the pool's
+running streams that have no registered connection. Each of those activities is a read
+or an idempotent write that its retry policy retries after a timeout anyway; failed by
+id, it is retried at once instead of after its ``start_to_close`` timeout (30-60 s).
 
 Cost: one activity attempt per stream moved; nothing while no worker dies (a list and
 describe calls, which are not billed actions, when one does).
@@ -48,7 +51,6 @@ MAX_LOOKS = 30
 """Looks at where a moved connection's retry went, :data:`VERIFY_AFTER` apart."""
 DESCRIBES_AT_ONCE = 16
 """Workflows described at once while looking for a dead worker's unregistered attempts."""
-READ_ACTIVITY = "read_stream"
 STREAMS_QUERY = (
     "WorkflowType = 'StreamWorkflow' AND ExecutionStatus = 'Running' AND TaskQueue = '{queue}'"
 )
@@ -87,7 +89,7 @@ class Failover:
             activity_id=connection.activity_id,
         )
         error = ApplicationError(
-            f"worker {dead.worker_id} stopped renewing its lease: its connection of stream "
+            f"worker {dead.worker_id} stopped renewing its lease: its attempt for stream "
             f"{connection.stream!r} moves to a live worker",
             type=WORKER_LOST,
             next_retry_delay=RETRY_NOW,
@@ -164,9 +166,10 @@ class Failover:
     async def unregistered(
         self, dead: WorkerLease, registered: Collection[str]
     ) -> list[HeldConnection]:
-        """The read attempts ``dead`` started and had not registered: those of the pool's
+        """The attempts ``dead`` started that no connection row names: those of the pool's
         running streams whose workflow id is not in ``registered`` (no connection
-        registered) and whose pending read attempt ``dead`` runs, by its identity."""
+        registered) and whose pending activity ``dead`` runs, by its identity (a read
+        not registered yet, or a short activity of the workflow)."""
         identity = f"{dead.pid}@{dead.host}"
         query = STREAMS_QUERY.format(queue=self.task_queue.replace("'", "''"))
         candidates = [
@@ -176,33 +179,31 @@ class Failover:
         ]
         gate = asyncio.Semaphore(DESCRIBES_AT_ONCE)
 
-        async def started_by_dead(workflow_id: str, run_id: str) -> HeldConnection | None:
+        async def started_by_dead(workflow_id: str, run_id: str) -> list[HeldConnection]:
             async with gate:
                 handle = self.client.get_workflow_handle(workflow_id, run_id=run_id)
                 try:
                     description = await handle.describe(rpc_timeout=CALL_TIMEOUT)
                 except RPCError:
-                    return None  # ended meanwhile
-            for pending in description.raw_description.pending_activities:
-                if (
-                    pending.activity_type.name == READ_ACTIVITY
-                    and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
-                    and pending.last_worker_identity == identity
-                ):
-                    return HeldConnection(
-                        stream=workflow_id.removeprefix(WORKFLOW_ID_PREFIX),
-                        reader_id="",
-                        workflow_id=workflow_id,
-                        run_id=run_id,
-                        activity_id=pending.activity_id,
-                        attempt=pending.attempt,
-                    )
-            return None
+                    return []  # ended meanwhile
+            return [
+                HeldConnection(
+                    stream=workflow_id.removeprefix(WORKFLOW_ID_PREFIX),
+                    reader_id="",
+                    workflow_id=workflow_id,
+                    run_id=run_id,
+                    activity_id=pending.activity_id,
+                    attempt=pending.attempt,
+                )
+                for pending in description.raw_description.pending_activities
+                if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+                and pending.last_worker_identity == identity
+            ]
 
         found = await asyncio.gather(
             *(started_by_dead(execution.id, execution.run_id) for execution in candidates)
         )
-        return [connection for connection in found if connection is not None]
+        return [attempt for attempts in found for attempt in attempts]
 
     async def reset_sticky(self, workflow_id: str, run_id: str) -> None:
         """The workflow's next task goes to the task queue every worker polls, not to the

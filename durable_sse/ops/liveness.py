@@ -58,8 +58,9 @@ MAX_SHED = 100
 MoveConnection = Callable[[HeldConnection, WorkerLease], Awaitable[None]]
 """Makes one connection of a dead worker read again elsewhere."""
 FindUnregistered = Callable[[WorkerLease, set[str]], Awaitable[list[HeldConnection]]]
-"""The read attempts a dead worker started and had not registered, given the workflow
-ids of every registered connection."""
+"""The attempts a dead worker started that no connection row names (a read not
+registered yet, a short activity), given the workflow ids of every registered
+connection."""
 Revoked = Callable[[str], None]
 """Told the worker id of this worker's own lease when it finds it revoked."""
 Shed = Callable[[int, float], Awaitable[int]]
@@ -125,8 +126,8 @@ class WorkerLiveness:
         leases: the ``sse_workers`` rows.
         pool: the workers that can take each other's streams (``<namespace>:<queue>``).
         move: makes a dead worker's connection read again elsewhere.
-        unregistered: finds the attempts a dead worker had not registered yet, to move
-            them too (None: they wait for Temporal's heartbeat timeout).
+        unregistered: finds the attempts of a dead worker that no connection row names,
+            to move them too (None: they wait for their timeouts).
         on_revoked: told when this worker's own lease was revoked (it ends the
             connections that run under it).
         shed: hands some of this worker's connections over, when it holds more than
@@ -389,7 +390,8 @@ class WorkerLiveness:
         if late:
             await asyncio.gather(*(move(connection) for connection in late))
             logger.info(
-                "moved %d attempt(s) worker %s had started and not registered",
+                "moved %d attempt(s) of worker %s that no connection row named (a start "
+                "not registered yet, or a short activity)",
                 len(late),
                 dead.worker_id,
             )

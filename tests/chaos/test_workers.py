@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowHandle
 
 from durable_sse.contracts import WORKER_LOST
@@ -22,6 +26,8 @@ from tests.chaos.checker import CursorSampler, Verdict, stored
 from tests.chaos.harness import Chaos, assert_clean, end_process, reader_pid, unique, wait_until
 
 pytestmark = pytest.mark.slow
+
+LOCK_GAPS = "LOCK TABLE sse_gaps IN ACCESS EXCLUSIVE MODE"
 
 
 # -- 3 and 4. killing workers ---------------------------------------------------------------
@@ -109,39 +115,73 @@ async def test_4_sigterm_worker(chaos: Chaos, tmp_path: Path) -> None:
     assert rereads == [0] * chaos.sizes.kills, f"re-read after a graceful stop: {rereads}"
 
 
-async def test_a_worker_killed_before_its_connection_registered_is_moved_too(
-    chaos: Chaos, tmp_path: Path
+@pytest.mark.parametrize(
+    ("activity", "hold"),
+    [
+        # Retention's lock: the connection's start waits for it before it registers.
+        ("read_stream", lambda held, name: hold_retention(held, name, exclusive=True)),
+        # The gaps' read, a short activity before the first connection.
+        ("stream_gaps", lambda held, name: held.execute(sa.text(LOCK_GAPS))),
+    ],
+    ids=["connection-start", "gaps-read"],
+)
+async def test_a_worker_killed_in_an_attempt_no_connection_row_names_is_moved_too(
+    chaos: Chaos, tmp_path: Path, activity: str, hold: Callable[[Connection, str], None]
 ) -> None:
-    """Temporal handed the worker a read attempt, and the worker died before the
-    connection's start registered it (a start waits its turn for the database: seconds
-    in a burst of starts). No row names the attempt, so only the heartbeat timeout
-    (five minutes) would end it; the watchdog asks Temporal for it instead."""
+    """Temporal handed the worker an attempt, and the worker died before any row named
+    it: a connection whose start had not registered yet (it waits its turn for the
+    database, seconds in a burst of starts), or one of the workflow's short activities.
+    Only its timeout (five minutes for a read, 30 s for the gaps' read) would end it; the
+    watchdog asks Temporal for it instead."""
     name = chaos.new_stream("unregistered")
     task_queue = unique("unregistered")
     processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
     try:
         with chaos.log.database.engine.connect() as held, held.begin():
-            # Retention's lock: the connection's start waits for it before it registers.
-            hold_retention(held, name, exclusive=True)
+            hold(held, name)
             handle = await chaos.start(name, task_queue)
-            pid = await _wait_reader(handle)
+            pid = await _wait_runner(handle, activity)
             victim = next(p for p in processes if p.pid == pid)
-            await asyncio.sleep(1)  # the start is waiting for the lock
+            await asyncio.sleep(1)  # the attempt is waiting for the lock
             victim.kill()
             await asyncio.to_thread(victim.wait, 60)
-        await _wait_reader(handle, other_than=pid)
         await chaos.flowing(name, 2 * int(chaos.sizes.rate), timeout=90)
+        # A retried attempt still running is in the description, an ended one in the
+        # history (its started event is written when it ends).
         description = await handle.describe()
-        failures = [
-            pending.last_failure.application_failure_info.type
+        retried = [
+            (pending.attempt, pending.last_failure.application_failure_info.type)
             for pending in description.raw_description.pending_activities
-            if pending.activity_type.name == "read_stream"
+            if pending.attempt > 1
+        ] + [
+            (started.attempt, started.last_failure.application_failure_info.type)
+            async for event in handle.fetch_history_events()
+            if (started := event.activity_task_started_event_attributes).attempt > 1
         ]
-        assert failures == [WORKER_LOST], failures
+        assert retried == [(2, WORKER_LOST)], retried
         await handle.terminate("done")
     finally:
         for process in processes:
             end_process(process)
+
+
+async def _wait_runner(handle: WorkflowHandle, activity: str) -> int:
+    """The pid of the worker running the workflow's pending ``activity``."""
+    found: list[int] = []
+
+    async def running() -> bool:
+        description = await handle.describe()
+        for pending in description.raw_description.pending_activities:
+            if (
+                pending.activity_type.name == activity
+                and pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+            ):
+                found.append(int(pending.last_worker_identity.split("@", 1)[0]))
+                return True
+        return False
+
+    await wait_until(running, timeout=90, what=f"a worker process to run {activity}")
+    return found[-1]
 
 
 # -- 9. two writers of one cursor -------------------------------------------------------------
