@@ -137,14 +137,11 @@ class WorkerLeases:
             "take a worker lease", self._acquire, worker_id, pool, host, pid, boot_id
         )
 
-    async def renew(self, worker_id: str) -> bool:
-        """Extend the lease; False when it is not live any more (revoked: the worker was
-        taken for dead and its streams moved)."""
-        return await self._database.run("renew a worker lease", self._renew, worker_id)
-
     def renew_here(self, worker_id: str) -> bool:
-        """:meth:`renew` in the calling thread: the lease keeper's own
-        (:mod:`durable_sse.ops.lease_keeper`), which no other call queues behind."""
+        """Extend the lease; False when it is not live any more (revoked: the worker was
+        taken for dead and its streams moved). Runs in the calling thread: the lease
+        keeper's own (:mod:`durable_sse.ops.lease_keeper`), which no other call queues
+        behind."""
         self._database.refuse_if_closed("renew a worker lease")
         return self._database.guarded("renew a worker lease", self._renew, worker_id)
 

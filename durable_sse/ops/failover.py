@@ -57,6 +57,12 @@ STREAMS_QUERY = (
 """The pool's running streams (Temporal's visibility)."""
 
 
+def worker_identity(lease: WorkerLease) -> str:
+    """The Temporal worker identity of the lease's process (the SDK's default,
+    ``pid@host``): what a pending activity names as the worker that runs it."""
+    return f"{lease.pid}@{lease.host}"
+
+
 class Failover:
     """Moves dead workers' connections through the Temporal client."""
 
@@ -124,7 +130,7 @@ class Failover:
         while the dead worker is the one that took it. A retry not started yet is looked
         at again (under load matching may take longer than :data:`VERIFY_AFTER`): it may
         still go to one of the dead worker's polls."""
-        identity = f"{dead.pid}@{dead.host}"
+        identity = worker_identity(dead)
         fails = 0
         try:
             for _ in range(MAX_LOOKS):
@@ -170,7 +176,7 @@ class Failover:
         running streams whose workflow id is not in ``registered`` (no connection
         registered) and whose pending activity ``dead`` runs, by its identity (a read
         not registered yet, or a short activity of the workflow)."""
-        identity = f"{dead.pid}@{dead.host}"
+        identity = worker_identity(dead)
         query = STREAMS_QUERY.format(queue=self.task_queue.replace("'", "''"))
         candidates = [
             execution

@@ -86,13 +86,14 @@ async def test_a_lease_expires_by_the_database_clock_and_one_watchdog_revokes_it
     leases = WorkerLeases(stores.database, ttl=0.3)
     dead = worker_name()
     await leases.acquire(dead, pool=POOL, host="h", pid=1, boot_id="b")
-    assert await leases.renew(dead)
+    assert await asyncio.to_thread(leases.renew_here, dead)
     assert dead not in {lease.worker_id for lease in await leases.expired(POOL)}
     await asyncio.sleep(0.5)
     assert dead in {lease.worker_id for lease in await leases.expired(POOL)}
     won = await asyncio.gather(*(leases.revoke(dead, by=f"w{i}") for i in range(4)))
     assert sorted(won) == [False, False, False, True]
-    assert not await leases.renew(dead)  # the dead worker, back, learns it was taken over
+    # the dead worker, back, learns it was taken over
+    assert not await asyncio.to_thread(leases.renew_here, dead)
     lease = await leases.lease(dead)
     assert lease is not None and lease.state == WorkerState.REVOKED
 
