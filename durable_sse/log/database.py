@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -44,8 +45,13 @@ COMMIT_LANES = 4
 burst of connection starts never queues the commits behind it): a hot stream's next
 batch is written while the previous one commits, and quiet streams' batches gather
 behind a busy lane."""
-POOL_SIZE = 8
-"""Sessions a process keeps open; more open as its threads need them, up to one each."""
+PING_IDLE_AFTER = 10.0
+"""Seconds a pooled PostgreSQL session may sit unused before its next use pings it
+first. A session in use within that time is not pinged: a ping per transaction was a
+quarter of a connection start's round trips. Should such a session turn out dead (the
+server restarted), its statement fails once as a :class:`StoreError`, the caller's
+retry gets a fresh session, and SQLAlchemy replaces every session older than the
+failure."""
 IDLE_IN_TRANSACTION_TIMEOUT = 30.0
 """Seconds the event log's PostgreSQL sessions may sit idle inside a transaction. None of
 ours does for long (a commit lane waits for the lane before it, a few ms, seconds under a
@@ -72,6 +78,7 @@ class Database:
             database_url,
             connect_timeout=connect_timeout,
             idle_in_transaction=IDLE_IN_TRANSACTION_TIMEOUT,
+            sessions=workers + COMMIT_LANES,
         )
         self.where = describe_database(self.engine.url)
         """The database in words, for messages (never the password)."""
@@ -158,6 +165,7 @@ def make_engine(
     *,
     connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
     idle_in_transaction: float | None = None,
+    sessions: int = WORKERS + COMMIT_LANES,
 ) -> Engine:
     """Build (without connecting) an engine tuned for the event log.
 
@@ -166,7 +174,8 @@ def make_engine(
     instead of failing. ``idle_in_transaction``: PostgreSQL ends a session that sits this
     many seconds inside a transaction without a statement (None: never), so a worker
     paused or frozen in the middle of a commit does not hold its streams' locks beside
-    the worker that took them over.
+    the worker that took them over. ``sessions``: PostgreSQL sessions kept open at most,
+    one per thread that uses the engine.
     """
     url = make_url(database_url)
     backend = url.get_backend_name()
@@ -174,14 +183,16 @@ def make_engine(
         engine = sa.create_engine(
             url,
             connect_args={"connect_timeout": max(2, int(connect_timeout))},
-            pool_pre_ping=True,
-            pool_size=POOL_SIZE,
-            # One session per thread at most (a thread waiting for a session would hold
-            # up a commit lane or a start for the pool's timeout).
-            max_overflow=WORKERS + COMMIT_LANES - POOL_SIZE,
+            # One session per thread, kept: a thread waiting for a session would hold up
+            # a commit lane or a start, and a session opened past the pool's size is
+            # closed when returned. In a burst of 1,000 connection starts that opened
+            # 255 sessions (a server process and a staging table each), against 18.
+            pool_size=sessions,
+            max_overflow=0,
             hide_parameters=True,
         )
         event.listen(engine, "connect", _prepare_postgresql)
+        _ping_when_idle(engine)
         if idle_in_transaction is not None:
             # A statement on connect, not the ``options`` connect argument: that would
             # replace the URL's own (a ``search_path``, say).
@@ -215,6 +226,31 @@ def _prepare_postgresql(dbapi_connection: Any, _record: Any) -> None:
         # if the process is taken for dead while paused in the middle of it.
         cursor.execute("SELECT set_config('application_name', %s, false)", [this_process()])
     dbapi_connection.commit()
+
+
+def _ping_when_idle(engine: Engine, idle_after: float = PING_IDLE_AFTER) -> None:
+    """Ping a session before its use when it sat unused for ``idle_after`` seconds (a
+    server restart, or a network that drops quiet connections, ends such sessions); a
+    failed ping makes the pool open a new session instead (SQLAlchemy's
+    ``DisconnectionError``)."""
+
+    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.pop(_IDLE_SINCE, None)
+        if idle_since is None or time.monotonic() - idle_since < idle_after:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except psycopg.Error as error:
+            raise sa.exc.DisconnectionError(error_summary(error)) from error
+
+    event.listen(engine, "checkin", checked_in)
+    event.listen(engine, "checkout", checked_out)
+
+
+_IDLE_SINCE = "durable_sse.idle_since"
 
 
 def _set_session(dbapi_connection: Any, statement: str) -> None:
