@@ -96,8 +96,7 @@ class Stores:
     ) -> tuple[GapSummary, CheckpointState | None]:
         """The stream's gaps and checkpoint row (lagging id, rest), read now: what the
         workflow asks for when a result did not say, and what the live status shows."""
-        gaps = await self.gap_store.gap_summary(stream, id_order)
-        return gaps, await self.checkpoints.get_checkpoint(stream)
+        return await self.checkpoints.gaps_and_checkpoint(stream, id_order)
 
     async def create_schema(self) -> None:
         """Create the schema, or migrate an older one (:mod:`durable_sse.log.migrations`)."""

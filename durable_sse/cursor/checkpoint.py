@@ -19,6 +19,7 @@ from durable_sse.contracts import AdvanceResult, CheckpointState
 from durable_sse.cursor.fence import lagging_target, live_starts, retention_fence
 from durable_sse.cursor.readers import Readers
 from durable_sse.cursor.rest import caught_up
+from durable_sse.gaps.model import GapSummary
 from durable_sse.gaps.store import GapStore
 from durable_sse.ids import IdOrder, sort_key
 from durable_sse.log.database import Database
@@ -79,9 +80,31 @@ class CheckpointStore:
         return row.lagging_id
 
     def _get_checkpoint_sync(self, stream: str) -> CheckpointState | None:
-        table = checkpoints_table
         with self._database.begin() as connection:
-            row = connection.execute(sa.select(table).where(table.c.stream == stream)).first()
+            return self.checkpoint_in(connection, stream)
+
+    async def gaps_and_checkpoint(
+        self, stream: str, id_order: str
+    ) -> tuple[GapSummary, CheckpointState | None]:
+        """The stream's gaps and checkpoint row, read in one transaction."""
+        return await self._database.run(
+            f"read the gaps and checkpoint of stream {stream!r}",
+            self._gaps_and_checkpoint_sync,
+            stream,
+            IdOrder(id_order),
+        )
+
+    def _gaps_and_checkpoint_sync(
+        self, stream: str, order: IdOrder
+    ) -> tuple[GapSummary, CheckpointState | None]:
+        with self._database.begin() as connection:
+            gaps = self._gaps.summary_in(connection, stream, order)
+            return gaps, self.checkpoint_in(connection, stream)
+
+    def checkpoint_in(self, connection: Connection, stream: str) -> CheckpointState | None:
+        """The stream's checkpoint row, read in ``connection``'s transaction."""
+        table = checkpoints_table
+        row = connection.execute(sa.select(table).where(table.c.stream == stream)).first()
         if row is None:
             return None
         return CheckpointState(

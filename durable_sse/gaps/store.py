@@ -233,22 +233,26 @@ class GapStore:
                 )
 
     def _summary_sync(self, stream: str, order: IdOrder) -> GapSummary:
-        table = gaps_table
         with self._database.begin() as connection:
-            open_gaps = self.open_gaps(connection, stream)
-            suspected = table.c.kind == GapKind.SUSPECTED.value
-            rows = connection.execute(
-                sa.select(
-                    table.c.state,
-                    suspected,
-                    sa.func.count(),
-                    sa.func.coalesce(sa.func.sum(table.c.missing), 0),
-                    sa.func.sum(sa.case((table.c.missing.is_(None), 1), else_=0)),
-                    sa.func.coalesce(sa.func.sum(table.c.recovered), 0),
-                )
-                .where(table.c.stream == stream)
-                .group_by(table.c.state, suspected)
-            ).all()
+            return self.summary_in(connection, stream, order)
+
+    def summary_in(self, connection: Connection, stream: str, order: IdOrder) -> GapSummary:
+        """The stream's open gaps and totals, read in ``connection``'s transaction."""
+        table = gaps_table
+        open_gaps = self.open_gaps(connection, stream)
+        suspected = table.c.kind == GapKind.SUSPECTED.value
+        rows = connection.execute(
+            sa.select(
+                table.c.state,
+                suspected,
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(table.c.missing), 0),
+                sa.func.sum(sa.case((table.c.missing.is_(None), 1), else_=0)),
+                sa.func.coalesce(sa.func.sum(table.c.recovered), 0),
+            )
+            .where(table.c.stream == stream)
+            .group_by(table.c.state, suspected)
+        ).all()
         summary = summarize(open_gaps, order)
         totals = GapTotals()
         for state, is_suspicion, count, missing, unknown, recovered in rows:

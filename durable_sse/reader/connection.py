@@ -311,9 +311,8 @@ class Connection:
         return result
 
     async def _read_gaps(self, result: ReadResult) -> None:
-        waiting = self.keepalive.waiting
-        result.gaps = await waiting(self.stores.gap_store.gap_summary(self.stream, self.order))
-        checkpoint = await waiting(self.stores.checkpoints.get_checkpoint(self.stream))
+        read = self.stores.gaps_and_checkpoint(self.stream, self.order)
+        result.gaps, checkpoint = await self.keepalive.waiting(read)
         result.lagging_id = checkpoint.lagging_id if checkpoint else None
 
     def _count_ids_out_of_order(self) -> None:
