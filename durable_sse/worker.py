@@ -59,6 +59,7 @@ from durable_sse.reader.heartbeat_policy import MAX_CONNECTIONS_PER_WORKER
 from durable_sse.reader.metrics import CredentialMetrics
 from durable_sse.reader.reports import PROGRESS_INTERVAL
 from durable_sse.reader.successors import OVERLAP_LIMIT, Successors
+from durable_sse.sse.transport import ShardedTransport
 from durable_sse.stores import Stores
 from durable_sse.workflows.checkpoint import CheckpointAdvanceWorkflow
 from durable_sse.workflows.stream import StreamWorkflow
@@ -150,9 +151,7 @@ class WorkerResources:
                 ),
             ),
             http=httpx.AsyncClient(
-                follow_redirects=False,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
-                trust_env=False,
+                follow_redirects=False, transport=ShardedTransport(), trust_env=False
             ),
             nudges=Nudges(
                 settings.redis_url,
