@@ -3,7 +3,8 @@ under N streams.
 
 Two real worker processes (``worker.py``) poll one task queue of a throwaway dev server;
 N streams of the SSE source (in this driver process, loopback) each send a steady
-``RATE`` events/s with default stream settings. Once every stream persists, for each mode:
+``RATE`` events/s (``--failover-rate``) with default stream settings. Once every stream
+persists, for each mode:
 
 * ``kill``: SIGKILL the worker holding more connections; a new worker is started after
   the streams came back (or ``timeout`` passed), so two run again, and takes its share
@@ -119,6 +120,8 @@ the lease says otherwise)."""
 class ModeResult:
     mode: str
     held: int
+    rate: float = RATE
+    """Events per second per stream."""
     recovered: list[float] = field(default_factory=list)
     """The longest any event generated after the signal waited to be stored, per stream
     that came back (seconds)."""
@@ -206,14 +209,14 @@ class Workers:
 
 
 async def failover_rows(
-    running: Stack, *, streams: int, timeout: float, herd: bool = False
+    running: Stack, *, streams: int, timeout: float, herd: bool = False, rate: float = RATE
 ) -> list[Row]:
     """The failover section: ``streams`` streams, each mode bounded by ``timeout`` s;
     ``herd``: all on one worker, killed beside an idle one (see the module docstring)."""
     _instrument()
     tag = uuid.uuid4().hex[:6]
     names = [f"fo-{tag}-{i}" for i in range(streams)]
-    config = SourceStreamConfig(rate=RATE, retry_ms=None)
+    config = SourceStreamConfig(rate=rate, retry_ms=None)
     results: list[ModeResult] = []
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_dev_server(),
@@ -232,7 +235,9 @@ async def failover_rows(
             await _wait_steady(env.client, names, set(workers.processes))
 
             async def failover(mode: str) -> ModeResult:
-                return await _failover(env.client, running, source, workers, names, mode, timeout)
+                return await _failover(
+                    env.client, running, source, workers, names, mode, timeout, rate
+                )
 
             if herd:
                 await workers.start()  # idle: the kill comes before its first balance
@@ -260,9 +265,9 @@ async def failover_rows(
     return _rows(
         results,
         label=(
-            f"{streams} streams @ {RATE:g} ev/s on 1 worker, killed beside an idle one"
+            f"{streams} streams @ {rate:g} ev/s on 1 worker, killed beside an idle one"
             if herd
-            else f"{streams} streams @ {RATE:g} ev/s, 2 workers"
+            else f"{streams} streams @ {rate:g} ev/s, 2 workers"
         ),
         lost=lost,
         duplicates=duplicates,
@@ -388,6 +393,7 @@ async def _failover(
     names: list[str],
     mode: str,
     timeout: float,
+    rate: float,
 ) -> ModeResult:
     looked = time.time()
     holders = await _holders(client, names)
@@ -401,7 +407,7 @@ async def _failover(
         for name, pid in holders.items()
         if pid == victim and not _opened_between(name, looked, began)
     ]
-    result = ModeResult(mode=mode, held=len(held), unsure=counts[victim] - len(held))
+    result = ModeResult(mode=mode, held=len(held), rate=rate, unsure=counts[victim] - len(held))
     following = {name: int(source.describe(name)["newest"]) + 1 for name in held}
     paused = None
     if mode == "kill":
@@ -457,9 +463,9 @@ async def _look(
         result.poll_latency.append(time.time() - now)
         for name, floor in floors.items():
             # The oldest event generated since the signal and not stored yet, and how
-            # long it has waited (the source generates RATE a second from ``following``).
+            # long it has waited (the source generates ``rate`` a second from ``following``).
             waiting = max(floor + 1, following[name])
-            generated = began + (waiting - following[name] + 0.5) / RATE
+            generated = began + (waiting - following[name] + 0.5) / result.rate
             waited[name] = max(waited.get(name, 0.0), now - generated)
             if floor >= following[name] and name not in unconnected:
                 if now - generated < CAUGHT_UP:

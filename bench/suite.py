@@ -96,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="failover: every stream on one worker, SIGKILLed beside an idle one (kill only)",
     )
     parser.add_argument(
+        "--failover-rate",
+        type=float,
+        default=failover.RATE,
+        help="failover: events per second per stream",
+    )
+    parser.add_argument(
         "--failover-timeout",
         type=float,
         default=400.0,
@@ -217,6 +223,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                 streams=args.failover_streams,
                 timeout=args.failover_timeout,
                 herd=args.failover_herd,
+                rate=args.failover_rate,
             )
             _progress(rows)
         await redis.aclose()
