@@ -50,7 +50,8 @@ class GapStore:
         self._database = database
 
     async def gap_summary(self, stream: str, id_order: str) -> GapSummary:
-        """The stream's open gaps by name and all its gaps by count."""
+        """The stream's open gaps by name and all its gaps by count (tests; the workers
+        read it with the checkpoint, ``CheckpointStore.gaps_and_checkpoint``)."""
         return await self._database.run(
             f"read the gaps of stream {stream!r}", self._summary_sync, stream, IdOrder(id_order)
         )

@@ -228,6 +228,10 @@ def _prepare_postgresql(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.commit()
 
 
+_IDLE_SINCE = "durable_sse.idle_since"
+"""Where a pooled session's ``info`` keeps when it was last returned to the pool."""
+
+
 def _ping_when_idle(engine: Engine, idle_after: float = PING_IDLE_AFTER) -> None:
     """Ping a session before its use when it sat unused for ``idle_after`` seconds (a
     server restart, or a network that drops quiet connections, ends such sessions); a
@@ -248,9 +252,6 @@ def _ping_when_idle(engine: Engine, idle_after: float = PING_IDLE_AFTER) -> None
 
     event.listen(engine, "checkin", checked_in)
     event.listen(engine, "checkout", checked_out)
-
-
-_IDLE_SINCE = "durable_sse.idle_since"
 
 
 def _set_session(dbapi_connection: Any, statement: str) -> None:

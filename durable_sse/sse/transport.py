@@ -19,7 +19,8 @@ import httpx
 SHARDS = 16
 """Pools of a worker's transport: about 60 connections each at 1,000 streams."""
 KEEPALIVE_CONNECTIONS = 20
-"""Idle keep-alive connections kept, over all pools (httpx's default)."""
+"""Idle keep-alive connections kept (httpx's default for one pool), shared out over the
+pools, at least one each: 16 in all with 16 pools."""
 
 
 class ShardedTransport(httpx.AsyncBaseTransport):
