@@ -21,7 +21,8 @@ evidence that it re-read continuously (ids not declared contiguous). A server ma
 announce a skip late, after more events (a notice is about what it discarded *before*
 it): until then, what the batch seems to prove about a gap may be false. Seen in the
 field: a repair passed its gap's end, closed it as ``repaired``, and the notice saying
-the repair itself had skipped all of the gap's ids came a few events later."""
+the repair itself had skipped all of the gap's ids came a few events later. A notice's
+gap reaches back at least this many ids too (:mod:`durable_sse.reader.read_marks`)."""
 CONFIRM_SECONDS = 2.0
 """Or this long since the batch was cut, with no drop signal: a quiet source sends no
 more events, and its gaps must still close (a notice later than this is taken as a new
@@ -325,9 +326,10 @@ class GapTracker:
         """A notice or drop event: open a gap now; its end is the next id read.
 
         Its start is the connection's cursor (or first id), or, on a connection that has
-        been reading for longer than a replay window, ``read_a_window_ago``: the id it
-        read one window ago (a notice speaks of what the server sent lately; that holds
-        for a replay of old ids as for the live tail).
+        read for longer than a replay window and :data:`CONFIRM_IDS` ids,
+        ``read_a_window_ago``: the id it read that far back (a notice speaks of what the
+        server sent lately, and may come late; that holds for a replay of old ids as for
+        the live tail; see :mod:`durable_sse.reader.read_marks`).
         """
         self.clean = False
         notice = self.last_id if self.last_id is not None else self.cursor
@@ -445,6 +447,11 @@ class GapTracker:
             if compare_ids(resume, self.cursor, self.order) < 0:
                 return True
         return False
+
+    @property
+    def ids_read(self) -> int:
+        """Ids this connection has read."""
+        return self._ids_read
 
     @property
     def has_queued(self) -> bool:

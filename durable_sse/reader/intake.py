@@ -34,6 +34,7 @@ from durable_sse.gaps.tracker import GapTracker
 from durable_sse.ids import contiguous_number, is_newer, key_function, newest
 from durable_sse.log.keys import FollowerKeys, data_digest
 from durable_sse.log.records import EventRecord
+from durable_sse.reader.read_marks import ReadMark, ReadMarks
 from durable_sse.reader.stored import StoredAhead
 from durable_sse.sse.decoder import Comment, DecodedEvent
 from durable_sse.sse.drops import DropNoticeMatcher, dropped_count
@@ -155,8 +156,8 @@ class Intake:
         """Digest of the event that carried the id in force on this connection (None: the
         connection began inside an id's run): stored with the event and its followers."""
         self._reuse_warned = False
-        self._read_marks: deque[tuple[float, str]] = deque()
-        """``(time, newest id read)`` at each batch cut: what was read when."""
+        self._read_marks = ReadMarks(window=spec.replay_window, ids=self.gaps.confirm_ids)
+        """What was read when, as of each batch cut."""
         self._last_read: str | None = None
         self._last_key = b""
         """``sort_key`` of ``_last_read``: each id is keyed once, and ids compare as keys."""
@@ -357,7 +358,8 @@ class Intake:
         every newer one while the connection runs; see :mod:`durable_sse.log.retention`).
 
         Its start cursor (or, with none, its first id), moved forward to the id it read
-        one replay window ago once it has read for longer: it never re-reads what lies
+        one replay window and ``CONFIRM_IDS`` ids ago once it has read for longer (see
+        :mod:`durable_sse.reader.read_marks`): it never re-reads what lies
         before the ids it read, and every gap it can still open starts at or after this
         (a notice speaks of the last window, a hole in contiguous ids of what it reads
         now). None: no id read yet and no cursor, keep every id.
@@ -535,12 +537,9 @@ class Intake:
             self._last_number = number
 
     def _read_a_window_ago(self, now: float) -> str | None:
-        """The newest id this connection had read one replay window ago (None: younger)."""
-        cutoff = now - self.spec.replay_window
-        marks = self._read_marks
-        while len(marks) > 1 and marks[1][0] <= cutoff:
-            marks.popleft()
-        return marks[0][1] if marks and marks[0][0] <= cutoff else None
+        """The newest id this connection had read one replay window and ``CONFIRM_IDS``
+        ids ago (None: younger): how far back a notice may speak (:mod:`.read_marks`)."""
+        return self._read_marks.reach(now, self.gaps.ids_read)
 
     def _signal(self, kind: str, detail: str) -> None:
         if self.drop is None:
@@ -556,11 +555,7 @@ class Intake:
             return
         last_id = self._pending_last
         if last_id is not None:
-            marks = self._read_marks
-            marks.append((self._now, last_id))
-            cutoff = self._now - self.spec.replay_window
-            while len(marks) > 2 and marks[1][0] <= cutoff:
-                marks.popleft()  # keep one mark older than the window, no more
+            self._read_marks.add(ReadMark(self._now, self.gaps.ids_read, last_id))
         changes = self.gaps.batch_changes(
             last_id=last_id, segment=self._pending_segment, now=self._now
         )

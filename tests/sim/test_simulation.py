@@ -666,3 +666,14 @@ async def test_a_repair_that_skips_the_floor_does_not_close_its_gap() -> None:
     world = World(1268022177)
     await world.run()
     world.verdict()
+
+
+async def test_a_notice_one_event_late_on_a_quiet_stream_reaches_back_to_its_skip() -> None:
+    """Seed 102888770: a connection read 13 and 15 (14 skipped, its notice to come one
+    event late), a one-shot drop took 16..56 over more than a replay window, then 57 and
+    "dropped 1 events". The notice's gap began at 15, the id read a window before it,
+    and the skipped 14 was in no gap. A notice now reaches back ``CONFIRM_IDS`` ids too."""
+    world = World(102888770)
+    await world.run()
+    world.verdict()
+    assert any(gap.contains("14", world.log.order) for gap in world.log.gaps.values())
