@@ -15,6 +15,15 @@ cannot reach Redis; and the watchdog that revokes its lease ends the transaction
 paused in (:mod:`durable_sse.log.sessions`), so their locks do not hold up the streams
 that moved.
 
+A process that dies (SIGKILL, an OOM kill, a crash) is found sooner than its lease
+expires: the kernel closes its sockets, PostgreSQL ends its sessions at once, and every
+session this package opens is named after its process (:mod:`durable_sse.log.sessions`).
+A lease unrenewed for :data:`SESSIONS_GRACE` whose process has no session left is taken
+as dead then. What keeps its sessions open without renewing (a pause, a frozen VM, a host
+that lost power and sent nothing) waits for the expiry; so does a lease last renewed
+before the server started (after a restart of PostgreSQL, no one's sessions survive), and
+SQLite, which has no sessions to ask about.
+
 Time is the database's clock (seconds since the epoch, :func:`db_now`), so two workers'
 clocks never have to agree. Rows are kept for a day after a worker leaves or is revoked
 (``durable-sse status`` and tests read them), then deleted by the next revocation.
@@ -24,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -46,6 +55,9 @@ is lost). Short, since a dead worker's streams wait this long. A busy event loop
 delay renewals (:mod:`durable_sse.ops.lease_keeper`)."""
 RENEW_INTERVAL = 1.5
 """Seconds between renewals of a worker's lease."""
+SESSIONS_GRACE = RENEW_INTERVAL + 0.5
+"""Seconds a lease may go unrenewed before a watchdog asks PostgreSQL whether its
+process still has a session (:func:`gone_clause`): a renewal's time, and half a second."""
 REVOKE_LOCK_WAIT_MS = 2000
 """Milliseconds a revocation waits for the lease's row (PostgreSQL ``lock_timeout``)."""
 LOCK_NOT_AVAILABLE = "55P03"
@@ -80,6 +92,8 @@ class WorkerLease:
     state: str
     renewed_at: float
     expires_at: float
+    sessions_gone: bool = False
+    """Found dead before its expiry: unrenewed, and its process has no session left."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,24 @@ def db_now(connection: Connection) -> sa.ColumnElement[Any]:
     if connection.dialect.name == "postgresql":
         return sa.func.extract("epoch", sa.func.clock_timestamp())
     return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+
+
+def gone_clause(
+    connection: Connection, table: sa.Table, name: str | sa.ColumnElement[Any]
+) -> sa.ColumnElement[bool]:
+    """A lease whose process is gone, as a SQL condition: unrenewed for
+    :data:`SESSIONS_GRACE`, renewed since the server started, and no session named
+    ``name`` (its process's :func:`~durable_sse.log.sessions.session_name`). Always false
+    on SQLite."""
+    if connection.dialect.name != "postgresql":
+        return sa.false()
+    activity = sa.table("pg_stat_activity", sa.column("application_name"))
+    started = sa.func.extract("epoch", sa.func.pg_postmaster_start_time())
+    return sa.and_(
+        table.c.renewed_at < db_now(connection) - SESSIONS_GRACE,
+        table.c.renewed_at > started,
+        ~sa.exists().where(activity.c.application_name == name),
+    )
 
 
 def revoked_among(connection: Connection, worker_ids: Iterable[str]) -> set[str]:
@@ -226,14 +258,24 @@ class WorkerLeases:
     def _expired(self, pool: str) -> list[WorkerLease]:
         table = workers_table
         with self._database.begin() as connection:
+            now = db_now(connection)
+            # Past its expiry, or unrenewed long enough for :func:`gone_clause` to ask.
             rows = connection.execute(
-                sa.select(table).where(
+                sa.select(table, (table.c.expires_at < now).label("expired")).where(
                     table.c.pool == pool,
                     table.c.state == WorkerState.LIVE.value,
-                    table.c.expires_at < db_now(connection),
+                    table.c.renewed_at < now - min(SESSIONS_GRACE, self.ttl),
                 )
-            )
-            return [_lease(row) for row in rows]
+            ).all()
+            dead = [_lease(row) for row in rows if row.expired]
+            for row in rows:
+                if row.expired:
+                    continue
+                lease = _lease(row)
+                gone = sa.select(gone_clause(connection, table, _session_of(lease)))
+                if connection.execute(gone.where(table.c.worker_id == lease.worker_id)).scalar():
+                    dead.append(replace(lease, sessions_gone=True))
+            return dead
 
     def _on_host(self, pool: str, host: str, boot_id: str) -> list[WorkerLease]:
         table = workers_table
@@ -277,7 +319,15 @@ class WorkerLeases:
                     table.c.state == WorkerState.LIVE.value,
                 ]
                 if expired_only:
-                    conditions.append(table.c.expires_at < now)
+                    lease = self._lease_in(connection, worker_id)
+                    if lease is None:
+                        return False
+                    conditions.append(
+                        sa.or_(
+                            table.c.expires_at < now,
+                            gone_clause(connection, table, _session_of(lease)),
+                        )
+                    )
                 result = connection.execute(
                     sa.update(table)
                     .where(*conditions)
@@ -308,18 +358,12 @@ class WorkerLeases:
         Never raises: the lease is revoked already, and its streams must move whether or
         not this works (a role that may not end sessions, say; PostgreSQL's idle timeout
         ends them later)."""
-        table = workers_table
         try:
             with self._database.begin() as connection:
-                row = connection.execute(
-                    sa.select(table.c.host, table.c.pid, table.c.boot_id).where(
-                        table.c.worker_id == worker_id
-                    )
-                ).one_or_none()
-                if row is None:
+                lease = self._lease_in(connection, worker_id)
+                if lease is None:
                     return
-                name = session_name(row.host, row.pid, row.boot_id)
-                ended = end_open_transactions(connection, name)
+                ended = end_open_transactions(connection, _session_of(lease))
         except (sa.exc.SQLAlchemyError, psycopg.Error) as error:
             logger.warning(
                 "could not end the open database transactions of worker %s (%s): the "
@@ -337,12 +381,16 @@ class WorkerLeases:
             )
 
     def _lease(self, worker_id: str) -> WorkerLease | None:
-        table = workers_table
         with self._database.begin() as connection:
-            row = connection.execute(
-                sa.select(table).where(table.c.worker_id == worker_id)
-            ).one_or_none()
-            return None if row is None else _lease(row)
+            return self._lease_in(connection, worker_id)
+
+    @staticmethod
+    def _lease_in(connection: Connection, worker_id: str) -> WorkerLease | None:
+        table = workers_table
+        row = connection.execute(
+            sa.select(table).where(table.c.worker_id == worker_id)
+        ).one_or_none()
+        return None if row is None else _lease(row)
 
     def _connections(self, worker_id: str) -> list[HeldConnection]:
         table = readers_table
@@ -376,6 +424,10 @@ class WorkerLeases:
         with self._database.begin() as connection:
             query = sa.select(table.c.workflow_id).where(table.c.workflow_id.is_not(None))
             return {row.workflow_id for row in connection.execute(query.distinct())}
+
+
+def _session_of(lease: WorkerLease) -> str:
+    return session_name(lease.host, lease.pid, lease.boot_id)
 
 
 def _lease(row: sa.Row[object]) -> WorkerLease:

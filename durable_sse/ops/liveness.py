@@ -5,7 +5,8 @@ Each worker process holds one lease (:mod:`durable_sse.log.workers`), renewed ev
 Temporal action, so a thousand quiet streams cost nothing more to keep alive; a thread of
 its own renews it (:mod:`durable_sse.ops.lease_keeper`), so a busy event loop is not
 taken for a dead worker. Every :data:`WATCH_INTERVAL` the watchdog, on the loop, looks
-for leases that expired: the first live worker
+for leases that expired, or whose process is gone (on PostgreSQL its sessions end with
+it, a few seconds before its lease would expire): the first live worker
 to revoke one (an atomic ``UPDATE``; exactly one succeeds) moves the dead worker's
 connections (:class:`~durable_sse.ops.failover.Failover`). Temporal's heartbeat timeout
 stays the backstop for a deployment where every worker died.
@@ -44,7 +45,8 @@ logger = logging.getLogger(__name__)
 WATCH_INTERVAL = 0.5
 """Seconds between two looks at the other workers' leases: with a lease of
 :data:`~durable_sse.log.workers.LEASE_TTL` seconds, a dead worker is found at most
-``LEASE_TTL + WATCH_INTERVAL`` after its last renewal."""
+``LEASE_TTL + WATCH_INTERVAL`` after its last renewal; one whose process is gone, and
+so its database sessions, ``SESSIONS_GRACE + WATCH_INTERVAL`` after it (on PostgreSQL)."""
 MOVES_AT_ONCE = 32
 """Connections of a dead worker moved at once (each a few Temporal calls)."""
 
@@ -237,9 +239,12 @@ class WorkerLiveness:
             if await self.leases.revoke(dead.worker_id, by=self.worker_id or "?"):
                 silent = max(time.time() - dead.renewed_at, 0.0)
                 logger.warning(
-                    "worker %s stopped renewing its lease %.1f s ago: moving its connections",
+                    "worker %s stopped renewing its lease %.1f s ago%s: moving its connections",
                     dead.worker_id,
                     silent,
+                    " and its process is gone (no database session left)"
+                    if dead.sessions_gone
+                    else "",
                 )
                 if self.metrics is not None:
                     self.metrics.failover_detect_seconds.record(silent)

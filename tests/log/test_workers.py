@@ -13,6 +13,7 @@ import os
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -24,6 +25,7 @@ from durable_sse.log.records import EventRecord
 from durable_sse.log.schema import STREAM_LOCK_CLASS, stream_lock_key
 from durable_sse.log.sessions import end_open_transactions, session_name, this_process
 from durable_sse.log.workers import (
+    SESSIONS_GRACE,
     HeldConnection,
     WorkerLease,
     WorkerLeaseLostError,
@@ -33,6 +35,7 @@ from durable_sse.log.workers import (
 from durable_sse.ops.lease_keeper import LeaseKeeper
 from durable_sse.ops.liveness import WorkerLiveness, predecessors, to_shed
 from durable_sse.stores import Stores
+from tests.conftest import open_stores
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 POOL = f"default:test-workers-{uuid.uuid4().hex[:8]}"
@@ -515,3 +518,76 @@ async def test_a_process_that_was_stopped_renews_as_soon_as_it_runs_again(
     assert stopped not in [lease.worker_id for lease in await leases.expired(POOL)]
     assert keeper.healthy_since is not None
     await keeper.stop()
+
+
+def unrenewed_for(stores: Stores, worker_id: str, seconds: float) -> None:
+    """Backdate a lease's last renewal (its expiry stays a minute away)."""
+    with stores.database.begin() as connection:
+        connection.execute(
+            sa.text(
+                "UPDATE sse_workers SET renewed_at = renewed_at - :s, expires_at = renewed_at + 60"
+                " WHERE worker_id = :w"
+            ),
+            {"s": seconds, "w": worker_id},
+        )
+
+
+async def test_a_worker_whose_process_is_gone_is_dead_before_its_lease_expires(
+    pg_stores: Stores, pg_url: str
+) -> None:
+    """SIGKILL: the kernel closes the process's sockets and PostgreSQL ends its sessions
+    at once. A lease unrenewed for SESSIONS_GRACE with no session of its process left is
+    dead then, a minute before it would expire; while one session is left, it is not."""
+    leases = pg_stores.workers
+    worker, host = worker_name(), f"host-{uuid.uuid4().hex[:6]}"
+    await leases.acquire(worker, pool=POOL, host=host, pid=4242, boot_id="b")
+    session = paused_session(pg_url, session_name(host, 4242, "b"))
+    session.execute("SELECT 1")
+    await asyncio.to_thread(unrenewed_for, pg_stores, worker, SESSIONS_GRACE + 0.5)
+    assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert not await leases.revoke(worker, by="watchdog")
+
+    session.close()  # the process dies
+    (dead,) = [lease for lease in await leases.expired(POOL) if lease.worker_id == worker]
+    assert dead.sessions_gone
+    assert await leases.revoke(worker, by="watchdog")
+
+
+async def test_a_worker_renewed_within_the_grace_is_not_asked_about(pg_stores: Stores) -> None:
+    """A process between two renewals may be reconnecting its sessions (a pool replacing
+    a dead one): no session is no verdict until SESSIONS_GRACE has passed."""
+    leases = pg_stores.workers
+    worker = worker_name()
+    await leases.acquire(worker, pool=POOL, host=f"h-{uuid.uuid4().hex[:6]}", pid=1, boot_id="b")
+    assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert not await leases.revoke(worker, by="watchdog")
+
+
+async def test_a_lease_renewed_before_the_server_started_waits_for_its_expiry(
+    pg_stores: Stores,
+) -> None:
+    """After a restart of PostgreSQL no process has its old sessions: a lease not renewed
+    since is judged by its expiry alone, so live workers get to reconnect."""
+    leases = pg_stores.workers
+    worker = worker_name()
+    await leases.acquire(worker, pool=POOL, host=f"h-{uuid.uuid4().hex[:6]}", pid=1, boot_id="b")
+    with pg_stores.database.begin() as connection:
+        started = connection.exec_driver_sql(
+            "SELECT extract(epoch FROM pg_postmaster_start_time())"
+        ).scalar_one()
+        connection.execute(
+            sa.text("UPDATE sse_workers SET renewed_at = :r, expires_at = :e WHERE worker_id = :w"),
+            {"r": float(started) - 1, "e": time.time() + 60, "w": worker},
+        )
+    assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert not await leases.revoke(worker, by="watchdog")
+
+
+async def test_sqlite_judges_a_lease_by_its_expiry_alone(tmp_path: Path) -> None:
+    async with open_stores(f"sqlite:///{tmp_path / 'events.db'}") as sqlite:
+        leases = sqlite.workers
+        worker = worker_name()
+        await leases.acquire(worker, pool=POOL, host="h", pid=1, boot_id="b")
+        await asyncio.to_thread(unrenewed_for, sqlite, worker, SESSIONS_GRACE + 0.5)
+        assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+        assert not await leases.revoke(worker, by="watchdog")
