@@ -116,9 +116,7 @@ def db_now(connection: Connection) -> sa.ColumnElement[Any]:
     return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)")
 
 
-def gone_clause(
-    connection: Connection, table: sa.Table, name: str | sa.ColumnElement[Any]
-) -> sa.ColumnElement[bool]:
+def gone_clause(connection: Connection, table: sa.Table, name: str) -> sa.ColumnElement[bool]:
     """A lease whose process is gone, as a SQL condition: unrenewed for
     :data:`SESSIONS_GRACE`, renewed since the server started, and no session named
     ``name`` (its process's :func:`~durable_sse.log.sessions.session_name`). Always false
@@ -267,11 +265,12 @@ class WorkerLeases:
                     table.c.renewed_at < now - min(SESSIONS_GRACE, self.ttl),
                 )
             ).all()
-            dead = [_lease(row) for row in rows if row.expired]
+            dead = []
             for row in rows:
-                if row.expired:
-                    continue
                 lease = _lease(row)
+                if row.expired:
+                    dead.append(lease)
+                    continue
                 gone = sa.select(gone_clause(connection, table, _session_of(lease)))
                 if connection.execute(gone.where(table.c.worker_id == lease.worker_id)).scalar():
                     dead.append(replace(lease, sessions_gone=True))
