@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,10 @@ from tests.chaos.checker import Verdict
 from tests.chaos.harness import (
     Chaos,
     assert_clean,
+    drop_for_real,
     end_process,
     free_port,
+    inject_until_taken,
     status_of,
     unique,
     wait_until,
@@ -32,57 +33,7 @@ from tests.chaos.proxy import FaultProxy
 pytestmark = pytest.mark.slow
 
 
-async def inject_until_taken(
-    source: SSESource,
-    name: str,
-    taken: Callable[[], bool],
-    *,
-    patience: float,
-    never: str,
-    **fault: object,
-) -> None:
-    """Inject a one-shot ``fault`` until ``taken()`` says it happened.
-
-    A one-shot is taken by the next connection that looks; one that ends before the fault
-    is complete (a repair ending right after its last gap closed, a verification's
-    interrupt) wastes it, so when it has not shown long after it should have (``patience``
-    seconds), inject again; after ten times that, fail saying the source ``never`` did.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10 * patience
-    source.inject(name, **fault)
-    retry_at = loop.time() + patience
-    while not taken():
-        now = loop.time()
-        if now > retry_at and not source.describe(name)["pending"]:
-            source.inject(name, **fault)
-            retry_at = now + patience
-        if now > deadline:
-            raise AssertionError(f"{never}: {source.describe(name)}")
-        await asyncio.sleep(0.05)
-
-
 # -- 5 and 6. drop notices --------------------------------------------------------------------
-
-
-async def drop_for_real(source: SSESource, name: str, count: int, *, rate: float) -> int:
-    """Make the source skip ``count`` events on the connection it serves, and say so.
-
-    Injected again while the skip has not shown in the source's truth
-    (``inject_until_taken``). Returns the size of the skip that happened.
-    """
-    before = len(source.truth(name).dropped)
-    await inject_until_taken(
-        source,
-        name,
-        lambda: len(source.truth(name).dropped) != before,
-        patience=max(2.0, 3 * count / rate),
-        never=f"the source never skipped the {count} events it was asked to",
-        action="drop",
-        count=count,
-    )
-    low, high = source.truth(name).dropped[-1]
-    return high - low + 1
 
 
 async def test_5_drop_notices_inside_the_window(chaos: Chaos, queue: str, seed: int) -> None:

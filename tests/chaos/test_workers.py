@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,15 @@ from temporalio.client import WorkflowHandle
 from durable_sse.contracts import WORKER_LOST
 from durable_sse.log.locks import hold_retention
 from tests.chaos.checker import CursorSampler, Verdict, stored
-from tests.chaos.harness import Chaos, assert_clean, end_process, reader_pid, unique, wait_until
+from tests.chaos.harness import (
+    Chaos,
+    assert_clean,
+    drop_for_real,
+    end_process,
+    reader_pid,
+    unique,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +122,48 @@ async def test_4_sigterm_worker(chaos: Chaos, tmp_path: Path) -> None:
     verdict, sampler, rereads = await kill_readers(signal.SIGTERM, chaos, tmp_path)
     assert_clean(verdict, sampler)
     assert rereads == [0] * chaos.sizes.kills, f"re-read after a graceful stop: {rereads}"
+
+
+async def test_3_sigkill_a_moment_after_each_drop_notice(
+    chaos: Chaos, tmp_path: Path, seed: int
+) -> None:
+    """The issue's kill-after-notice check: the source skips events and says so, and the
+    worker reading them is SIGKILLed a moment later (it may have read the notice and
+    written nothing of it), a new worker started at once; six times. Each next attempt
+    must start on a live worker within seconds (not at the heartbeat timeout), suspect
+    what its dead predecessor read, and repair every skip: 0 lost, 0 duplicates."""
+    sizes, source = chaos.sizes, chaos.source
+    rng = random.Random(seed)
+    name = chaos.new_stream("notice-kill")
+    task_queue = unique("notice-kill")
+    processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
+    skipped: list[int] = []
+    try:
+        async with chaos.sampler(name) as sampler:
+            handle = await chaos.start(name, task_queue)
+            await chaos.ready_for_a_gap(name)
+            for kill in range(6):
+                pid = await _wait_reader(handle)
+                victim = next(p for p in processes if p.pid == pid)
+                count = rng.randint(10, int(sizes.rate / 4))
+                skipped.append(await drop_for_real(source, name, count, rate=sizes.rate))
+                await asyncio.sleep(rng.uniform(0.0, 0.3))
+                victim.send_signal(signal.SIGKILL)
+                await asyncio.to_thread(victim.wait, 60)
+                processes.remove(victim)
+                processes.append(chaos.worker_process(task_queue, tmp_path / f"r{kill}.log"))
+                await _wait_reader(handle, other_than=pid)
+                at_kill = (await stored(chaos.log, name)).rows
+                await chaos.flowing(name, at_kill + int(sizes.rate), timeout=60)
+            status = await chaos.drain(handle, name)
+    finally:
+        for process in processes:
+            end_process(process)
+    faults = f"6 x SIGKILL of the reader 0-0.3 s after a drop notice ({sum(skipped)} skipped)"
+    verdict = await chaos.verdict("3 SIGKILL after a notice", faults, name, sampler, status)
+    assert_clean(verdict, sampler)
+    assert len(source.truth(name).dropped) == len(skipped) == 6
+    assert verdict.out_of_window == 0 and status.counters.events_unrecoverable == 0
 
 
 @pytest.mark.parametrize(
