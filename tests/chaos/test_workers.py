@@ -43,24 +43,39 @@ LOCK_GAPS = "LOCK TABLE sse_gaps IN ACCESS EXCLUSIVE MODE"
 
 
 async def kill_readers(
-    how: signal.Signals, chaos: Chaos, tmp_path: Path
+    how: signal.Signals, chaos: Chaos, tmp_path: Path, *, after_notice: int | None = None
 ) -> tuple[Verdict, CursorSampler, list[int]]:
-    """Kill whichever worker process runs the reader ``sizes.kills`` times; one replaces it."""
-    sizes = chaos.sizes
+    """Kill whichever worker process runs the reader ``sizes.kills`` times; one replaces it.
+
+    ``after_notice`` (a seed): kill six times instead, each 0-0.3 s after the source
+    skipped events and said so (the reader may have read the notice and written nothing
+    of it)."""
+    sizes, source = chaos.sizes, chaos.source
+    rng = random.Random(after_notice)
+    kills = sizes.kills if after_notice is None else 6
     name = chaos.new_stream(how.name.lower())
     task_queue = unique(how.name.lower())
     logs = {tmp_path / f"w{i}.log" for i in range(2)}
     processes = [chaos.worker_process(task_queue, log) for log in sorted(logs)]
     rereads: list[int] = []
+    skipped: list[int] = []
     try:
         async with chaos.sampler(name) as sampler:
             handle = await chaos.start(name, task_queue)
-            await chaos.flowing(name, 200, timeout=90)
-            for kill in range(sizes.kills):
-                await asyncio.sleep(max(1.0, sizes.seconds / sizes.kills))
+            if after_notice is None:
+                await chaos.flowing(name, 200, timeout=90)
+            else:
+                await chaos.ready_for_a_gap(name)
+            for kill in range(kills):
+                if after_notice is None:
+                    await asyncio.sleep(max(1.0, sizes.seconds / kills))
                 pid = await _wait_reader(handle)
                 victim = next(p for p in processes if p.pid == pid)
                 before = await _duplicates(chaos, handle)
+                if after_notice is not None:
+                    count = rng.randint(10, int(sizes.rate / 4))
+                    skipped.append(await drop_for_real(source, name, count, rate=sizes.rate))
+                    await asyncio.sleep(rng.uniform(0.0, 0.3))
                 victim.send_signal(how)
                 await asyncio.to_thread(victim.wait, 60)
                 processes.remove(victim)
@@ -68,14 +83,18 @@ async def kill_readers(
                 processes.append(chaos.worker_process(task_queue, tmp_path / f"r{kill}.log"))
                 await _wait_reader(handle, other_than=pid)
                 at_kill = (await stored(chaos.log, name)).rows
-                await chaos.flowing(name, at_kill + int(sizes.rate), timeout=90)
+                await chaos.flowing(name, at_kill + int(sizes.rate), timeout=60)
                 rereads.append(await _duplicates(chaos, handle) - before)
             status = await chaos.drain(handle, name)
     finally:
         for process in processes:
             end_process(process)
-    faults = f"{sizes.kills} x {how.name} of the reading worker (2 workers)"
+    faults = f"{kills} x {how.name} of the reading worker (2 workers)"
     scenario = "3 SIGKILL" if how is signal.SIGKILL else "4 SIGTERM"
+    if after_notice is not None:
+        faults += f", each 0-0.3 s after a drop notice ({sum(skipped)} skipped)"
+        scenario += " after a notice"
+        assert len(source.truth(name).dropped) == len(skipped) == kills
     verdict = await chaos.verdict(scenario, faults, name, sampler, status)
     print(f"{scenario}: events re-read per kill: {rereads}")
     if how is signal.SIGTERM:
@@ -85,7 +104,7 @@ async def kill_readers(
             log.read_text(errors="replace").count("reading on until its retry starts")
             for log in logs
         )
-        assert read_on == sizes.kills, f"{read_on} of {sizes.kills} stops read on"
+        assert read_on == kills, f"{read_on} of {kills} stops read on"
     return verdict, sampler, rereads
 
 
@@ -127,43 +146,14 @@ async def test_4_sigterm_worker(chaos: Chaos, tmp_path: Path) -> None:
 async def test_3_sigkill_a_moment_after_each_drop_notice(
     chaos: Chaos, tmp_path: Path, seed: int
 ) -> None:
-    """The issue's kill-after-notice check: the source skips events and says so, and the
-    worker reading them is SIGKILLed a moment later (it may have read the notice and
-    written nothing of it), a new worker started at once; six times. Each next attempt
-    must start on a live worker within seconds (not at the heartbeat timeout), suspect
-    what its dead predecessor read, and repair every skip: 0 lost, 0 duplicates."""
-    sizes, source = chaos.sizes, chaos.source
-    rng = random.Random(seed)
-    name = chaos.new_stream("notice-kill")
-    task_queue = unique("notice-kill")
-    processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
-    skipped: list[int] = []
-    try:
-        async with chaos.sampler(name) as sampler:
-            handle = await chaos.start(name, task_queue)
-            await chaos.ready_for_a_gap(name)
-            for kill in range(6):
-                pid = await _wait_reader(handle)
-                victim = next(p for p in processes if p.pid == pid)
-                count = rng.randint(10, int(sizes.rate / 4))
-                skipped.append(await drop_for_real(source, name, count, rate=sizes.rate))
-                await asyncio.sleep(rng.uniform(0.0, 0.3))
-                victim.send_signal(signal.SIGKILL)
-                await asyncio.to_thread(victim.wait, 60)
-                processes.remove(victim)
-                processes.append(chaos.worker_process(task_queue, tmp_path / f"r{kill}.log"))
-                await _wait_reader(handle, other_than=pid)
-                at_kill = (await stored(chaos.log, name)).rows
-                await chaos.flowing(name, at_kill + int(sizes.rate), timeout=60)
-            status = await chaos.drain(handle, name)
-    finally:
-        for process in processes:
-            end_process(process)
-    faults = f"6 x SIGKILL of the reader 0-0.3 s after a drop notice ({sum(skipped)} skipped)"
-    verdict = await chaos.verdict("3 SIGKILL after a notice", faults, name, sampler, status)
+    """The issue's kill-after-notice check: each next attempt must start on a live worker
+    within seconds (not at the heartbeat timeout), suspect what its dead predecessor read,
+    and repair every skip: 0 lost, 0 duplicate rows, nothing out of the window."""
+    verdict, sampler, rereads = await kill_readers(
+        signal.SIGKILL, chaos, tmp_path, after_notice=seed
+    )
     assert_clean(verdict, sampler)
-    assert len(source.truth(name).dropped) == len(skipped) == 6
-    assert verdict.out_of_window == 0 and status.counters.events_unrecoverable == 0
+    assert len(rereads) == 6 and verdict.out_of_window == 0
 
 
 @pytest.mark.parametrize(
