@@ -107,7 +107,7 @@ class LivenessMetrics:
 
     def __init__(self, meter: MetricMeter) -> None:
         self.failovers = meter.create_counter(
-            PREFIX + "failovers", "Connections moved off workers whose lease expired"
+            PREFIX + "failovers", "Connections moved off workers taken for dead"
         )
         self.failover_detect_seconds = meter.create_histogram_float(
             PREFIX + "failover_detect_seconds",
