@@ -48,7 +48,8 @@ GENERATED: dict[str, dict[int, float]] = defaultdict(dict)
 """stream -> id -> wall-clock time the source generated it."""
 
 
-def _stamp_generation() -> None:
+def stamp_generation() -> None:
+    """Record in :data:`GENERATED` when the in-process source generates each id."""
     original = SourceStream._append
     if getattr(original, "_stamped", False):
         return
@@ -79,7 +80,7 @@ async def many_rows(
 ) -> list[Row]:
     """``settle``: seconds from the last stream's first event to the measured window (the
     start-up backlog drains; schedules are still being made for a replay window)."""
-    _stamp_generation()
+    stamp_generation()
     tag = uuid.uuid4().hex[:6]
     names = [f"m{count}-{tag}-{i}" for i in range(count)]
     keys = [cursor_key(name) for name in names]
