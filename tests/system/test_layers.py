@@ -87,6 +87,7 @@ PURE = (
     "durable_sse.cursor.fence",
     "durable_sse.cursor.rest",
     "durable_sse.reader.intake",
+    "durable_sse.reader.read_marks",
     "durable_sse.reader.heartbeat_policy",
 )
 
