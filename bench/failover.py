@@ -325,8 +325,8 @@ async def _storing_lag(running: Stack, source: SSESource, names: list[str]) -> l
     generation (stamped by the in-process source, :func:`bench.many.stamp_generation`) to
     the first poll that found it stored (the stream's newest stored id reached it)."""
     began = time.time()
-    anchors = {name: int(source.describe(name)["newest"]) for name in names}
-    seen = dict.fromkeys(names, 0)
+    # Ids up to each stream's newest came before the window: no lag is taken for them.
+    seen = {name: int(source.describe(name)["newest"]) for name in names}
     end = began + HERD_WINDOW
     arrived: dict[tuple[str, int], float] = {}
     poll = Poll(running.psycopg_url)
@@ -334,7 +334,7 @@ async def _storing_lag(running: Stack, source: SSESource, names: list[str]) -> l
         while time.time() < end + 3.0:
             now = time.time()
             for name, floor in (await poll.floors(names)).items():
-                for event_id in range(max(seen[name], anchors[name]) + 1, floor + 1):
+                for event_id in range(seen[name] + 1, floor + 1):
                     arrived[(name, event_id)] = now
                 seen[name] = max(seen[name], floor)
             await asyncio.sleep(SETTLE_POLL_EVERY)
