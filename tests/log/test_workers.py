@@ -75,6 +75,11 @@ async def hold_connections(stores: Stores, worker_id: str, prefix: str, count: i
         )
 
 
+async def expired_ids(leases: WorkerLeases) -> set[str]:
+    """The workers a watchdog of ``POOL`` would take for dead now."""
+    return {lease.worker_id for lease in await leases.expired(POOL)}
+
+
 async def nothing_to_move(connection: HeldConnection, lease: WorkerLease) -> None:
     raise AssertionError("nothing to move")
 
@@ -90,9 +95,9 @@ async def test_a_lease_expires_by_the_database_clock_and_one_watchdog_revokes_it
     dead = worker_name()
     await leases.acquire(dead, pool=POOL, host="h", pid=1, boot_id="b")
     assert await asyncio.to_thread(leases.renew_here, dead)
-    assert dead not in {lease.worker_id for lease in await leases.expired(POOL)}
+    assert dead not in await expired_ids(leases)
     await asyncio.sleep(0.5)
-    assert dead in {lease.worker_id for lease in await leases.expired(POOL)}
+    assert dead in await expired_ids(leases)
     won = await asyncio.gather(*(leases.revoke(dead, by=f"w{i}") for i in range(4)))
     assert sorted(won) == [False, False, False, True]
     # the dead worker, back, learns it was taken over
@@ -254,7 +259,7 @@ async def test_a_watchdog_renews_its_own_lease_while_it_moves_a_dead_workers_str
     for _ in range(10):  # a second of the move: more than three leases of 0.3 s
         await asyncio.sleep(0.1)
         await asyncio.wait_for(watcher.tick(), timeout=5)
-        expired = [lease.worker_id for lease in await leases.expired(POOL)]
+        expired = await expired_ids(leases)
         assert watcher.worker_id not in expired
     assert watcher.revocations == 0
     release.set()
@@ -302,7 +307,7 @@ async def test_a_busy_event_loop_keeps_its_lease(stores: Stores) -> None:
     busy = WorkerLiveness(leases, pool=POOL, move=nothing_to_move, renew_interval=0.1)
     await busy.start()
     time.sleep(1.5)  # noqa: ASYNC251 - blocks the loop for three leases
-    assert busy.worker_id not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert busy.worker_id not in await expired_ids(leases)
     await busy.tick()
     assert busy.revocations == 0
     await busy.leave()
@@ -317,10 +322,10 @@ async def test_a_wedged_event_loop_lets_its_lease_lapse(stores: Stores) -> None:
     )
     await wedged.start()
     time.sleep(1.5)  # noqa: ASYNC251 - the loop does not run
-    assert wedged.worker_id in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert wedged.worker_id in await expired_ids(leases)
     assert wedged.keeper.healthy_since is None
     await asyncio.sleep(0.3)  # answering again, it renews again
-    assert wedged.worker_id not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert wedged.worker_id not in await expired_ids(leases)
     await wedged.leave()
 
 
@@ -515,7 +520,7 @@ async def test_a_process_that_was_stopped_renews_as_soon_as_it_runs_again(
     keeper._looked = keeper._answered = time.monotonic() - 20  # both slept through it
     await asyncio.sleep(0.6)  # the lease expired meanwhile
     await asyncio.to_thread(keeper.renew_once)
-    assert stopped not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert stopped not in await expired_ids(leases)
     assert keeper.healthy_since is not None
     await keeper.stop()
 
@@ -544,7 +549,7 @@ async def test_a_worker_whose_process_is_gone_is_dead_before_its_lease_expires(
     session = paused_session(pg_url, session_name(host, 4242, "b"))
     session.execute("SELECT 1")
     await asyncio.to_thread(unrenewed_for, pg_stores, worker, SESSIONS_GRACE + 0.5)
-    assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert worker not in await expired_ids(leases)
     assert not await leases.revoke(worker, by="watchdog")
 
     session.close()  # the process dies
@@ -559,7 +564,7 @@ async def test_a_worker_renewed_within_the_grace_is_not_asked_about(pg_stores: S
     leases = pg_stores.workers
     worker = worker_name()
     await leases.acquire(worker, pool=POOL, host=f"h-{uuid.uuid4().hex[:6]}", pid=1, boot_id="b")
-    assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert worker not in await expired_ids(leases)
     assert not await leases.revoke(worker, by="watchdog")
 
 
@@ -579,7 +584,7 @@ async def test_a_lease_renewed_before_the_server_started_waits_for_its_expiry(
             sa.text("UPDATE sse_workers SET renewed_at = :r, expires_at = :e WHERE worker_id = :w"),
             {"r": float(started) - 1, "e": time.time() + 60, "w": worker},
         )
-    assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+    assert worker not in await expired_ids(leases)
     assert not await leases.revoke(worker, by="watchdog")
 
 
@@ -589,5 +594,5 @@ async def test_sqlite_judges_a_lease_by_its_expiry_alone(tmp_path: Path) -> None
         worker = worker_name()
         await leases.acquire(worker, pool=POOL, host="h", pid=1, boot_id="b")
         await asyncio.to_thread(unrenewed_for, sqlite, worker, SESSIONS_GRACE + 0.5)
-        assert worker not in [lease.worker_id for lease in await leases.expired(POOL)]
+        assert worker not in await expired_ids(leases)
         assert not await leases.revoke(worker, by="watchdog")
