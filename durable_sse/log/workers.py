@@ -207,10 +207,13 @@ class WorkerLeases:
         """The connections a worker registered and has not released."""
         return await self._database.run("read a worker's connections", self._connections, worker_id)
 
-    async def workflows_with_connections(self) -> set[str]:
-        """The workflow ids of every connection registered now, whichever worker runs it."""
+    async def workflows_read_by_live_workers(self) -> set[str]:
+        """The workflow ids of the connections that a live worker registered (or none:
+        tests, tools). A dead worker's row stays until it expires (an hour and more), and
+        a workflow whose read was moved off it may run its next attempt on a worker that
+        dies before registering: that attempt must still be looked for."""
         return await self._database.run(
-            "read the registered connections", self._workflows_with_connections
+            "read the registered connections", self._workflows_read_by_live_workers
         )
 
     # -- in a database thread ----------------------------------------------------------
@@ -418,10 +421,14 @@ class WorkerLeases:
                 for row in rows
             ]
 
-    def _workflows_with_connections(self) -> set[str]:
-        table = readers_table
+    def _workflows_read_by_live_workers(self) -> set[str]:
+        table, workers = readers_table, workers_table
+        live = sa.select(workers.c.worker_id).where(workers.c.state == WorkerState.LIVE.value)
+        query = sa.select(table.c.workflow_id).where(
+            table.c.workflow_id.is_not(None),
+            sa.or_(table.c.worker_id.is_(None), table.c.worker_id.in_(live)),
+        )
         with self._database.begin() as connection:
-            query = sa.select(table.c.workflow_id).where(table.c.workflow_id.is_not(None))
             return {row.workflow_id for row in connection.execute(query.distinct())}
 
 

@@ -13,6 +13,7 @@ import os
 import random
 import signal
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,10 @@ from sqlalchemy.engine import Connection
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowHandle
 
-from durable_sse.contracts import WORKER_LOST
+from durable_sse.contracts import WORKER_LOST, WORKFLOW_ID_PREFIX
+from durable_sse.cursor.readers import ReaderLease
 from durable_sse.log.locks import hold_retention
+from durable_sse.stores import Stores
 from tests.chaos.checker import CursorSampler, Verdict, stored
 from tests.chaos.harness import (
     Chaos,
@@ -173,9 +176,11 @@ async def test_a_worker_killed_in_an_attempt_no_connection_row_names_is_moved_to
     it: a connection whose start had not registered yet (it waits its turn for the
     database, seconds in a burst of starts), or one of the workflow's short activities.
     Only its timeout (five minutes for a read, 30 s for the gaps' read) would end it; the
-    watchdog asks Temporal for it instead."""
+    watchdog asks Temporal for it instead, even when a worker that died before left a row
+    for the stream (kills a second apart, CI seed 2875886649)."""
     name = chaos.new_stream("unregistered")
     task_queue = unique("unregistered")
+    await _left_by_a_dead_worker(chaos.log, name)
     processes = [chaos.worker_process(task_queue, tmp_path / f"w{i}.log") for i in range(2)]
     try:
         with chaos.log.database.engine.connect() as held, held.begin():
@@ -204,6 +209,24 @@ async def test_a_worker_killed_in_an_attempt_no_connection_row_names_is_moved_to
     finally:
         for process in processes:
             end_process(process)
+
+
+async def _left_by_a_dead_worker(log: Stores, name: str) -> None:
+    """The row of a connection of ``name`` whose worker was taken for dead: it stays until
+    it expires."""
+    dead = unique("dead-worker")
+    await log.workers.acquire(dead, pool="elsewhere", host="gone", pid=1, boot_id="b")
+    reader = ReaderLease(
+        reader_id="1.1.dead",
+        expires_at=datetime.now(UTC) + timedelta(hours=1),
+        worker_id=dead,
+        workflow_id=f"{WORKFLOW_ID_PREFIX}{name}",
+        run_id="an-earlier-run",
+        activity_id="1",
+        attempt=1,
+    )
+    await log.starts.connection_context(name, "numeric", cursor=None, source="none", reader=reader)
+    assert await log.workers.revoke(dead, by="test", expired_only=False)
 
 
 async def _wait_runner(handle: WorkflowHandle, activity: str) -> int:

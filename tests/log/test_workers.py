@@ -189,6 +189,32 @@ async def test_registered_connections_name_their_temporal_attempts(
     assert await leases.connections(worker) == []
 
 
+async def test_only_a_live_workers_connection_counts_as_registered(
+    stores: Stores, stream_name: str
+) -> None:
+    """A dead worker's row stays until it expires: its workflow's next attempt, on a worker
+    that dies before registering, must still be looked for (CI seed 2875886649 stalled
+    five minutes on such a row)."""
+    leases, pool = stores.workers, f"default:registered-{uuid.uuid4().hex[:8]}"
+    live, dead = worker_name(), worker_name()
+    for worker in (live, dead):
+        await leases.acquire(worker, pool=pool, host="h", pid=1, boot_id="b")
+    streams = {who: f"{stream_name}-{who}" for who in ("live", "dead", "none")}
+    for who, worker in (("live", live), ("dead", dead), ("none", None)):
+        await stores.starts.connection_context(
+            streams[who],
+            "numeric",
+            cursor=None,
+            source="none",
+            reader=reader(worker, stream=streams[who]),
+        )
+    assert await leases.revoke(dead, by=live, expired_only=False)
+    registered = await leases.workflows_read_by_live_workers()
+    assert f"sse-stream:{streams['live']}" in registered
+    assert f"sse-stream:{streams['none']}" in registered
+    assert f"sse-stream:{streams['dead']}" not in registered
+
+
 def test_predecessors_are_leases_of_this_host_whose_process_is_gone() -> None:
     def lease(worker_id: str, pid: int, host: str = "h", boot: str = "b") -> WorkerLease:
         return WorkerLease(worker_id, POOL, host, pid, boot, "live", 0.0, 0.0)
