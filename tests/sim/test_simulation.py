@@ -677,3 +677,15 @@ async def test_a_notice_one_event_late_on_a_quiet_stream_reaches_back_to_its_ski
     await world.run()
     world.verdict()
     assert any(gap.contains("14", world.log.order) for gap in world.log.gaps.values())
+
+
+async def test_a_repair_whose_own_skip_went_unannounced_is_taken_for_continuous() -> None:
+    """Seed 595740684: a repair read 52, then 59, the server skipping 57 with a notice due
+    after more events; none came on the quiet stream, the read was confirmed by time and
+    closed its gap over 43..59 as repaired, then the server cut the connection and the
+    notice was lost. Nothing can show that skip without contiguous ids: the consumer
+    oracle holds "repaired" to the skips the server announced, as the loss oracle does."""
+    world = World(595740684)
+    await world.run()
+    world.verdict()
+    assert 57 in world.unannounced_skips() and 57 not in world.log.stored_numbers()
