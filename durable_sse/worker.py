@@ -446,7 +446,7 @@ async def run_worker(
             async with readers:
                 await stop.wait()
                 log.info("shutting down: running connections flush and return")
-                liveness.stop_balancing()
+                await liveness.drain()
             # Their results reach this process's workflow cache, which starts the next
             # connections, on the workers still polling for them.
             await asyncio.sleep(HANDOVER_GRACE)

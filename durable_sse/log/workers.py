@@ -68,10 +68,19 @@ KEEP_ENDED = 86_400.0
 
 class WorkerState(StrEnum):
     LIVE = "live"
+    DRAINING = "draining"
+    """Stopping: its connections read on until their retries start elsewhere. It still
+    renews, commits and can be taken for dead, but no longer shares the pool's load: a
+    balancer that counted it would hand connections over in the middle of a deploy."""
     REVOKED = "revoked"
     """Expired and taken over (or a predecessor on the same host): fenced off for good."""
     LEFT = "left"
     """Shut down cleanly: nothing to move."""
+
+
+HOLDING = (WorkerState.LIVE.value, WorkerState.DRAINING.value)
+"""The states of a lease whose worker may run connections: renewed, fenced, and moved
+when it dies."""
 
 
 class WorkerLeaseLostError(StoreError):
@@ -149,7 +158,7 @@ def revoked_among(connection: Connection, worker_ids: Iterable[str]) -> set[str]
     table = workers_table
     query = sa.select(table.c.worker_id, table.c.state).where(table.c.worker_id.in_(wanted))
     states = {row.worker_id: row.state for row in connection.execute(query)}
-    return {w for w in wanted if states.get(w) not in (WorkerState.LIVE, WorkerState.LEFT)}
+    return {w for w in wanted if states.get(w) not in (*HOLDING, WorkerState.LEFT)}
 
 
 class WorkerLeases:
@@ -175,27 +184,35 @@ class WorkerLeases:
         self._database.refuse_if_closed("renew a worker lease")
         return self._database.guarded("renew a worker lease", self._renew, worker_id)
 
+    async def drain(self, worker_id: str) -> None:
+        """The worker is stopping: it no longer counts among the pool's workers that share
+        its connections (:meth:`connection_counts`)."""
+        await self._database.run("mark a worker lease draining", self._drain, worker_id)
+
     async def leave(self, worker_id: str) -> None:
         """A clean shutdown: the lease ends, and nobody moves anything."""
         await self._database.run("end a worker lease", self._leave, worker_id)
 
     async def expired(self, pool: str) -> list[WorkerLease]:
-        """Live leases of the pool past their expiry."""
+        """Leases of the pool's running workers (live or draining) that are dead: past
+        their expiry, or (PostgreSQL) their process gone (:func:`gone_clause`)."""
         return await self._database.run("read expired worker leases", self._expired, pool)
 
     async def on_host(self, pool: str, host: str, boot_id: str) -> list[WorkerLease]:
-        """Live leases of the pool's workers on this host (since its last boot)."""
+        """Leases of the pool's running workers on this host (since its last boot)."""
         return await self._database.run("read worker leases", self._on_host, pool, host, boot_id)
 
     async def connection_counts(self, pool: str) -> dict[str, int]:
-        """Connections each live worker of the pool runs now (0 for one that runs none)."""
+        """Connections each live worker of the pool runs now (0 for one that runs none); a
+        draining one is not among them: it shares no load any more."""
         return await self._database.run(
             "count the workers' connections", self._connection_counts, pool
         )
 
     async def revoke(self, worker_id: str, *, by: str, expired_only: bool = True) -> bool:
-        """Revoke a live lease; True for exactly one caller. ``expired_only``: only once it
-        has expired (a watchdog); False: whatever its expiry (a successor on its host)."""
+        """Revoke a running worker's lease; True for exactly one caller. ``expired_only``:
+        only once it is dead (a watchdog); False: whatever its expiry (a successor on its
+        host)."""
         return await self._database.run(
             "revoke a worker lease", self._revoke, worker_id, by, expired_only
         )
@@ -208,7 +225,7 @@ class WorkerLeases:
         return await self._database.run("read a worker's connections", self._connections, worker_id)
 
     async def workflows_read_by_live_workers(self) -> set[str]:
-        """The workflow ids of the connections that a live worker registered (or none:
+        """The workflow ids of the connections that a running worker registered (or none:
         tests, tools). A dead worker's row stays until it expires (an hour and more), and
         a workflow whose read was moved off it may run its next attempt on a worker that
         dies before registering: that attempt must still be looked for."""
@@ -242,17 +259,26 @@ class WorkerLeases:
             now = db_now(connection)
             result = connection.execute(
                 sa.update(table)
-                .where(table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value)
+                .where(table.c.worker_id == worker_id, table.c.state.in_(HOLDING))
                 .values(renewed_at=now, expires_at=now + self.ttl)
             )
             return result.rowcount == 1
+
+    def _drain(self, worker_id: str) -> None:
+        table = workers_table
+        with self._database.begin() as connection:
+            connection.execute(
+                sa.update(table)
+                .where(table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value)
+                .values(state=WorkerState.DRAINING.value)
+            )
 
     def _leave(self, worker_id: str) -> None:
         table = workers_table
         with self._database.begin() as connection:
             connection.execute(
                 sa.update(table)
-                .where(table.c.worker_id == worker_id, table.c.state == WorkerState.LIVE.value)
+                .where(table.c.worker_id == worker_id, table.c.state.in_(HOLDING))
                 .values(state=WorkerState.LEFT.value, ended_at=db_now(connection))
             )
 
@@ -264,7 +290,7 @@ class WorkerLeases:
             rows = connection.execute(
                 sa.select(table, (table.c.expires_at < now).label("expired")).where(
                     table.c.pool == pool,
-                    table.c.state == WorkerState.LIVE.value,
+                    table.c.state.in_(HOLDING),
                     table.c.renewed_at < now - min(SESSIONS_GRACE, self.ttl),
                 )
             ).all()
@@ -285,7 +311,7 @@ class WorkerLeases:
             rows = connection.execute(
                 sa.select(table).where(
                     table.c.pool == pool,
-                    table.c.state == WorkerState.LIVE.value,
+                    table.c.state.in_(HOLDING),
                     table.c.host == host,
                     table.c.boot_id == boot_id,
                 )
@@ -318,7 +344,7 @@ class WorkerLeases:
                 now = db_now(connection)
                 conditions = [
                     table.c.worker_id == worker_id,
-                    table.c.state == WorkerState.LIVE.value,
+                    table.c.state.in_(HOLDING),
                 ]
                 if expired_only:
                     lease = self._lease_in(connection, worker_id)
@@ -337,7 +363,7 @@ class WorkerLeases:
                 )
                 connection.execute(
                     sa.delete(table).where(
-                        table.c.state != WorkerState.LIVE.value,
+                        table.c.state.not_in(HOLDING),
                         table.c.ended_at < now - KEEP_ENDED,
                     )
                 )
@@ -423,7 +449,7 @@ class WorkerLeases:
 
     def _workflows_read_by_live_workers(self) -> set[str]:
         table, workers = readers_table, workers_table
-        live = sa.select(workers.c.worker_id).where(workers.c.state == WorkerState.LIVE.value)
+        live = sa.select(workers.c.worker_id).where(workers.c.state.in_(HOLDING))
         query = sa.select(table.c.workflow_id).where(
             table.c.workflow_id.is_not(None),
             sa.or_(table.c.worker_id.is_(None), table.c.worker_id.in_(live)),

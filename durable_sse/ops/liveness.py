@@ -323,6 +323,17 @@ class WorkerLiveness:
         if self._shedding is not None:
             self._shedding.cancel()
 
+    async def drain(self) -> None:
+        """This worker is stopping: stop balancing, and say so in the lease, so that the
+        others stop counting it among the workers that share the pool's connections
+        (counted, its emptying made them hand over the connections it was handing to
+        them: a 200-stream SIGTERM's longest wait p99 went from 0.3 s to 3.2 s). A store
+        that fails leaves it counted, as before."""
+        self.stop_balancing()
+        if self.worker_id is not None:
+            with contextlib.suppress(StoreError):
+                await self.leases.drain(self.worker_id)
+
     async def leave(self) -> None:
         """A clean shutdown: the moves under way end (no other worker will move what this
         one revoked), then the lease ends and nothing of this worker's is moved."""

@@ -114,6 +114,34 @@ async def test_a_live_lease_is_not_revoked_by_a_watchdog(stores: Stores) -> None
     assert await leases.revoke(alive, by="successor", expired_only=False)
 
 
+async def test_a_draining_worker_shares_no_load_but_runs_until_it_leaves(
+    stores: Stores, stream_name: str
+) -> None:
+    """At SIGTERM a worker drains: the others stop counting it among the workers that
+    share the pool (counted while it emptied, it made them hand over the connections it
+    was handing to them), while its connections still renew, commit, and move if it dies."""
+    leases = WorkerLeases(stores.database, ttl=0.3)
+    pool = f"default:drain-{uuid.uuid4().hex[:8]}"
+    busy, stopping = worker_name(), worker_name()
+    for worker in (busy, stopping):
+        await leases.acquire(worker, pool=pool, host="h", pid=1, boot_id="b")
+    await hold_connections(stores, busy, stream_name, 3)
+    assert to_shed(await leases.connection_counts(pool), busy) == 1
+    await leases.drain(stopping)
+    assert await leases.connection_counts(pool) == {busy: 3}
+    assert to_shed(await leases.connection_counts(pool), busy) == 0
+    assert await asyncio.to_thread(leases.renew_here, stopping)
+    job = stores.writer.submit_batch(
+        f"{stream_name}-draining", "numeric", [record("1")], worker_id=stopping
+    )
+    assert (await stores.writer.committed(job)).new_rows == 1
+    await asyncio.sleep(0.5)
+    assert {lease.worker_id for lease in await leases.expired(pool)} == {busy, stopping}
+    assert await leases.revoke(stopping, by=busy)
+    await leases.leave(busy)
+    assert await leases.connection_counts(pool) == {}
+
+
 async def test_the_fence_fails_a_revoked_workers_batch_and_commits_the_others(
     stores: Stores, stream_name: str
 ) -> None:
@@ -423,7 +451,7 @@ async def test_a_hand_over_under_way_stops_at_shutdown(stores: Stores, stream_na
     await asyncio.wait_for(handing.wait(), 10)
     shedding = busy._shedding
     assert shedding is not None and shed == [2]
-    busy.stop_balancing()
+    await busy.drain()
     await asyncio.sleep(0)
     assert shedding.cancelled()
     await busy.balance()
