@@ -224,13 +224,13 @@ class WorkerLeases:
         """The connections a worker registered and has not released."""
         return await self._database.run("read a worker's connections", self._connections, worker_id)
 
-    async def workflows_read_by_live_workers(self) -> set[str]:
+    async def workflows_read_by_running_workers(self) -> set[str]:
         """The workflow ids of the connections that a running worker registered (or none:
         tests, tools). A dead worker's row stays until it expires (an hour and more), and
         a workflow whose read was moved off it may run its next attempt on a worker that
         dies before registering: that attempt must still be looked for."""
         return await self._database.run(
-            "read the registered connections", self._workflows_read_by_live_workers
+            "read the registered connections", self._workflows_read_by_running_workers
         )
 
     # -- in a database thread ----------------------------------------------------------
@@ -447,7 +447,7 @@ class WorkerLeases:
                 for row in rows
             ]
 
-    def _workflows_read_by_live_workers(self) -> set[str]:
+    def _workflows_read_by_running_workers(self) -> set[str]:
         table, workers = readers_table, workers_table
         live = sa.select(workers.c.worker_id).where(workers.c.state.in_(HOLDING))
         query = sa.select(table.c.workflow_id).where(

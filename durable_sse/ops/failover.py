@@ -14,7 +14,7 @@ A worker may die between starting an attempt and registering its connection (a s
 waits its turn for the database, seconds in a burst), or while it runs one of the
 workflow's short activities (the gaps' read, the search attribute check): no row names
 that attempt, so :meth:`Failover.unregistered` asks Temporal for it, among the pool's
-running streams with no connection a live worker registered (a dead worker's row stays
+running streams with no connection a running worker registered (a dead worker's row stays
 until it expires, and names an older attempt). Each of those activities is a read or an
 idempotent write that its retry policy retries after a timeout anyway; failed by id, it
 is retried at once instead of after its ``start_to_close`` timeout (30-60 s).
@@ -174,8 +174,8 @@ class Failover:
         self, dead: WorkerLease, registered: Collection[str]
     ) -> list[HeldConnection]:
         """The attempts ``dead`` started that no connection row names: those of the pool's
-        running streams whose workflow id is not in ``registered`` (no connection a live
-        worker registered) and whose pending activity ``dead`` runs, by its identity (a
+        running streams whose workflow id is not in ``registered`` (no connection a
+        running worker registered) and whose pending activity ``dead`` runs, by its identity (a
         read not registered yet, or a short activity of the workflow)."""
         identity = worker_identity(dead)
         query = STREAMS_QUERY.format(queue=self.task_queue.replace("'", "''"))

@@ -61,8 +61,8 @@ MoveConnection = Callable[[HeldConnection, WorkerLease], Awaitable[None]]
 """Makes one connection of a dead worker read again elsewhere."""
 FindUnregistered = Callable[[WorkerLease, set[str]], Awaitable[list[HeldConnection]]]
 """The attempts a dead worker started that no connection row names (a read not
-registered yet, a short activity), given the workflow ids of the connections that live
-workers registered or that were just moved off it."""
+registered yet, a short activity), given the workflow ids of the connections that
+running workers registered or that were just moved off it."""
 Revoked = Callable[[str], None]
 """Told the worker id of this worker's own lease when it finds it revoked."""
 Shed = Callable[[int, float], Awaitable[int]]
@@ -392,7 +392,7 @@ class WorkerLiveness:
         if self.unregistered is None:
             return
         try:
-            registered = await self.leases.workflows_read_by_live_workers()
+            registered = await self.leases.workflows_read_by_running_workers()
             registered.update(c.workflow_id for c in held if c.workflow_id is not None)
             late = await self.unregistered(dead, registered)
         except Exception as error:  # noqa: BLE001 - Temporal's heartbeat timeout is the backstop

@@ -75,9 +75,9 @@ async def hold_connections(stores: Stores, worker_id: str, prefix: str, count: i
         )
 
 
-async def expired_ids(leases: WorkerLeases) -> set[str]:
-    """The workers a watchdog of ``POOL`` would take for dead now."""
-    return {lease.worker_id for lease in await leases.expired(POOL)}
+async def expired_ids(leases: WorkerLeases, pool: str = POOL) -> set[str]:
+    """The workers a watchdog of ``pool`` would take for dead now."""
+    return {lease.worker_id for lease in await leases.expired(pool)}
 
 
 async def nothing_to_move(connection: HeldConnection, lease: WorkerLease) -> None:
@@ -136,7 +136,7 @@ async def test_a_draining_worker_shares_no_load_but_runs_until_it_leaves(
     )
     assert (await stores.writer.committed(job)).new_rows == 1
     await asyncio.sleep(0.5)
-    assert {lease.worker_id for lease in await leases.expired(pool)} == {busy, stopping}
+    assert await expired_ids(leases, pool) == {busy, stopping}
     assert await leases.revoke(stopping, by=busy)
     await leases.leave(busy)
     assert await leases.connection_counts(pool) == {}
@@ -217,18 +217,19 @@ async def test_registered_connections_name_their_temporal_attempts(
     assert await leases.connections(worker) == []
 
 
-async def test_only_a_live_workers_connection_counts_as_registered(
+async def test_only_a_running_workers_connection_counts_as_registered(
     stores: Stores, stream_name: str
 ) -> None:
     """A dead worker's row stays until it expires: its workflow's next attempt, on a worker
     that dies before registering, must still be looked for (CI seed 2875886649 stalled
-    five minutes on such a row)."""
+    five minutes on such a row). A draining worker still runs its connections."""
     leases, pool = stores.workers, f"default:registered-{uuid.uuid4().hex[:8]}"
-    live, dead = worker_name(), worker_name()
-    for worker in (live, dead):
+    live, draining, dead = worker_name(), worker_name(), worker_name()
+    for worker in (live, draining, dead):
         await leases.acquire(worker, pool=pool, host="h", pid=1, boot_id="b")
-    streams = {who: f"{stream_name}-{who}" for who in ("live", "dead", "none")}
-    for who, worker in (("live", live), ("dead", dead), ("none", None)):
+    await leases.drain(draining)
+    streams = {who: f"{stream_name}-{who}" for who in ("live", "draining", "dead", "none")}
+    for who, worker in (("live", live), ("draining", draining), ("dead", dead), ("none", None)):
         await stores.starts.connection_context(
             streams[who],
             "numeric",
@@ -237,8 +238,9 @@ async def test_only_a_live_workers_connection_counts_as_registered(
             reader=reader(worker, stream=streams[who]),
         )
     assert await leases.revoke(dead, by=live, expired_only=False)
-    registered = await leases.workflows_read_by_live_workers()
+    registered = await leases.workflows_read_by_running_workers()
     assert f"sse-stream:{streams['live']}" in registered
+    assert f"sse-stream:{streams['draining']}" in registered
     assert f"sse-stream:{streams['none']}" in registered
     assert f"sse-stream:{streams['dead']}" not in registered
 
